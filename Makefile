@@ -1,0 +1,31 @@
+# Two entry points for people and CI alike: `make repro` and `make test`.
+# Both first install requirements.txt into .venv, and skip that when it is already up to date.
+
+PYTHON ?= python3
+PIP_VERSION := 26.3
+VENV := .venv
+BIN := $(abspath $(VENV))/bin
+INSTALLED := $(VENV)/.installed
+# Stages run as `python -m stages.X`: put the venv first so DVC finds its python.
+export PATH := $(BIN):$(PATH)
+
+.PHONY: install repro test requirements
+
+install: $(INSTALLED)
+
+$(INSTALLED): requirements.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet pip==$(PIP_VERSION)
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	@touch $@
+
+repro: install
+	dvc repro
+
+test: install
+	python -m pytest
+
+# Re-pin after changing the ranges in pyproject.toml.
+requirements: install
+	{ sed -n '1,2p' requirements.txt; python -m pip freeze --all --exclude pip; } > requirements.txt.new
+	mv requirements.txt.new requirements.txt

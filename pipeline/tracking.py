@@ -1,0 +1,183 @@
+"""MLflow + TensorBoard for one stage run, behind one small facade that stages pass around.
+
+Where things go by default (so `mlflow ui` and `tensorboard --logdir runs` in the project root see
+every run, including those of queued `dvc exp run` copies under .dvc/tmp/exps):
+
+    <project>/mlflow.db       MLflow tracking store (SQLite); $MLFLOW_TRACKING_URI overrides it
+    <project>/mlartifacts/    MLflow artifacts of that store
+    <project>/runs/<stage>/<time>-<run id>/   TensorBoard, one folder per stage run
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.config import TrackingConfig
+from pipeline.errors import PipelineError
+
+if TYPE_CHECKING:  # imported lazily at run time: `import mlflow` alone costs ~2 s
+    import numpy as np
+    from mlflow import MlflowClient
+    from torch.utils.tensorboard import SummaryWriter
+
+STORE_FILE = "mlflow.db"
+ARTIFACTS_DIR = "mlartifacts"
+_EXPERIMENT_COPY_MARKER = (".dvc", "tmp", "exps")
+
+
+def project_root(start: Path | None = None) -> Path:
+    """The project folder; for a queued DVC experiment's copy, the project it was queued from."""
+    here = (start or Path.cwd()).resolve()
+    parts = here.parts
+    for index in range(len(parts) - len(_EXPERIMENT_COPY_MARKER) + 1):
+        if parts[index : index + len(_EXPERIMENT_COPY_MARKER)] == _EXPERIMENT_COPY_MARKER:
+            return Path(*parts[:index])
+    return here
+
+
+def tracking_uri(root: Path | None = None) -> str:
+    """$MLFLOW_TRACKING_URI if set, else an SQLite store at an absolute path in the project root."""
+    configured = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    if configured:
+        return configured
+    return f"sqlite:///{(root or project_root()) / STORE_FILE}"
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+
+
+def prepare_experiment(uri: str, experiment: str, root: Path) -> str:
+    """Create (once) the store and the experiment; return the experiment id.
+
+    A fresh SQLite store is migrated by whichever process opens it first; two doing so at once
+    race ("duplicate column name"), so creation happens under a file lock beside the database.
+    """
+    from mlflow import MlflowClient
+
+    database = _sqlite_path(uri)
+    lock_context: contextlib.AbstractContextManager[object] = (
+        _file_lock(database.with_name(database.name + ".lock")) if database else contextlib.nullcontext()
+    )
+    with lock_context:
+        client = MlflowClient(uri)
+        found = client.get_experiment_by_name(experiment)
+        if found is not None:
+            return found.experiment_id
+        location = None
+        if database is not None and database.parent == root:
+            # Keep artifacts beside the default store instead of under whatever cwd created it.
+            location = (root / ARTIFACTS_DIR / _slug(experiment)).as_uri()
+        return client.create_experiment(experiment, artifact_location=location)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "experiment"
+
+
+def metric_name(name: str) -> str:
+    """MLflow accepts letters, digits and `_ - . / space` in metric names; replace the rest."""
+    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", name)
+
+
+@dataclass
+class Tracker:
+    """One stage run: an MLflow run and a TensorBoard writer, logged to together."""
+
+    client: MlflowClient
+    run_id: str
+    writer: SummaryWriter
+    tensorboard_dir: Path
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        self.client.log_batch(self.run_id, params=[Param(key, str(value)) for key, value in params.items()])
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.run_id, tags=[RunTag(key, str(value)) for key, value in tags.items()])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        """One batched MLflow call (~0.1 ms a metric) plus TensorBoard scalars, all at `step`."""
+        from mlflow.entities import Metric
+
+        timestamp = int(time.time() * 1000)
+        self.client.log_batch(
+            self.run_id,
+            metrics=[Metric(metric_name(key), float(value), timestamp, step) for key, value in metrics.items()],
+        )
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+
+    def log_image(self, tag: str, image: np.ndarray, artifact_file: str) -> None:
+        """`image` is HWC uint8: a PNG artifact in MLflow, an image in TensorBoard."""
+        self.client.log_image(self.run_id, image, artifact_file=artifact_file)
+        self.writer.add_image(tag, image, 0, dataformats="HWC")
+
+    def log_text(self, tag: str, markdown: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, markdown, artifact_file)
+        self.writer.add_text(tag, markdown, 0)
+
+
+@contextlib.contextmanager
+def open_tracker(
+    stage: str,
+    config: TrackingConfig,
+    run_name: str | None = None,
+    root: Path | None = None,
+) -> Iterator[Tracker]:
+    """Start the stage's MLflow run and TensorBoard writer; end the run FINISHED, FAILED or KILLED.
+
+    The run is also the active fluent run while open, for the MLflow APIs that only exist in fluent
+    form (`mlflow.log_input`, `mlflow.pytorch.log_model`).
+    """
+    import mlflow
+    from mlflow import MlflowClient
+    from torch.utils.tensorboard import SummaryWriter
+
+    root = root or project_root()
+    uri = tracking_uri(root)
+    try:
+        experiment_id = prepare_experiment(uri, config.experiment, root)
+    except mlflow.exceptions.MlflowException as error:
+        raise PipelineError(
+            f"MLflow tracking store {uri} failed: {error.message}. Check $MLFLOW_TRACKING_URI "
+            "(unset it to use the project's own mlflow.db)."
+        ) from None
+    mlflow.set_tracking_uri(uri)
+    run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name or stage, tags={"stage": stage})
+    run_id = run.info.run_id
+    logdir = Path(config.tensorboard_dir)
+    logdir = (logdir if logdir.is_absolute() else root / logdir) / stage / f"{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:8]}"
+    writer = SummaryWriter(log_dir=str(logdir))
+    status = "FAILED"
+    try:
+        yield Tracker(client=MlflowClient(uri), run_id=run_id, writer=writer, tensorboard_dir=logdir)
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        writer.close()
+        mlflow.end_run(status=status)

@@ -1,0 +1,22 @@
+"""DVC stage `download`: fetch and verify MNIST, log it, write data/MNIST atomically."""
+
+from pipeline.cli import run_stage
+from pipeline.config import load_params
+from pipeline.data import fetch_mnist, mirror_candidates, write_dataset
+from pipeline.data_tracking import log_download
+from pipeline.paths import DATA_ROOT
+from pipeline.tracking import open_tracker
+
+
+def main() -> None:
+    params = load_params()
+    mirrors = mirror_candidates(params.data)
+    with open_tracker("download", params.tracking) as tracker:
+        result = fetch_mnist(params.data, mirrors)
+        log_download(tracker, params.data, result)
+        written = write_dataset(result, DATA_ROOT)
+    print(f"MNIST verified (dataset digest {result.dataset_digest[:12]}) -> {written}")
+
+
+if __name__ == "__main__":
+    run_stage("download", main)

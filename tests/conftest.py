@@ -1,0 +1,102 @@
+"""Shared fixtures: the offline MNIST mirror, tiny synthetic IDX data, a temp copy of the project."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from pipeline.idx import encode_idx
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="session")
+def mnist_mirror() -> Path:
+    """The offline copy of the official MNIST files (`../shared/mnist`, or $MNIST_MIRROR)."""
+    path = Path(os.environ.get("MNIST_MIRROR") or REPO_ROOT.parent / "shared" / "mnist").resolve()
+    if not (path / "train-images-idx3-ubyte.gz").is_file():
+        pytest.fail(f"offline MNIST mirror not found at {path}; set MNIST_MIRROR to the folder holding the IDX files")
+    return path
+
+
+@pytest.fixture
+def repo_params() -> dict[str, Any]:
+    """params.yaml of the repository as a plain mapping, to be modified by a test."""
+    return copy.deepcopy(_REPO_PARAMS)
+
+
+_REPO_PARAMS = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+
+
+def make_synthetic_mnist(folder: Path, train: int = 40, test: int = 20, gz: bool = True) -> dict[str, str]:
+    """Write four tiny IDX files shaped like MNIST's; return their SHA-256 digests (decompressed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    generator = np.random.default_rng(0)
+    digests = {}
+    for prefix, count in (("train", train), ("t10k", test)):
+        labels = (np.arange(count) % 10).astype(np.uint8)
+        images = generator.integers(0, 256, size=(count, 28, 28), dtype=np.uint8)
+        for name, array in ((f"{prefix}-images-idx3-ubyte", images), (f"{prefix}-labels-idx1-ubyte", labels)):
+            content = encode_idx(array)
+            digests[name] = hashlib.sha256(content).hexdigest()
+            target = folder / (name + ".gz" if gz else name)
+            target.write_bytes(gzip.compress(content, mtime=0) if gz else content)
+    return digests
+
+
+@pytest.fixture
+def project_copy(tmp_path: Path) -> Path:
+    """The project's tracked and new files copied into a fresh git repo (no .venv, stores or data)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO_ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    target = tmp_path / "project"
+    for relative in listed:
+        source = REPO_ROOT / relative
+        if source.is_file():
+            destination = target / relative
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination)
+    # Like a fresh clone: dvc.lock and code, but no data, caches or tracking stores.
+    subprocess.run(["git", "init", "-q"], cwd=target, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=target, check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-qm", "copy"],
+        cwd=target,
+        check=True,
+    )
+    return target
+
+
+@pytest.fixture
+def run_in(mnist_mirror: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run a command in a project copy with the venv on PATH and the offline mirror set."""
+
+    def run(project: Path, *command: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        environment = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")}
+        environment.update({"PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "MNIST_MIRROR": str(mnist_mirror)})
+        environment.update(env or {})
+        return subprocess.run(list(command), cwd=project, env=environment, capture_output=True, text=True)
+
+    return run
+
+
+def write_params(project: Path, params: dict[str, Any]) -> None:
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

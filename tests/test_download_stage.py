@@ -1,0 +1,94 @@
+"""End to end: the real `dvc repro` of the download stage in a temp copy, then the stores read back."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from mlflow import MlflowClient
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from pipeline.data import MNIST_SHA256, dataset_digest, load_split
+from pipeline.data_tracking import sample_grid
+from tests.conftest import write_params
+
+pytestmark = pytest.mark.slow
+
+
+def _runs(project: Path, experiment: str = "mnist-lab") -> list[Any]:
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, "the stage did not create its MLflow experiment"
+    return client.search_runs([found.experiment_id])
+
+
+def test_dvc_repro_downloads_logs_and_is_idempotent(project_copy: Path, run_in: Any) -> None:
+    first = run_in(project_copy, "dvc", "repro", "download")
+    assert first.returncode == 0, first.stderr
+    images, labels = load_split(project_copy / "data", "train")
+    assert images.shape == (60_000, 28, 28)
+
+    second = run_in(project_copy, "dvc", "repro", "download")
+    assert second.returncode == 0, second.stderr
+    assert "didn't change, skipping" in second.stdout
+    assert "Running stage" not in second.stdout
+    status = run_in(project_copy, "dvc", "status")
+    assert "up to date" in status.stdout
+
+    # MLflow: exactly one finished run, with digests, counts and both dataset inputs.
+    (run,) = _runs(project_copy)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["data.digest"] == dataset_digest(MNIST_SHA256)
+    assert run.data.tags["stage"] == "download"
+    assert run.data.metrics["train_samples"] == 60_000 and run.data.metrics["test_samples"] == 10_000
+    assert run.data.params["source.train-images-idx3-ubyte"].endswith("train-images-idx3-ubyte.gz")
+    inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}
+    assert set(inputs) == {"mnist-train", "mnist-test"}
+    assert {tag.value for tag in inputs["mnist-train"].tags if tag.key == "mlflow.data.context"} == {"training"}
+    artifacts = {a.path for a in MlflowClient(f"sqlite:///{project_copy / 'mlflow.db'}").list_artifacts(run.info.run_id)}
+    assert "samples_by_class.png" in artifacts
+    assert (project_copy / "mlartifacts").is_dir()  # artifacts stay in the project root
+
+    # TensorBoard: the sample grid, read back with TensorBoard's reader, equals the real digits.
+    (logdir,) = (project_copy / "runs" / "download").iterdir()
+    assert run.info.run_id[:8] in logdir.name
+    events = EventAccumulator(str(logdir), size_guidance={"images": 0})
+    events.Reload()
+    (image_event,) = events.Images("mnist/train_samples_by_class")
+    shown = np.asarray(Image.open(io.BytesIO(image_event.encoded_image_string)).convert("L"))
+    assert np.array_equal(shown, sample_grid(images, labels, per_class=10)[:, :, 0])
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_corrupt_mirror_fails_clearly_and_leaves_no_output(
+    project_copy: Path, repo_params: dict[str, Any], run_in: Any, mnist_mirror: Path, tmp_path: Path
+) -> None:
+    corrupt = tmp_path / "corrupt-mirror"
+    shutil.copytree(mnist_mirror, corrupt)
+    truncated = corrupt / "train-labels-idx1-ubyte.gz"
+    content = gzip.decompress(truncated.read_bytes())
+    truncated.write_bytes(gzip.compress(content[:-100], compresslevel=1))
+    repo_params["data"]["mirrors"] = [f"http://127.0.0.1:{_closed_port()}/mnist/"]
+    write_params(project_copy, repo_params)
+
+    result = run_in(project_copy, "dvc", "repro", "download", env={"MNIST_MIRROR": str(corrupt)})
+    assert result.returncode != 0
+    assert "could not get a verified copy of MNIST file train-labels-idx1-ubyte" in result.stderr
+    assert f"expected {MNIST_SHA256['train-labels-idx1-ubyte']}" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (project_copy / "data" / "MNIST").exists()
+    assert [p.name for p in (project_copy / "data").iterdir()] == [".gitignore"]  # no partial folders
+    (run,) = _runs(project_copy)
+    assert run.info.status == "FAILED"
