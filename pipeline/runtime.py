@@ -1,0 +1,89 @@
+"""Devices, threads and determinism: the settings every torch stage pins and records."""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.errors import PipelineError
+
+# cuBLAS needs a fixed workspace to be deterministic (CUDA docs, "Reproducibility"); set before first use.
+_CUBLAS_WORKSPACE = ":4096:8"
+
+
+def select_device(choice: str, param: str = "train.device") -> torch.device:
+    """`auto` picks cuda, then mps, then cpu; an explicitly requested absent device is a user error."""
+    if choice == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise PipelineError(
+            f"`{param}` is 'cuda' but no CUDA GPU is usable here (torch {torch.__version__} is {built}; "
+            f"torch.cuda.is_available() is False). Set `{param}: cpu` or `auto` in params.yaml, "
+            "or run on a machine with an NVIDIA GPU and driver."
+        )
+    if choice == "mps" and not torch.backends.mps.is_available():
+        raise PipelineError(
+            f"`{param}` is 'mps' but Apple's Metal backend is not available on this machine "
+            f"({platform.system()} {platform.machine()}). Set `{param}: cpu` or `auto` in params.yaml."
+        )
+    return torch.device(choice)
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    device: str
+    threads: int
+    seed: int
+    deterministic: bool
+
+    def as_params(self) -> dict[str, object]:
+        return {"device": self.device, "threads": self.threads, "seed": self.seed, "deterministic": self.deterministic}
+
+
+def pin_runtime(device: torch.device, threads: int, seed: int) -> RuntimeSettings:
+    """Seed every generator, force deterministic kernels and pin the CPU thread count.
+
+    `threads == 0` means one thread per core torch sees; the number actually used is returned so
+    it can be recorded — results are bit-identical only for the same thread count.
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", _CUBLAS_WORKSPACE)
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(seed)  # CPU and every CUDA device
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False  # autotuning picks kernels by timing: not reproducible
+    return RuntimeSettings(device=str(device), threads=torch.get_num_threads(), seed=seed, deterministic=True)
+
+
+def hardware_description(device: torch.device) -> dict[str, str]:
+    """Machine facts recorded with results that depend on them."""
+    facts = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "os": f"{platform.system()} {platform.release()}",
+        "cpu": _cpu_model(),
+        "cpu_count": str(os.cpu_count()),
+    }
+    if device.type == "cuda":
+        facts["gpu"] = torch.cuda.get_device_name(device)
+        facts["cuda"] = str(torch.version.cuda)
+    return facts
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass  # not Linux: fall back to what platform knows
+    return platform.processor() or platform.machine()

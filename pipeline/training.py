@@ -1,0 +1,194 @@
+"""The lab's training recipe (Adadelta + StepLR, NLL loss) fed from tensors held on the device.
+
+Speed: the whole of MNIST is one normalized float tensor on the device (188 MB), shuffled once per
+epoch and sliced into batches — no DataLoader, no per-item PIL transforms (FACTS.md: those alone
+cost ~149 µs an image, more than the model's forward pass at batch 64 on two cores).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from pipeline.config import TrainConfig
+from pipeline.model import LabNet
+from pipeline.tracking import Tracker
+
+# The lab's normalization constants: mean and std of the MNIST training pixels in [0, 1].
+MNIST_MEAN = 0.1307
+MNIST_STD = 0.3081
+# Measured by benchmarks/train_speed.py on 2 CPU cores: see README "Training speed".
+MEMORY_FORMAT = torch.channels_last
+
+
+@dataclass(frozen=True)
+class DeviceData:
+    images: torch.Tensor  # (N, 1, 28, 28) float32, normalized, on the training device
+    labels: torch.Tensor  # (N,) int64
+
+    def __len__(self) -> int:
+        return self.labels.shape[0]
+
+
+def to_device_data(images: np.ndarray, labels: np.ndarray, device: torch.device) -> DeviceData:
+    """uint8 (N, 28, 28) images and labels → normalized tensors on `device` (one host→device copy)."""
+    pixels = torch.from_numpy(np.ascontiguousarray(images)).to(device)
+    normalized = (pixels.float().div_(255).sub_(MNIST_MEAN).div_(MNIST_STD)).unsqueeze(1)
+    return DeviceData(
+        images=normalized.contiguous(memory_format=MEMORY_FORMAT),
+        labels=torch.from_numpy(labels.astype(np.int64)).to(device),
+    )
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int  # optimizer steps done so far
+    epoch: int
+    train_loss: float  # mean over the samples seen since the previous record
+    train_accuracy: float
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    epoch: int
+    lr: float  # the rate this epoch trained with
+    train_loss: float  # mean over every sample of the epoch
+    train_accuracy: float
+    test_loss: float
+    test_accuracy: float
+
+
+@dataclass
+class TrainingResult:
+    model: LabNet
+    steps: list[StepRecord] = field(default_factory=list)
+    epochs: list[EpochRecord] = field(default_factory=list)
+    train_seconds: float = 0.0  # optimizer steps only, evaluation excluded
+    train_samples: int = 0
+    optimizer_steps: int = 0
+
+    @property
+    def images_per_second(self) -> float:
+        return self.train_samples / self.train_seconds if self.train_seconds else 0.0
+
+
+def build_model(config: TrainConfig, device: torch.device) -> LabNet:
+    return LabNet(config.model).to(device=device, memory_format=MEMORY_FORMAT)
+
+
+def train_model(
+    config: TrainConfig,
+    train: DeviceData,
+    test: DeviceData,
+    device: torch.device,
+    tracker: Tracker | None = None,
+    progress: bool = True,
+) -> TrainingResult:
+    """Train from a freshly seeded model; log per-step and per-epoch metrics to `tracker` if given.
+
+    The caller seeds the generators first (runtime.pin_runtime); the shuffling generator below is
+    seeded from `config.seed` as well, so the order of batches never depends on anything else.
+    """
+    model = build_model(config, device)
+    optimizer = torch.optim.Adadelta(model.parameters(), lr=config.lr)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=config.gamma)
+    shuffler = torch.Generator().manual_seed(config.seed)
+    result = TrainingResult(model=model)
+    epochs = tqdm(range(1, config.epochs + 1), desc="epochs", unit="epoch", disable=not progress)
+    for epoch in epochs:
+        lr = optimizer.param_groups[0]["lr"]
+        started = time.perf_counter()
+        train_loss, train_accuracy = _train_epoch(model, optimizer, train, config, epoch, shuffler, result, tracker, progress)
+        result.train_seconds += time.perf_counter() - started
+        result.train_samples += len(train)
+        scheduler.step()
+        test_loss, test_accuracy = evaluate(model, test, config.test_batch_size)
+        record = EpochRecord(epoch, lr, train_loss, train_accuracy, test_loss, test_accuracy)
+        result.epochs.append(record)
+        epochs.set_postfix(test_accuracy=f"{test_accuracy:.4f}", test_loss=f"{test_loss:.4f}")
+        if tracker is not None:
+            tracker.log_metrics(
+                {
+                    "lr": lr,
+                    "epoch/train_loss": train_loss,
+                    "epoch/train_accuracy": train_accuracy,
+                    "test/loss": test_loss,
+                    "test/accuracy": test_accuracy,
+                },
+                step=epoch,
+            )
+    return result
+
+
+def _batches(data: DeviceData, batch_size: int, order: torch.Tensor | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    images, labels = data.images, data.labels
+    if order is not None:
+        # One gather per epoch, then contiguous slices: cheaper than gathering every batch.
+        images, labels = images[order].contiguous(memory_format=MEMORY_FORMAT), labels[order]
+    for start in range(0, len(data), batch_size):
+        yield images[start : start + batch_size], labels[start : start + batch_size]
+
+
+def _train_epoch(
+    model: LabNet,
+    optimizer: torch.optim.Optimizer,
+    data: DeviceData,
+    config: TrainConfig,
+    epoch: int,
+    shuffler: torch.Generator,
+    result: TrainingResult,
+    tracker: Tracker | None,
+    progress: bool,
+) -> tuple[float, float]:
+    model.train()
+    order = torch.randperm(len(data), generator=shuffler).to(data.labels.device)
+    # Sums stay on the device between records: reading them every step would force a GPU sync.
+    window_loss = torch.zeros((), device=data.labels.device, dtype=torch.float64)
+    window_correct = torch.zeros((), device=data.labels.device, dtype=torch.int64)
+    window_samples = epoch_samples = 0
+    epoch_loss = epoch_correct = 0.0
+    steps = (len(data) + config.batch_size - 1) // config.batch_size
+    bar = tqdm(_batches(data, config.batch_size, order), total=steps, desc=f"epoch {epoch}", unit="batch", leave=False, disable=not progress)
+    for index, (images, labels) in enumerate(bar, start=1):
+        optimizer.zero_grad(set_to_none=True)
+        log_probabilities = model(images)
+        loss = F.nll_loss(log_probabilities, labels)  # mean over the batch
+        loss.backward()
+        optimizer.step()
+        result.optimizer_steps += 1
+        window_loss += loss.detach() * labels.shape[0]  # back to a sum: the last batch may be smaller
+        window_correct += (log_probabilities.detach().argmax(dim=1) == labels).sum()
+        window_samples += labels.shape[0]
+        if index % config.log_every_steps == 0 or index == steps:
+            loss_sum, correct = window_loss.item(), int(window_correct.item())
+            record = StepRecord(result.optimizer_steps, epoch, loss_sum / window_samples, correct / window_samples)
+            result.steps.append(record)
+            epoch_loss += loss_sum
+            epoch_correct += correct
+            epoch_samples += window_samples
+            if tracker is not None:
+                tracker.log_metrics({"train/loss": record.train_loss, "train/accuracy": record.train_accuracy}, step=record.step)
+            bar.set_postfix(loss=f"{record.train_loss:.4f}")
+            window_loss.zero_()
+            window_correct.zero_()
+            window_samples = 0
+    return epoch_loss / epoch_samples, epoch_correct / epoch_samples
+
+
+@torch.no_grad()
+def evaluate(model: LabNet, data: DeviceData, batch_size: int) -> tuple[float, float]:
+    """Mean NLL loss and accuracy over every sample of `data`."""
+    model.eval()
+    loss_sum = torch.zeros((), device=data.labels.device, dtype=torch.float64)
+    correct = torch.zeros((), device=data.labels.device, dtype=torch.int64)
+    for images, labels in _batches(data, batch_size):
+        log_probabilities = model(images)
+        loss_sum += F.nll_loss(log_probabilities, labels, reduction="sum")
+        correct += (log_probabilities.argmax(dim=1) == labels).sum()
+    return loss_sum.item() / len(data), correct.item() / len(data)
