@@ -25,6 +25,7 @@ DEFAULT_PARAMS_FILE = Path("params.yaml")
 Device = Literal["cpu", "cuda", "mps"]
 DeviceChoice = Literal["auto", "cpu", "cuda", "mps"]
 ProfileMode = Literal["inference", "train"]
+Precision = Literal["auto", "fp32", "bf16"]
 
 
 def _rule(
@@ -68,10 +69,15 @@ class ModelConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     device: DeviceChoice = _rule()
+    # bf16 = autocast mixed precision for the forward pass (weights, optimizer, loss and evaluation stay
+    # fp32); auto = bf16 where the device computes it natively (AMX/AVX512-BF16 CPUs, recent GPUs).
+    precision: Precision = _rule()
     # 0 = one thread per available CPU core; the number used is recorded with every run.
     threads: int = _rule(ge=0, le=1024)
     seed: int = _rule(ge=0)
     epochs: int = _rule(ge=1)
+    # Train on the first N training images (0 = all 60,000): quick experiments and smoke tests.
+    train_samples: int = _rule(ge=0)
     batch_size: int = _rule(ge=1)
     test_batch_size: int = _rule(ge=1)
     lr: float = _rule(gt=0)

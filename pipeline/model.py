@@ -20,6 +20,22 @@ MNIST_INPUT_SHAPE = (1, 28, 28)  # channels, height, width of one sample
 MNIST_CLASSES = 10
 
 
+class Dropout(nn.Dropout):
+    """nn.Dropout with the keep-mask drawn as `uniform >= p` and applied with `where`.
+
+    Same distribution and the same expectation-preserving scaling as nn.Dropout. On CPU,
+    `bernoulli_` (what nn.Dropout uses) draws ~2.4x slower than `uniform_` — 4.5 vs 1.9 ms for the
+    64×64×12×12 activation at batch 64 on 2 threads — and was the costliest op of a training
+    step; `where` also beats multiplying by the mask. Together: +10 % training images/s.
+    """
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return inputs
+        keep = torch.empty_like(inputs).uniform_() >= self.p
+        return torch.where(keep, inputs * (1.0 / (1.0 - self.p)), 0.0)
+
+
 class LabNet(nn.Module):
     def __init__(
         self,
@@ -39,7 +55,7 @@ class LabNet(nn.Module):
                 conv2=nn.Conv2d(config.conv1_channels, config.conv2_channels, kernel_size=3, stride=1),
                 relu2=nn.ReLU(),
                 pool=nn.MaxPool2d(kernel_size=2),
-                dropout1=nn.Dropout(config.conv_dropout),  # plain Dropout: Dropout2d on 2-D input is deprecated
+                dropout1=Dropout(config.conv_dropout),  # element-wise, as upstream: Dropout2d on 2-D input is deprecated
             )
         )
         self.classifier = nn.Sequential(
@@ -47,7 +63,7 @@ class LabNet(nn.Module):
                 flatten=nn.Flatten(),
                 fc1=nn.Linear(self._flattened_features(), config.hidden_units),
                 relu3=nn.ReLU(),
-                dropout2=nn.Dropout(config.hidden_dropout),
+                dropout2=Dropout(config.hidden_dropout),
                 fc2=nn.Linear(config.hidden_units, classes),
                 log_softmax=nn.LogSoftmax(dim=1),
             )

@@ -37,18 +37,42 @@ def select_device(choice: str, param: str = "train.device") -> torch.device:
     return torch.device(choice)
 
 
+def select_precision(choice: str, device: torch.device) -> str:
+    """`auto` → bf16 mixed precision where `device` computes bf16 natively, else fp32."""
+    if choice != "auto":
+        return choice
+    return "bf16" if has_native_bf16(device) else "fp32"
+
+
+def has_native_bf16(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    if device.type == "cpu":
+        # AVX512-BF16 or AMX instructions; without them oneDNN emulates bf16 and is slower than fp32.
+        checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        return any(getattr(torch.cpu, check, lambda: False)() for check in checks)
+    return False
+
+
 @dataclass(frozen=True)
 class RuntimeSettings:
     device: str
+    precision: str  # fp32 or bf16, after resolving `auto`
     threads: int
     seed: int
     deterministic: bool
 
     def as_params(self) -> dict[str, object]:
-        return {"device": self.device, "threads": self.threads, "seed": self.seed, "deterministic": self.deterministic}
+        return {
+            "device": self.device,
+            "precision": self.precision,
+            "threads": self.threads,
+            "seed": self.seed,
+            "deterministic": self.deterministic,
+        }
 
 
-def pin_runtime(device: torch.device, threads: int, seed: int) -> RuntimeSettings:
+def pin_runtime(device: torch.device, precision: str, threads: int, seed: int) -> RuntimeSettings:
     """Seed every generator, force deterministic kernels and pin the CPU thread count.
 
     `threads == 0` means one thread per core torch sees; the number actually used is returned so
@@ -60,14 +84,16 @@ def pin_runtime(device: torch.device, threads: int, seed: int) -> RuntimeSetting
     torch.manual_seed(seed)  # CPU and every CUDA device
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False  # autotuning picks kernels by timing: not reproducible
-    return RuntimeSettings(device=str(device), threads=torch.get_num_threads(), seed=seed, deterministic=True)
+    return RuntimeSettings(
+        device=str(device), precision=precision, threads=torch.get_num_threads(), seed=seed, deterministic=True
+    )
 
 
 def hardware_description(device: torch.device) -> dict[str, str]:
     """Machine facts recorded with results that depend on them."""
     facts = {
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "os": f"{platform.system()} {platform.release()}",
         "cpu": _cpu_model(),
         "cpu_count": str(os.cpu_count()),

@@ -135,6 +135,18 @@ class Tracker:
         self.client.log_image(self.run_id, image, artifact_file=artifact_file)
         self.writer.add_image(tag, image, 0, dataformats="HWC")
 
+    def log_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float]) -> None:
+        """TensorBoard's HParams view, written into this run's own folder (SummaryWriter.add_hparams
+        would open a sub-folder, making one stage run look like two)."""
+        from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+        experiment, session_start, session_end = hparams_summary(dict(hparams), dict(metrics))
+        file_writer = self.writer._get_file_writer()
+        for summary in (experiment, session_start, session_end):
+            file_writer.add_summary(summary)
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, 0)
+
     def log_text(self, tag: str, markdown: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, markdown, artifact_file)
         self.writer.add_text(tag, markdown, 0)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from pipeline.config import TrainConfig
+from pipeline.errors import PipelineError
 from pipeline.model import LabNet
 from pipeline.tracking import Tracker
 
@@ -38,12 +39,22 @@ class DeviceData:
 
 def to_device_data(images: np.ndarray, labels: np.ndarray, device: torch.device) -> DeviceData:
     """uint8 (N, 28, 28) images and labels → normalized tensors on `device` (one host→device copy)."""
-    pixels = torch.from_numpy(np.ascontiguousarray(images)).to(device)
+    pixels = torch.from_numpy(np.array(images, copy=True)).to(device)  # IDX arrays are read-only views
     normalized = (pixels.float().div_(255).sub_(MNIST_MEAN).div_(MNIST_STD)).unsqueeze(1)
     return DeviceData(
         images=normalized.contiguous(memory_format=MEMORY_FORMAT),
         labels=torch.from_numpy(labels.astype(np.int64)).to(device),
     )
+
+
+def first_samples(images: np.ndarray, labels: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first `count` samples (0 = all); asking for more than exist is a user error."""
+    if count > len(labels):
+        raise PipelineError(
+            f"`train.train_samples` = {count} but the training set has {len(labels)} images. "
+            f"Set it to at most {len(labels)}, or 0 for all of them, in params.yaml."
+        )
+    return (images[:count], labels[:count]) if count else (images, labels)
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,7 @@ def train_model(
     train: DeviceData,
     test: DeviceData,
     device: torch.device,
+    precision: str = "fp32",
     tracker: Tracker | None = None,
     progress: bool = True,
 ) -> TrainingResult:
@@ -104,7 +116,9 @@ def train_model(
     for epoch in epochs:
         lr = optimizer.param_groups[0]["lr"]
         started = time.perf_counter()
-        train_loss, train_accuracy = _train_epoch(model, optimizer, train, config, epoch, shuffler, result, tracker, progress)
+        train_loss, train_accuracy = _train_epoch(
+            model, optimizer, train, config, epoch, precision, shuffler, result, tracker, progress
+        )
         result.train_seconds += time.perf_counter() - started
         result.train_samples += len(train)
         scheduler.step()
@@ -141,6 +155,7 @@ def _train_epoch(
     data: DeviceData,
     config: TrainConfig,
     epoch: int,
+    precision: str,
     shuffler: torch.Generator,
     result: TrainingResult,
     tracker: Tracker | None,
@@ -154,11 +169,12 @@ def _train_epoch(
     window_samples = epoch_samples = 0
     epoch_loss = epoch_correct = 0.0
     steps = (len(data) + config.batch_size - 1) // config.batch_size
-    bar = tqdm(_batches(data, config.batch_size, order), total=steps, desc=f"epoch {epoch}", unit="batch", leave=False, disable=not progress)
+    bar = tqdm(_batches(data, config.batch_size, order), total=steps, desc=f"epoch {epoch}", unit="batch", leave=False, disable=not progress, mininterval=1.0)
     for index, (images, labels) in enumerate(bar, start=1):
         optimizer.zero_grad(set_to_none=True)
-        log_probabilities = model(images)
-        loss = F.nll_loss(log_probabilities, labels)  # mean over the batch
+        with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            log_probabilities = model(images)
+        loss = F.nll_loss(log_probabilities.float(), labels)  # mean over the batch, in fp32
         loss.backward()
         optimizer.step()
         result.optimizer_steps += 1
@@ -183,7 +199,8 @@ def _train_epoch(
 
 @torch.no_grad()
 def evaluate(model: LabNet, data: DeviceData, batch_size: int) -> tuple[float, float]:
-    """Mean NLL loss and accuracy over every sample of `data`."""
+    """Mean NLL loss and accuracy over every sample of `data`, always in fp32: the numbers later
+    stages (graph export, profiling) reproduce from the checkpoint."""
     model.eval()
     loss_sum = torch.zeros((), device=data.labels.device, dtype=torch.float64)
     correct = torch.zeros((), device=data.labels.device, dtype=torch.int64)

@@ -57,9 +57,11 @@ def make_synthetic_mnist(folder: Path, train: int = 40, test: int = 20, gz: bool
     return digests
 
 
-@pytest.fixture
-def project_copy(tmp_path: Path) -> Path:
-    """The project's tracked and new files copied into a fresh git repo (no .venv, stores or data)."""
+def copy_project(target: Path) -> Path:
+    """The project's tracked and new files copied into a fresh git repo (no .venv, stores or data).
+
+    Like a fresh clone: dvc.lock and code, but no data, caches or tracking stores.
+    """
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
         cwd=REPO_ROOT,
@@ -67,14 +69,12 @@ def project_copy(tmp_path: Path) -> Path:
         capture_output=True,
         text=True,
     ).stdout.split()
-    target = tmp_path / "project"
     for relative in listed:
         source = REPO_ROOT / relative
         if source.is_file():
             destination = target / relative
             destination.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, destination)
-    # Like a fresh clone: dvc.lock and code, but no data, caches or tracking stores.
     subprocess.run(["git", "init", "-q"], cwd=target, check=True)
     subprocess.run(["git", "add", "-A"], cwd=target, check=True)
     subprocess.run(
@@ -86,16 +86,30 @@ def project_copy(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def project_copy(tmp_path: Path) -> Path:
+    return copy_project(tmp_path / "project")
+
+
+def stage_environment(mnist_mirror: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a user's shell has: venv first on PATH, the offline mirror, no MLflow overrides."""
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")}
+    environment.update({"PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "MNIST_MIRROR": str(mnist_mirror)})
+    environment.update(extra or {})
+    return environment
+
+
+@pytest.fixture
 def run_in(mnist_mirror: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run a command in a project copy with the venv on PATH and the offline mirror set."""
 
     def run(project: Path, *command: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        environment = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")}
-        environment.update({"PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "MNIST_MIRROR": str(mnist_mirror)})
-        environment.update(env or {})
-        return subprocess.run(list(command), cwd=project, env=environment, capture_output=True, text=True)
+        return subprocess.run(list(command), cwd=project, env=stage_environment(mnist_mirror, env), capture_output=True, text=True)
 
     return run
+
+
+def read_params(project: Path) -> dict[str, Any]:
+    return yaml.safe_load((project / "params.yaml").read_text())
 
 
 def write_params(project: Path, params: dict[str, Any]) -> None:

@@ -66,7 +66,7 @@ def test_unknown_and_missing_keys_are_both_reported(repo_params: dict[str, Any])
     with pytest.raises(PipelineError) as caught:
         params_from_mapping(repo_params)
     message = str(caught.value)
-    assert "`train.learning_rate` is not a known key (allowed in `train`: device, threads" in message
+    assert "`train.learning_rate` is not a known key (allowed in `train`: device, precision, threads" in message
     assert "`train.lr` is missing" in message
     assert "`optimizer` is not a known key" in message
     assert "3 invalid value(s)" in message

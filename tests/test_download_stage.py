@@ -39,7 +39,7 @@ def test_dvc_repro_downloads_logs_and_is_idempotent(project_copy: Path, run_in: 
     assert second.returncode == 0, second.stderr
     assert "didn't change, skipping" in second.stdout
     assert "Running stage" not in second.stdout
-    status = run_in(project_copy, "dvc", "status")
+    status = run_in(project_copy, "dvc", "status", "download")
     assert "up to date" in status.stdout
 
     # MLflow: exactly one finished run, with digests, counts and both dataset inputs.

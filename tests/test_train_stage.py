@@ -1,0 +1,158 @@
+"""End to end: `dvc repro` of download + train in a temp copy; stores, determinism, reruns, failures."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pytest
+import torch
+from mlflow import MlflowClient
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from pipeline.checkpoint import load_checkpoint
+from pipeline.data import MNIST_SHA256, dataset_digest, load_split
+from pipeline.training import evaluate, to_device_data
+from tests.conftest import copy_project, read_params, stage_environment, write_params
+
+pytestmark = pytest.mark.slow
+
+OUTPUTS = ("models/model.pt", "metrics/train.json", "plots/train_steps.csv", "plots/train_epochs.csv")
+
+
+def _quick(params: dict[str, Any]) -> dict[str, Any]:
+    """One epoch over 6,400 images (100 steps): seconds, yet well past chance."""
+    params["train"].update(epochs=1, train_samples=6400, log_every_steps=20)
+    return params
+
+
+def _digests(project: Path) -> dict[str, str]:
+    return {name: hashlib.sha256((project / name).read_bytes()).hexdigest() for name in OUTPUTS}
+
+
+def _train_runs(project: Path) -> list[Any]:
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("mnist-lab")
+    return client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'train'")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
+    """One project copy trained once by `dvc repro`, shared by the read-back tests below."""
+    project = copy_project(tmp_path_factory.mktemp("trained") / "project")
+    for relative in OUTPUTS:  # the workspace's tracked metrics/plots must not pass for fresh ones
+        (project / relative).unlink(missing_ok=True)
+    write_params(project, _quick(read_params(project)))
+    result = subprocess.run(["dvc", "repro", "train"], cwd=project, env=stage_environment(mnist_mirror), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return project
+
+
+def test_train_stage_outputs_describe_a_learned_model(trained: Path) -> None:
+    metrics = json.loads((trained / "metrics/train.json").read_text())
+    assert metrics["test_accuracy"] > 0.90 and metrics["steps"] == 100
+    checkpoint = load_checkpoint(trained / "models/model.pt")
+    assert checkpoint.data_digest == dataset_digest(MNIST_SHA256)
+    assert checkpoint.train_params["train_samples"] == 6400
+    test = to_device_data(*load_split(trained / "data", "test"), torch.device("cpu"))
+    loss, accuracy = evaluate(checkpoint.model, test, 1000)
+    assert accuracy == metrics["test_accuracy"] and loss == pytest.approx(metrics["test_loss"], rel=1e-6)
+    epochs = (trained / "plots/train_epochs.csv").read_text().splitlines()
+    assert epochs[0] == "epoch,lr,train_loss,train_accuracy,test_loss,test_accuracy" and len(epochs) == 2
+    assert len((trained / "plots/train_steps.csv").read_text().splitlines()) == 1 + 5
+
+
+def test_train_run_in_mlflow_has_params_curves_model_and_data_digest(trained: Path) -> None:
+    (run,) = _train_runs(trained)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["train.lr"] == "1.0" and run.data.params["train.model.hidden_units"] == "128"
+    assert int(run.data.params["runtime.threads"]) >= 1
+    assert run.data.tags["data.digest"] == dataset_digest(MNIST_SHA256)
+    client = MlflowClient(f"sqlite:///{trained / 'mlflow.db'}")
+    history = client.get_metric_history(run.info.run_id, "train/loss")
+    assert [m.step for m in history] == [20, 40, 60, 80, 100]
+    assert history[-1].value < history[0].value  # it learns
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "test/accuracy")] == [1]
+
+    mlflow.set_tracking_uri(f"sqlite:///{trained / 'mlflow.db'}")
+    (logged,) = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")
+    assert logged.source_run_id == run.info.run_id
+    model = mlflow.pytorch.load_model(f"models:/{logged.model_id}")
+    reference = load_checkpoint(trained / "models/model.pt").model
+    for batch in (1, 16, 64):
+        images = torch.randn(batch, 1, 28, 28)
+        assert torch.allclose(model(images), reference(images), atol=1e-5)
+
+
+def test_tensorboard_run_folder_holds_curves_and_hparams(trained: Path) -> None:
+    (run,) = _train_runs(trained)
+    (logdir,) = (trained / "runs" / "train").iterdir()
+    assert logdir.name.endswith(run.info.run_id[:8])
+    events = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [event.step for event in events.Scalars("train/loss")] == [20, 40, 60, 80, 100]
+    assert [event.step for event in events.Scalars("test/accuracy")] == [1]
+    assert "_hparams_/experiment" in events.PluginTagToContent("hparams")
+    assert [d for d in logdir.iterdir() if d.is_dir()] == []  # one folder per run: no hparams sub-run
+
+
+def test_rerun_is_bit_identical_and_lr_edit_reruns_only_train(trained: Path, run_in: Any) -> None:
+    before = _digests(trained)
+    forced = run_in(trained, "dvc", "repro", "--force", "--single-item", "train")
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    assert _digests(trained) == before
+
+    params = read_params(trained)
+    params["train"]["lr"] = 0.5
+    write_params(trained, params)
+    status = run_in(trained, "dvc", "status", "--json")
+    assert set(json.loads(status.stdout)) == {"train"}
+    rerun = run_in(trained, "dvc", "repro", "train")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "Stage 'download' didn't change, skipping" in rerun.stdout and "Running stage 'train'" in rerun.stdout
+    assert _digests(trained)["models/model.pt"] != before["models/model.pt"]
+    assert len(_train_runs(trained)) == 3
+
+
+def test_cuda_on_a_machine_without_it_fails_before_work(trained: Path, run_in: Any) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    params = read_params(trained)
+    params["train"]["device"] = "cuda"
+    write_params(trained, params)
+    result = run_in(trained, sys.executable, "-m", "stages.train")
+    assert result.returncode == 2
+    assert "`train.device` is 'cuda' but no CUDA GPU is usable here" in result.stderr
+    assert "Traceback" not in result.stderr
+    params["train"]["device"] = "cpu"
+    write_params(trained, params)
+
+
+def test_ctrl_c_mid_training_writes_nothing_and_marks_the_run_killed(trained: Path, run_in: Any, mnist_mirror: Path) -> None:
+    params = read_params(trained)
+    params["train"].update(epochs=5, train_samples=0)
+    write_params(trained, params)
+    for relative in OUTPUTS:
+        (trained / relative).unlink(missing_ok=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "stages.train"], cwd=trained, env=stage_environment(mnist_mirror), stderr=subprocess.PIPE, text=True
+    )
+    assert process.stderr is not None
+    seen = ""
+    while "epoch 1:" not in seen:  # the batch progress bar: training has started
+        chunk = process.stderr.read(64)
+        assert chunk, f"stage ended before training started: {seen[-2000:]}"
+        seen += chunk
+    process.send_signal(signal.SIGINT)
+    rest = process.communicate(timeout=60)[1]
+    assert process.returncode == 130
+    assert "interrupted; no outputs were written" in rest and "Traceback" not in rest
+    assert not any((trained / relative).exists() for relative in OUTPUTS)
+    assert not [p for p in trained.rglob(".*.partial-*")]
+    assert [run.info.status for run in _train_runs(trained)].count("KILLED") == 1

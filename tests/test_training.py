@@ -1,0 +1,161 @@
+"""Model, training loop, checkpoints, atomic outputs and run status — in process, on real MNIST subsets."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from pipeline.atomic import AtomicOutputs
+from pipeline.checkpoint import checkpoint_payload, load_checkpoint, save_checkpoint
+from pipeline.config import ModelConfig, TrainConfig, TrackingConfig, params_from_mapping, section_as_dict
+from pipeline.data import fetch_mnist, load_split, write_dataset
+from pipeline.errors import PipelineError
+from pipeline.model import LabNet
+from pipeline.runtime import pin_runtime, select_device, select_precision
+from pipeline.tracking import open_tracker
+from pipeline.train_artifacts import records_csv
+from pipeline.training import evaluate, first_samples, to_device_data, train_model
+from tests.conftest import _REPO_PARAMS
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def mnist_root(mnist_mirror: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    config = params_from_mapping(_REPO_PARAMS).data
+    write_dataset(fetch_mnist(config, [str(mnist_mirror)]), root)
+    return root
+
+
+@pytest.fixture
+def tiny_train(repo_params: dict[str, Any]) -> TrainConfig:
+    """1 epoch over 2,000 images: a few seconds on two cores."""
+    config = params_from_mapping(repo_params).train
+    return dataclasses.replace(config, epochs=1, train_samples=2000, log_every_steps=5, device="cpu")
+
+
+def _train(config: TrainConfig, root: Path) -> Any:
+    runtime = pin_runtime(CPU, select_precision(config.precision, CPU), config.threads, config.seed)
+    train = to_device_data(*first_samples(*load_split(root, "train"), config.train_samples), CPU)
+    test = to_device_data(*first_samples(*load_split(root, "test"), 2000), CPU)
+    return train_model(config, train, test, CPU, runtime.precision, progress=False)
+
+
+def test_flatten_size_is_derived_from_widths_and_input_shape() -> None:
+    narrow = LabNet(ModelConfig(conv1_channels=4, conv2_channels=16, hidden_units=8, conv_dropout=0.1, hidden_dropout=0.1))
+    assert narrow.classifier.fc1.in_features == 16 * 12 * 12
+    larger = LabNet(narrow.config, input_shape=(1, 32, 32))
+    assert larger.classifier.fc1.in_features == 16 * 14 * 14
+    log_probabilities = larger.eval()(torch.randn(3, 1, 32, 32))
+    assert torch.allclose(log_probabilities.exp().sum(dim=1), torch.ones(3))
+
+
+def test_absent_cuda_is_a_clear_user_error() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA; the error path needs a machine without it")
+    with pytest.raises(PipelineError, match=r"`train.device` is 'cuda' but no CUDA GPU is usable here.*Set `train.device: cpu`"):
+        select_device("cuda")
+    assert select_device("auto") == CPU
+
+
+def test_too_many_train_samples_names_the_param() -> None:
+    images, labels = np.zeros((10, 28, 28), np.uint8), np.zeros(10, np.uint8)
+    with pytest.raises(PipelineError, match=r"`train.train_samples` = 11 but the training set has 10 images"):
+        first_samples(images, labels, 11)
+    assert first_samples(images, labels, 0)[1].shape == (10,)
+
+
+def test_training_learns_and_averages_over_the_right_counts(tiny_train: TrainConfig, mnist_root: Path) -> None:
+    result = _train(tiny_train, mnist_root)
+    (epoch,) = result.epochs
+    assert epoch.test_accuracy > 0.80  # 2,000 images, one epoch
+    assert result.optimizer_steps == 32  # ceil(2000 / 64)
+    assert [record.step for record in result.steps] == [5, 10, 15, 20, 25, 30, 32]
+    # Each record averages its own window; the epoch mean is their sample-weighted mean.
+    windows = [5 * 64] * 6 + [64 + (2000 - 31 * 64)]  # steps 31 and 32 (16 images)
+    assert sum(windows) == 2000
+    weighted = sum(record.train_loss * size for record, size in zip(result.steps, windows)) / 2000
+    assert epoch.train_loss == pytest.approx(weighted, rel=1e-9)
+    assert 0 < epoch.train_accuracy < 1 and epoch.lr == tiny_train.lr
+
+
+def test_same_params_and_data_give_bit_identical_weights(tiny_train: TrainConfig, mnist_root: Path) -> None:
+    config = dataclasses.replace(tiny_train, train_samples=640)
+    first, second = _train(config, mnist_root), _train(config, mnist_root)
+    assert first.epochs == second.epochs and first.steps == second.steps
+    assert _weights_bytes(first.model) == _weights_bytes(second.model)
+    other_seed = _train(dataclasses.replace(config, seed=2), mnist_root)
+    assert _weights_bytes(other_seed.model) != _weights_bytes(first.model)
+
+
+def _weights_bytes(model: LabNet) -> bytes:
+    buffer = io.BytesIO()
+    torch.save({name: tensor.contiguous() for name, tensor in model.state_dict().items()}, buffer)
+    return buffer.getvalue()
+
+
+def test_checkpoint_rebuilds_the_model_from_the_file_alone(tiny_train: TrainConfig, mnist_root: Path, tmp_path: Path) -> None:
+    result = _train(dataclasses.replace(tiny_train, train_samples=640), mnist_root)
+    path = tmp_path / "model.pt"
+    save_checkpoint(checkpoint_payload(result.model, section_as_dict(tiny_train), "abc123", {"threads": 2}, {"test_accuracy": 0.5}), path)
+    raw = torch.load(path, weights_only=True)  # no arbitrary unpickling needed
+    assert raw["train_params"]["model.hidden_units"] == 128 and raw["data_digest"] == "abc123"
+    loaded = load_checkpoint(path)
+    test = to_device_data(*load_split(mnist_root, "test"), CPU)
+    # Same weights; the rebuilt model runs in the default memory format, so conv sums may differ in
+    # the last bits from the channels_last original.
+    (loss, accuracy), (original_loss, original_accuracy) = evaluate(loaded.model, test, 1000), evaluate(result.model, test, 1000)
+    assert accuracy == original_accuracy and loss == pytest.approx(original_loss, rel=1e-6)
+
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(PipelineError, match="is not a readable checkpoint"):
+        load_checkpoint(path)
+    with pytest.raises(PipelineError, match="run the train stage first"):
+        load_checkpoint(tmp_path / "absent.pt")
+
+
+def test_records_csv_has_header_and_one_row_per_record(tiny_train: TrainConfig, mnist_root: Path) -> None:
+    result = _train(dataclasses.replace(tiny_train, train_samples=640), mnist_root)
+    lines = records_csv(result.steps).splitlines()
+    assert lines[0] == "step,epoch,train_loss,train_accuracy"
+    assert len(lines) == 1 + len(result.steps) and lines[1].startswith("5,1,")
+
+
+def test_atomic_outputs_write_all_or_nothing(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError):
+        with AtomicOutputs() as outputs:
+            outputs.write_json(tmp_path / "metrics" / "a.json", {"x": 1})
+            raise RuntimeError("interrupted")
+    assert list((tmp_path / "metrics").iterdir()) == []
+    with AtomicOutputs() as outputs:
+        outputs.write_json(tmp_path / "metrics" / "a.json", {"x": 1})
+        outputs.write_text(tmp_path / "b.txt", "b")
+    assert (tmp_path / "metrics" / "a.json").read_text() == '{\n  "x": 1\n}\n'
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["a.json", "b.txt"]
+
+
+@pytest.mark.parametrize(("error", "status"), [(RuntimeError, "FAILED"), (KeyboardInterrupt, "KILLED"), (None, "FINISHED")])
+def test_stage_run_ends_with_the_status_of_what_happened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: type[BaseException] | None, status: str
+) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    tracking = TrackingConfig(experiment="status-test", tensorboard_dir="runs")
+    try:
+        with open_tracker("train", tracking, root=tmp_path) as tracker:
+            tracker.log_metrics({"train/loss": 1.5}, step=3)
+            if error is not None:
+                raise error()
+    except (RuntimeError, KeyboardInterrupt):
+        pass
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("status-test").experiment_id])
+    assert run.info.status == status
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")] == [(3, 1.5)]
