@@ -88,7 +88,12 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class GraphConfig:
-    pass
+    # ONNX opset of the exported file (the torch.export-based exporter writes opset 18 or newer).
+    onnx_opset: int = _rule(ge=18, le=23)
+    # Batch sizes both exported programs must accept, checked against PyTorch on real test images.
+    check_batch_sizes: tuple[int, ...] = _rule(non_empty=True, unique=True, ge=1)
+    # Largest allowed |ONNX Runtime − PyTorch| difference of the log-probabilities.
+    parity_atol: float = _rule(gt=0, le=1)
 
 
 @dataclass(frozen=True)

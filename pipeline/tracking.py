@@ -135,6 +135,9 @@ class Tracker:
         self.client.log_image(self.run_id, image, artifact_file=artifact_file)
         self.writer.add_image(tag, image, 0, dataformats="HWC")
 
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, str(path), artifact_path)
+
     def log_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float]) -> None:
         """TensorBoard's HParams view, written into this run's own folder (SummaryWriter.add_hparams
         would open a sub-folder, making one stage run look like two)."""

@@ -37,12 +37,16 @@ class DeviceData:
         return self.labels.shape[0]
 
 
+def normalize_images(images: np.ndarray, device: torch.device = torch.device("cpu")) -> torch.Tensor:
+    """uint8 (N, 28, 28) pixels → float (N, 1, 28, 28) on `device`, normalized as the model expects."""
+    pixels = torch.from_numpy(np.array(images, copy=True)).to(device)  # IDX arrays are read-only views
+    return pixels.float().div_(255).sub_(MNIST_MEAN).div_(MNIST_STD).unsqueeze(1)
+
+
 def to_device_data(images: np.ndarray, labels: np.ndarray, device: torch.device) -> DeviceData:
     """uint8 (N, 28, 28) images and labels → normalized tensors on `device` (one host→device copy)."""
-    pixels = torch.from_numpy(np.array(images, copy=True)).to(device)  # IDX arrays are read-only views
-    normalized = (pixels.float().div_(255).sub_(MNIST_MEAN).div_(MNIST_STD)).unsqueeze(1)
     return DeviceData(
-        images=normalized.contiguous(memory_format=MEMORY_FORMAT),
+        images=normalize_images(images, device).contiguous(memory_format=MEMORY_FORMAT),
         labels=torch.from_numpy(labels.astype(np.int64)).to(device),
     )
 

@@ -114,3 +114,33 @@ def read_params(project: Path) -> dict[str, Any]:
 
 def write_params(project: Path, params: dict[str, Any]) -> None:
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+# Outputs that are committed to git (cache: false) and so present in every copy: removed before a
+# stage test, so a stale file can never pass for one the stage wrote.
+TRACKED_OUTPUTS = (
+    "metrics/train.json",
+    "metrics/train_speed.json",
+    "plots/train_steps.csv",
+    "plots/train_epochs.csv",
+    "metrics/graph.json",
+    "graph/model_graph.svg",
+    "graph/summary.md",
+)
+
+
+def quick_train_params(params: dict[str, Any]) -> dict[str, Any]:
+    """One epoch over 6,400 images (100 steps): seconds, yet well past chance."""
+    params["train"].update(epochs=1, train_samples=6400, log_every_steps=20)
+    return params
+
+
+def reproduced_copy(target: Path, mnist_mirror: Path, stage: str) -> Path:
+    """A fresh project copy with quick training params, after a successful `dvc repro <stage>`."""
+    project = copy_project(target)
+    for relative in TRACKED_OUTPUTS:
+        (project / relative).unlink(missing_ok=True)
+    write_params(project, quick_train_params(read_params(project)))
+    result = subprocess.run(["dvc", "repro", stage], cwd=project, env=stage_environment(mnist_mirror), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return project

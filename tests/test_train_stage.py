@@ -19,17 +19,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from pipeline.checkpoint import load_checkpoint
 from pipeline.data import MNIST_SHA256, dataset_digest, load_split
 from pipeline.training import evaluate, to_device_data
-from tests.conftest import copy_project, read_params, stage_environment, write_params
+from tests.conftest import read_params, reproduced_copy, stage_environment, write_params
 
 pytestmark = pytest.mark.slow
 
 OUTPUTS = ("models/model.pt", "metrics/train.json", "plots/train_steps.csv", "plots/train_epochs.csv")
-
-
-def _quick(params: dict[str, Any]) -> dict[str, Any]:
-    """One epoch over 6,400 images (100 steps): seconds, yet well past chance."""
-    params["train"].update(epochs=1, train_samples=6400, log_every_steps=20)
-    return params
 
 
 def _digests(project: Path) -> dict[str, str]:
@@ -44,14 +38,8 @@ def _train_runs(project: Path) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
-    """One project copy trained once by `dvc repro`, shared by the read-back tests below."""
-    project = copy_project(tmp_path_factory.mktemp("trained") / "project")
-    for relative in OUTPUTS:  # the workspace's tracked metrics/plots must not pass for fresh ones
-        (project / relative).unlink(missing_ok=True)
-    write_params(project, _quick(read_params(project)))
-    result = subprocess.run(["dvc", "repro", "train"], cwd=project, env=stage_environment(mnist_mirror), capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return project
+    """One project copy trained once by `dvc repro train`, shared by the tests below (in order)."""
+    return reproduced_copy(tmp_path_factory.mktemp("trained") / "project", mnist_mirror, "train")
 
 
 def test_train_stage_outputs_describe_a_learned_model(trained: Path) -> None:
@@ -111,7 +99,7 @@ def test_rerun_is_bit_identical_and_lr_edit_reruns_only_train(trained: Path, run
     params = read_params(trained)
     params["train"]["lr"] = 0.5
     write_params(trained, params)
-    status = run_in(trained, "dvc", "status", "--json")
+    status = run_in(trained, "dvc", "status", "--json", "download", "train")
     assert set(json.loads(status.stdout)) == {"train"}
     rerun = run_in(trained, "dvc", "repro", "train")
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -154,5 +142,5 @@ def test_ctrl_c_mid_training_writes_nothing_and_marks_the_run_killed(trained: Pa
     assert process.returncode == 130
     assert "interrupted; no outputs were written" in rest and "Traceback" not in rest
     assert not any((trained / relative).exists() for relative in OUTPUTS)
-    assert not [p for p in trained.rglob(".*.partial-*")]
+    assert not [p for p in trained.rglob(".partial-*")]
     assert [run.info.status for run in _train_runs(trained)].count("KILLED") == 1
