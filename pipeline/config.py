@@ -98,9 +98,18 @@ class GraphConfig:
 
 @dataclass(frozen=True)
 class ProfileConfig:
+    # The DVC matrix: one profile stage per batch size × device × mode.
     batch_sizes: tuple[int, ...] = _rule(non_empty=True, unique=True, ge=1)
     devices: tuple[Device, ...] = _rule(non_empty=True, unique=True)
     modes: tuple[ProfileMode, ...] = _rule(non_empty=True, unique=True)
+    # Untimed steps first: oneDNN/cuDNN build kernels per shape, so a cold first step misleads.
+    warmup_steps: int = _rule(ge=1, le=1000)
+    # Steps timed (without the profiler), then the same number traced by torch.profiler.
+    active_steps: int = _rule(ge=2, le=10_000)
+    # CPU threads; 0 = one per core (the number used is recorded).
+    threads: int = _rule(ge=0, le=1024)
+    # Rows of the operator table.
+    top_k: int = _rule(ge=1, le=200)
 
 
 @dataclass(frozen=True)

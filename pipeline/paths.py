@@ -1,5 +1,6 @@
 """Where stages write their outputs, relative to the project root; dvc.yaml declares the same paths."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 DATA_ROOT = Path("data")  # torchvision root: data/MNIST/raw/...
@@ -18,3 +19,36 @@ SUMMARY_MARKDOWN = GRAPH_DIR / "summary.md"
 SUMMARY_CSV = GRAPH_DIR / "summary.csv"
 SUMMARY_JSON = GRAPH_DIR / "summary.json"
 GRAPH_METRICS = Path("metrics/graph.json")
+HARDWARE_FINGERPRINT = Path("hardware/fingerprint.json")
+PROFILES_DIR = Path("profiles")
+
+
+@dataclass(frozen=True)
+class ProfileOutputs:
+    """Files of one profile combination, under profiles/<batch>-<device>-<mode>/ (as in dvc.yaml)."""
+
+    folder: Path
+
+    @property
+    def trace(self) -> Path:
+        return self.folder / "trace.json.gz"  # Chrome/Perfetto trace (both open it gzipped)
+
+    @property
+    def table_markdown(self) -> Path:
+        return self.folder / "top_operators.md"
+
+    @property
+    def table_csv(self) -> Path:
+        return self.folder / "top_operators.csv"
+
+    @property
+    def record(self) -> Path:
+        return self.folder / "profile.json"  # combination, hardware, settings, timing, top operators
+
+    @property
+    def timing(self) -> Path:
+        return self.folder / "timing.json"  # numbers only: DVC metrics
+
+
+def profile_outputs(combination_name: str) -> ProfileOutputs:
+    return ProfileOutputs(PROFILES_DIR / combination_name)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.errors import PipelineError
+from pipeline.hardware import machine_fingerprint
 
 # cuBLAS needs a fixed workspace to be deterministic (CUDA docs, "Reproducibility"); set before first use.
 _CUBLAS_WORKSPACE = ":4096:8"
@@ -90,26 +91,11 @@ def pin_runtime(device: torch.device, precision: str, threads: int, seed: int) -
 
 
 def hardware_description(device: torch.device) -> dict[str, str]:
-    """Machine facts recorded with results that depend on them."""
-    facts = {
-        "python": platform.python_version(),
-        "torch": str(torch.__version__),
-        "os": f"{platform.system()} {platform.release()}",
-        "cpu": _cpu_model(),
-        "cpu_count": str(os.cpu_count()),
-    }
+    """Machine facts recorded with results that depend on them, plus the device actually used."""
+    facts = machine_fingerprint()
     if device.type == "cuda":
-        facts["gpu"] = torch.cuda.get_device_name(device)
-        facts["cuda"] = str(torch.version.cuda)
+        facts["device_name"] = torch.cuda.get_device_name(device)
+        facts["cuda_runtime"] = str(torch.version.cuda)
+    else:
+        facts["device_name"] = facts["cpu"] if device.type == "cpu" else device.type
     return facts
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass  # not Linux: fall back to what platform knows
-    return platform.processor() or platform.machine()

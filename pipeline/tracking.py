@@ -15,7 +15,7 @@ import fcntl
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -130,6 +130,16 @@ class Tracker:
         for key, value in metrics.items():
             self.writer.add_scalar(key, value, step)
 
+    def log_series(self, name: str, values: Sequence[float]) -> None:
+        """A metric history at steps 0..n-1 in one MLflow call, and the same curve in TensorBoard."""
+        from mlflow.entities import Metric
+
+        timestamp = int(time.time() * 1000)
+        key = metric_name(name)
+        self.client.log_batch(self.run_id, metrics=[Metric(key, float(v), timestamp, i) for i, v in enumerate(values)])
+        for index, value in enumerate(values):
+            self.writer.add_scalar(name, value, index)
+
     def log_image(self, tag: str, image: np.ndarray, artifact_file: str) -> None:
         """`image` is HWC uint8: a PNG artifact in MLflow, an image in TensorBoard."""
         self.client.log_image(self.run_id, image, artifact_file=artifact_file)
@@ -159,10 +169,13 @@ class Tracker:
 def open_tracker(
     stage: str,
     config: TrackingConfig,
-    run_name: str | None = None,
+    variant: str | None = None,
     root: Path | None = None,
 ) -> Iterator[Tracker]:
     """Start the stage's MLflow run and TensorBoard writer; end the run FINISHED, FAILED or KILLED.
+
+    `variant` names one item of a matrix stage (`64-cpu-train`): the run is `stage@variant` and its
+    TensorBoard folder `<stage>/<variant>-<time>-<run id>`, one per combination.
 
     The run is also the active fluent run while open, for the MLflow APIs that only exist in fluent
     form (`mlflow.log_input`, `mlflow.pytorch.log_model`).
@@ -181,10 +194,12 @@ def open_tracker(
             "(unset it to use the project's own mlflow.db)."
         ) from None
     mlflow.set_tracking_uri(uri)
-    run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name or stage, tags={"stage": stage})
+    run_name = f"{stage}@{variant}" if variant else stage
+    run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags={"stage": stage})
     run_id = run.info.run_id
+    folder = f"{variant + '-' if variant else ''}{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:8]}"
     logdir = Path(config.tensorboard_dir)
-    logdir = (logdir if logdir.is_absolute() else root / logdir) / stage / f"{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:8]}"
+    logdir = (logdir if logdir.is_absolute() else root / logdir) / stage / folder
     writer = SummaryWriter(log_dir=str(logdir))
     status = "FAILED"
     try:
