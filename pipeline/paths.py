@@ -52,3 +52,10 @@ class ProfileOutputs:
 
 def profile_outputs(combination_name: str) -> ProfileOutputs:
     return ProfileOutputs(PROFILES_DIR / combination_name)
+
+
+REPORT_DIR = Path("report")
+REPORT_MARKDOWN = REPORT_DIR / "report.md"
+REPORT_HTML = REPORT_DIR / "report.html"  # self-contained: figures embedded
+REPORT_FIGURES = REPORT_DIR / "figures"
+PROFILE_COMPARISON_PLOT = Path("plots/profile_comparison.csv")  # for `dvc plots show`

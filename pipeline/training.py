@@ -24,7 +24,7 @@ from pipeline.tracking import Tracker
 # The lab's normalization constants: mean and std of the MNIST training pixels in [0, 1].
 MNIST_MEAN = 0.1307
 MNIST_STD = 0.3081
-# Measured by benchmarks/train_speed.py on 2 CPU cores: see README "Training speed".
+# Channels-last: oneDNN's preferred convolution layout on CPU (benchmarks/train_speed.py; README, train).
 MEMORY_FORMAT = torch.channels_last
 
 

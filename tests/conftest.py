@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -17,9 +18,11 @@ import numpy as np
 import pytest
 import yaml
 
+from pipeline.config import ModelConfig
 from pipeline.idx import encode_idx
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+LAB_MODEL = ModelConfig(conv1_channels=32, conv2_channels=64, hidden_units=128, conv_dropout=0.25, hidden_dropout=0.5)
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -144,3 +147,10 @@ def reproduced_copy(target: Path, mnist_mirror: Path, stage: str) -> Path:
     result = subprocess.run(["dvc", "repro", stage], cwd=project, env=stage_environment(mnist_mirror), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     return project
+
+
+def closed_port() -> int:
+    """A localhost port nothing listens on: connections to it are refused at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]  # closed again on exit

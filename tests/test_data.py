@@ -7,7 +7,6 @@ import gzip
 import hashlib
 import http.server
 import shutil
-import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -30,7 +29,7 @@ from pipeline.data import (
 from pipeline.data_tracking import sample_grid
 from pipeline.errors import PipelineError
 from pipeline.idx import IdxFormatError, encode_idx, parse_idx
-from tests.conftest import make_synthetic_mnist
+from tests.conftest import closed_port, make_synthetic_mnist
 
 TRAIN_IMAGES = "train-images-idx3-ubyte"
 
@@ -114,14 +113,10 @@ def test_corrupt_first_mirror_falls_back_to_next(mnist_mirror: Path, data_config
     assert result.file(TRAIN_IMAGES).source == str(mnist_mirror / f"{TRAIN_IMAGES}.gz")
 
 
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]  # closed again on exit: connections are refused
 
 
 def test_unreachable_mirrors_list_every_attempt_and_the_offline_fix(data_config: DataConfig) -> None:
-    dead = [f"http://127.0.0.1:{_closed_port()}/mnist/", f"http://127.0.0.1:{_closed_port()}/other/"]
+    dead = [f"http://127.0.0.1:{closed_port()}/mnist/", f"http://127.0.0.1:{closed_port()}/other/"]
     with pytest.raises(PipelineError) as caught:
         fetch_mnist(data_config, dead)
     message = str(caught.value)
@@ -149,7 +144,7 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 def test_http_mirror_downloads_and_verifies(http_mirror: str, data_config: DataConfig, tmp_path: Path) -> None:
-    result = fetch_mnist(data_config, [f"http://127.0.0.1:{_closed_port()}/", http_mirror])
+    result = fetch_mnist(data_config, [f"http://127.0.0.1:{closed_port()}/", http_mirror])
     assert {f.name: f.sha256 for f in result.files} == dict(MNIST_SHA256)
     assert result.file(TRAIN_IMAGES).source == f"{http_mirror}{TRAIN_IMAGES}.gz"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import io
 import shutil
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from pipeline.data import MNIST_SHA256, dataset_digest, load_split
 from pipeline.data_tracking import sample_grid
-from tests.conftest import write_params
+from tests.conftest import closed_port, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -66,10 +65,6 @@ def test_dvc_repro_downloads_logs_and_is_idempotent(project_copy: Path, run_in: 
     assert np.array_equal(shown, sample_grid(images, labels, per_class=10)[:, :, 0])
 
 
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_corrupt_mirror_fails_clearly_and_leaves_no_output(
@@ -80,7 +75,7 @@ def test_corrupt_mirror_fails_clearly_and_leaves_no_output(
     truncated = corrupt / "train-labels-idx1-ubyte.gz"
     content = gzip.decompress(truncated.read_bytes())
     truncated.write_bytes(gzip.compress(content[:-100], compresslevel=1))
-    repo_params["data"]["mirrors"] = [f"http://127.0.0.1:{_closed_port()}/mnist/"]
+    repo_params["data"]["mirrors"] = [f"http://127.0.0.1:{closed_port()}/mnist/"]
     write_params(project_copy, repo_params)
 
     result = run_in(project_copy, "dvc", "repro", "download", env={"MNIST_MIRROR": str(corrupt)})

@@ -16,14 +16,12 @@ from mlflow import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from pipeline.checkpoint import load_checkpoint
-from pipeline.config import ModelConfig
 from pipeline.data import load_split
 from pipeline.model import LabNet
 from pipeline.model_summary import summarize, summary_csv, summary_markdown
 from pipeline.training import normalize_images
-from tests.conftest import read_params, reproduced_copy, write_params
+from tests.conftest import LAB_MODEL, read_params, reproduced_copy, write_params
 
-LAB_MODEL = ModelConfig(conv1_channels=32, conv2_channels=64, hidden_units=128, conv_dropout=0.25, hidden_dropout=0.5)
 
 
 def test_summary_counts_every_parameter_and_the_convolution_flops() -> None:

@@ -1,0 +1,132 @@
+"""Report stage: analysis from numbers (in process), then `dvc repro report` read back and cross-checked."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mlflow import MlflowClient
+from PIL import Image
+
+from pipeline.report import analysis, comparison_rows, read_inputs
+from tests.conftest import copy_project, quick_train_params, read_params, stage_environment, write_params
+
+
+def _record(batch: int, device: str, mode: str, step_ms: float, top: str, share: float) -> dict[str, Any]:
+    return {
+        "combination": {"batch_size": batch, "device": device, "mode": mode},
+        "hardware": {},
+        "timing": {
+            "step_time_ms_mean": step_ms,
+            "step_time_cv": 0.02,
+            "per_sample_ms": step_ms / batch,
+            "throughput_samples_per_s": 1000 * batch / step_ms,
+        },
+        "top_operators": [{"operator": top, "share_pct": share}, {"operator": "aten::convolution_backward", "share_pct": 10.0}],
+    }
+
+
+def test_analysis_states_scaling_dominant_operators_and_gpu_speedup() -> None:
+    rows = comparison_rows(
+        [
+            _record(1, "cpu", "train", 6.0, "aten::add", 20.0),
+            _record(64, "cpu", "train", 38.4, "aten::convolution_backward", 30.0),
+            _record(64, "cuda", "train", 3.84, "aten::cudnn_convolution", 40.0),
+        ]
+    )
+    assert rows[1]["convolution_share_pct"] == 40.0  # both conv rows of the top-k
+    sentences = analysis(rows)
+    assert any("0.6000 ms at batch 64 (10.0x cheaper)" in s and "`aten::add`" in s for s in sentences)
+    assert any("cuda vs cpu, batch 64 train: 10.0x the CPU's speed" in s for s in sentences)
+    assert not any("Only CPU combinations" in s for s in sentences)
+
+
+def test_missing_inputs_are_named_with_the_command_that_makes_them(repo_params: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.config import params_from_mapping
+
+    monkeypatch.chdir(tmp_path)  # an empty project: nothing has run
+    config = params_from_mapping(repo_params).profile
+    absent = tmp_path / "absent.json"
+    inputs = read_inputs(config, absent, absent, absent, absent, tmp_path / "summary.md")
+    assert inputs.profiles == []
+    assert "`profiles/64-cpu-train/profile.json` is missing: run `dvc repro profile@64-cpu-train`." in inputs.missing
+    assert f"`{tmp_path / 'summary.md'}` is missing: run `dvc repro export_graph`." in inputs.missing
+
+
+@pytest.fixture(scope="module")
+def reported(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
+    project = copy_project(tmp_path_factory.mktemp("reported") / "project")
+    params = quick_train_params(read_params(project))
+    params["profile"].update(warmup_steps=3, active_steps=8)
+    write_params(project, params)
+    result = subprocess.run(["dvc", "repro", "report"], cwd=project, env=stage_environment(mnist_mirror), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return project
+
+
+@pytest.mark.slow
+def test_report_numbers_equal_the_stage_outputs(reported: Path) -> None:
+    report = (reported / "report" / "report.md").read_text()
+    hardware = json.loads((reported / "hardware/fingerprint.json").read_text())
+    assert f"| CPU model | {hardware['cpu']} |" in report and f"| vCPUs | {hardware['cpu_count']} |" in report
+    assert f"| PyTorch | {hardware['torch']} |" in report
+    train = json.loads((reported / "metrics/train.json").read_text())
+    assert f"Test accuracy **{train['test_accuracy']:.4f}**, test loss {train['test_loss']:.4f}" in report
+    graph = json.loads((reported / "metrics/graph.json").read_text())
+    assert f"**{graph['total_parameters']:,}**" in report
+    for name in (f"{b}-cpu-{m}" for b in (1, 16, 64) for m in ("inference", "train")):
+        timing = json.loads((reported / "profiles" / name / "timing.json").read_text())
+        batch, _, mode = name.split("-")
+        row = re.search(rf"^\| {batch} \| cpu \| {mode} \| ([\d.]+) \(", report, re.MULTILINE)
+        assert row and row.group(1) == f"{timing['step_time_ms_mean']:.3f}", name
+        top_table = (reported / "profiles" / name / "top_operators.md").read_text().split("\n", 1)[1]
+        assert top_table in report
+    assert "## Missing inputs" not in report
+    assert "Only CPU combinations were profiled" in report
+    for figure in ("training_curves.png", "per_sample_time.png", "throughput.png"):
+        with Image.open(reported / "report" / "figures" / figure) as image:
+            assert image.width > 300 and image.height > 200
+    html = (reported / "report" / "report.html").read_text()
+    assert 'src="figures/' not in html and html.count("data:image/png;base64,") == 3
+    assert "data:image/svg+xml;base64," in html and "<table>" in html
+
+
+@pytest.mark.slow
+def test_dvc_plots_show_draws_curves_and_batch_comparison(reported: Path, run_in: Any) -> None:
+    result = run_in(reported, "dvc", "plots", "show", "--json")
+    assert result.returncode == 0, result.stderr
+    plots = json.loads(result.stdout)["data"]
+    assert {"Loss per epoch", "Accuracy per epoch", "Per-sample time vs batch size", "Throughput vs batch size"} <= set(plots)
+    content = plots["Per-sample time vs batch size"][0]["content"]
+    series = {(value["batch_size"], value["series"]) for value in content["data"]["values"]}
+    assert ("64", "cpu train") in series and ("1", "cpu inference") in series
+    assert content["encoding"]["color"]["field"] == "series"
+
+
+@pytest.mark.slow
+def test_report_run_in_mlflow_holds_the_report_and_figures(reported: Path) -> None:
+    client = MlflowClient(f"sqlite:///{reported / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("mnist-lab")
+    (run,) = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'report'")
+    assert run.info.status == "FINISHED" and run.data.metrics["combinations"] == 6
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"report.md", "report.html", "figures"} <= artifacts
+    figures = {a.path for a in client.list_artifacts(run.info.run_id, "figures")}
+    assert "figures/training_curves.png" in figures
+
+
+@pytest.mark.slow
+def test_removed_batch_size_leaves_no_trace_and_unrun_ones_are_named(reported: Path, run_in: Any) -> None:
+    params = read_params(reported)
+    params["profile"]["batch_sizes"] = [1, 16, 32]  # 64 removed (its folders stay on disk), 32 never run
+    write_params(reported, params)
+    result = run_in(reported, "dvc", "repro", "--single-item", "report")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = (reported / "report" / "report.md").read_text()
+    assert (reported / "profiles" / "64-cpu-train").is_dir()
+    assert not re.search(r"^\| 64 \|", report, re.MULTILINE) and "batch 64, cpu" not in report and "at batch 64" not in report
+    assert "`profiles/32-cpu-inference/profile.json` is missing: run `dvc repro profile@32-cpu-inference`." in report
