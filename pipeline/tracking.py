@@ -15,6 +15,8 @@ import fcntl
 import os
 import re
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,14 @@ if TYPE_CHECKING:  # imported lazily at run time: `import mlflow` alone costs ~2
     from torch.utils.tensorboard import SummaryWriter
 
 STORE_FILE = "mlflow.db"
+# A remote tracking server must fail fast, not hang a stage: MLflow's own defaults are a 120 s
+# timeout and 7 retries with exponential backoff (minutes). A user's explicit settings win.
+HTTP_CLIENT_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "8",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+}
+HEALTH_TIMEOUT_S = 5.0
 ARTIFACTS_DIR = "mlartifacts"
 _EXPERIMENT_COPY_MARKER = (".dvc", "tmp", "exps")
 
@@ -49,6 +59,27 @@ def tracking_uri(root: Path | None = None) -> str:
     if configured:
         return configured
     return f"sqlite:///{(root or project_root()) / STORE_FILE}"
+
+
+def check_tracking_server(uri: str) -> None:
+    """For an http(s) tracking URI: the server must answer `GET /health` before any work starts."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    for name, value in HTTP_CLIENT_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    health = uri.rstrip("/") + "/health"
+    fix = (
+        "Start the server (README: 'Sharing: DVC remote and MLflow server'), correct $MLFLOW_TRACKING_URI, "
+        "or unset it to log into the project's own mlflow.db. Nothing was run."
+    )
+    try:
+        with urllib.request.urlopen(health, timeout=HEALTH_TIMEOUT_S) as response:
+            response.read()
+    except urllib.error.HTTPError as error:
+        raise PipelineError(f"MLflow tracking server {uri} answered HTTP {error.code} on /health. {fix}") from None
+    except OSError as error:  # refused, DNS, timeout
+        reason = getattr(error, "reason", error)
+        raise PipelineError(f"MLflow tracking server {uri} is unreachable ({reason}). {fix}") from None
 
 
 def _sqlite_path(uri: str) -> Path | None:
@@ -186,16 +217,17 @@ def open_tracker(
 
     root = root or project_root()
     uri = tracking_uri(root)
+    check_tracking_server(uri)
     try:
         experiment_id = prepare_experiment(uri, config.experiment, root)
+        mlflow.set_tracking_uri(uri)
+        run_name = f"{stage}@{variant}" if variant else stage
+        run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags={"stage": stage})
     except mlflow.exceptions.MlflowException as error:
         raise PipelineError(
             f"MLflow tracking store {uri} failed: {error.message}. Check $MLFLOW_TRACKING_URI "
             "(unset it to use the project's own mlflow.db)."
         ) from None
-    mlflow.set_tracking_uri(uri)
-    run_name = f"{stage}@{variant}" if variant else stage
-    run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags={"stage": stage})
     run_id = run.info.run_id
     folder = f"{variant + '-' if variant else ''}{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:8]}"
     logdir = Path(config.tensorboard_dir)

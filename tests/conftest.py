@@ -126,24 +126,34 @@ TRACKED_OUTPUTS = (
     "metrics/train_speed.json",
     "plots/train_steps.csv",
     "plots/train_epochs.csv",
+    "plots/profile_comparison.csv",
     "metrics/graph.json",
     "graph/model_graph.svg",
     "graph/summary.md",
+    "hardware/fingerprint.json",
+    "profiles",
+    "report",
 )
 
 
-def quick_train_params(params: dict[str, Any]) -> dict[str, Any]:
-    """One epoch over 6,400 images (100 steps): seconds, yet well past chance."""
+def quick_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Training: one epoch over 6,400 images (100 steps), seconds yet well past chance.
+    Profiling: 3 warm-up and 8 measured steps per combination."""
     params["train"].update(epochs=1, train_samples=6400, log_every_steps=20)
+    params["profile"].update(warmup_steps=3, active_steps=8)
     return params
 
 
 def reproduced_copy(target: Path, mnist_mirror: Path, stage: str) -> Path:
-    """A fresh project copy with quick training params, after a successful `dvc repro <stage>`."""
+    """A fresh project copy with quick params, after a successful `dvc repro <stage>`."""
     project = copy_project(target)
     for relative in TRACKED_OUTPUTS:
-        (project / relative).unlink(missing_ok=True)
-    write_params(project, quick_train_params(read_params(project)))
+        path = project / relative
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    write_params(project, quick_params(read_params(project)))
     result = subprocess.run(["dvc", "repro", stage], cwd=project, env=stage_environment(mnist_mirror), capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     return project

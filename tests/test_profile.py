@@ -6,7 +6,6 @@ import csv
 import gzip
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from pipeline.model import LabNet
 from pipeline.profiling import Combination, ProfileResult, make_step, operators_csv, profile_combination
-from tests.conftest import LAB_MODEL, copy_project, quick_train_params, read_params, stage_environment, write_params
+from tests.conftest import LAB_MODEL, read_params, reproduced_copy, write_params
 
 CONVOLUTION_OR_LINEAR = re.compile(r"conv|addmm|aten::mm|aten::linear")
 
@@ -59,13 +58,7 @@ def test_profile_of_a_real_model_ranks_operators_and_writes_a_trace(mode: str, t
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
     """A copy after `dvc repro` of the whole matrix, with short timing windows."""
-    project = copy_project(tmp_path_factory.mktemp("profiled") / "project")
-    params = quick_train_params(read_params(project))
-    params["profile"].update(warmup_steps=3, active_steps=8)
-    write_params(project, params)
-    result = subprocess.run(["dvc", "repro", "profile"], cwd=project, env=stage_environment(mnist_mirror), capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return project
+    return reproduced_copy(tmp_path_factory.mktemp("profiled") / "project", mnist_mirror, "profile")
 
 
 COMBINATIONS = [f"{batch}-cpu-{mode}" for batch in (1, 16, 64) for mode in ("inference", "train")]

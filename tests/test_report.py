@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ from mlflow import MlflowClient
 from PIL import Image
 
 from pipeline.report import analysis, comparison_rows, read_inputs
-from tests.conftest import copy_project, quick_train_params, read_params, stage_environment, write_params
+from tests.conftest import read_params, reproduced_copy, write_params
 
 
 def _record(batch: int, device: str, mode: str, step_ms: float, top: str, share: float) -> dict[str, Any]:
@@ -59,13 +58,7 @@ def test_missing_inputs_are_named_with_the_command_that_makes_them(repo_params: 
 
 @pytest.fixture(scope="module")
 def reported(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
-    project = copy_project(tmp_path_factory.mktemp("reported") / "project")
-    params = quick_train_params(read_params(project))
-    params["profile"].update(warmup_steps=3, active_steps=8)
-    write_params(project, params)
-    result = subprocess.run(["dvc", "repro", "report"], cwd=project, env=stage_environment(mnist_mirror), capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return project
+    return reproduced_copy(tmp_path_factory.mktemp("reported") / "project", mnist_mirror, "report")
 
 
 @pytest.mark.slow
