@@ -1,0 +1,71 @@
+"""Across machines: `dvc push` from one clone, `dvc pull` in another; two clones train identically."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import copy_project, quick_params, read_params, reproduced_copy, stage_environment, write_params
+
+pytestmark = pytest.mark.slow
+
+GIT_IDENTITY = ["-c", "user.name=test", "-c", "user.email=test@example.com"]
+
+
+def _md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def pushed(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> tuple[Path, Path]:
+    """Clone A: the whole pipeline run and committed, its outputs pushed to a local-folder remote."""
+    root = tmp_path_factory.mktemp("sharing")
+    first = reproduced_copy(root / "first", mnist_mirror, "report")
+    storage = root / "storage"
+    environment = stage_environment(mnist_mirror)
+    for command in (
+        ["dvc", "remote", "modify", "local", "url", str(storage)],  # the project's default remote, moved to tmp
+        ["git", "add", "-A"],
+        ["git", *GIT_IDENTITY, "commit", "-qm", "pipeline run"],
+        ["dvc", "push"],
+    ):
+        result = subprocess.run(command, cwd=first, env=environment, capture_output=True, text=True)
+        assert result.returncode == 0, (command, result.stderr[-2000:])
+    return first, storage
+
+
+def test_fresh_clone_pulls_everything_and_has_nothing_to_rerun(pushed: tuple[Path, Path], tmp_path: Path, run_in: Any) -> None:
+    first, storage = pushed
+    assert any(storage.rglob("*")), "dvc push stored nothing"
+    second = tmp_path / "second"
+    subprocess.run(["git", "clone", "-q", str(first), str(second)], check=True)
+    assert not (second / "models" / "model.pt").exists()  # outputs come from the remote, not git
+
+    pulled = run_in(second, "dvc", "pull", env={"MNIST_MIRROR": "/nonexistent"})  # no data source but the remote
+    assert pulled.returncode == 0, pulled.stderr[-2000:]
+    assert _md5(second / "models" / "model.pt") == _md5(first / "models" / "model.pt")
+    assert _md5(second / "graph" / "model.onnx") == _md5(first / "graph" / "model.onnx")
+    status = json.loads(run_in(second, "dvc", "status", "--json").stdout)
+    assert status == {"hardware": ["always changed"]}  # the fingerprint stage runs every time by design
+
+    repro = run_in(second, "dvc", "repro", env={"MNIST_MIRROR": "/nonexistent"})
+    assert repro.returncode == 0, repro.stderr[-2000:]
+    assert set(re.findall(r"Running stage '([^']+)'", repro.stdout)) == {"hardware"}  # same machine: nothing else
+
+
+def test_two_clones_get_the_same_data_digest_and_checkpoint(pushed: tuple[Path, Path], tmp_path: Path, run_in: Any) -> None:
+    first, _ = pushed
+    third = copy_project(tmp_path / "third")  # trains on its own, nothing pulled
+    write_params(third, quick_params(read_params(third)))
+    result = run_in(third, "dvc", "repro", "train")
+    assert result.returncode == 0, result.stderr[-2000:]
+    manifest = "data/MNIST/manifest.json"
+    assert json.loads((third / manifest).read_text())["dataset_digest"] == json.loads((first / manifest).read_text())["dataset_digest"]
+    assert _md5(third / "models" / "model.pt") == _md5(first / "models" / "model.pt")
+    assert (third / "metrics" / "train.json").read_bytes() == (first / "metrics" / "train.json").read_bytes()
