@@ -196,6 +196,12 @@ class Tracker:
         self.writer.add_text(tag, markdown, 0)
 
 
+def _dvc_experiment_tags() -> dict[str, str]:
+    """Inside `dvc exp run`, DVC names the experiment and its baseline commit: link the run to them."""
+    names = {"DVC_EXP_NAME": "dvc.experiment", "DVC_EXP_BASELINE_REV": "dvc.baseline_rev"}
+    return {tag: os.environ[variable] for variable, tag in names.items() if os.environ.get(variable)}
+
+
 @contextlib.contextmanager
 def open_tracker(
     stage: str,
@@ -222,7 +228,7 @@ def open_tracker(
         experiment_id = prepare_experiment(uri, config.experiment, root)
         mlflow.set_tracking_uri(uri)
         run_name = f"{stage}@{variant}" if variant else stage
-        run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags={"stage": stage})
+        run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags={"stage": stage, **_dvc_experiment_tags()})
     except mlflow.exceptions.MlflowException as error:
         raise PipelineError(
             f"MLflow tracking store {uri} failed: {error.message}. Check $MLFLOW_TRACKING_URI "

@@ -1,0 +1,62 @@
+"""Parallel experiments: `dvc exp run --queue` + `dvc queue start -j 2` all log into the project's store."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mlflow import MlflowClient
+
+from tests.conftest import reproduced_copy
+
+pytestmark = pytest.mark.slow
+LEARNING_RATES = ("0.5", "0.8", "1.2")
+QUEUE_LIMIT_S = 600
+
+
+def test_queued_experiments_run_two_at_a_time_into_one_mlflow_store(tmp_path: Path, mnist_mirror: Path, run_in: Any) -> None:
+    project = reproduced_copy(tmp_path / "project", mnist_mirror, "train")
+    committed = run_in(project, "bash", "-c", "git add -A && git -c user.name=t -c user.email=t@e commit -qm baseline")
+    assert committed.returncode == 0, committed.stderr
+    for rate in LEARNING_RATES:
+        queued = run_in(project, "dvc", "exp", "run", "--queue", "train", "-S", f"train.lr={rate}")
+        assert queued.returncode == 0, queued.stderr[-2000:]
+    started = run_in(project, "dvc", "queue", "start", "-j", "2")
+    assert started.returncode == 0, started.stderr[-2000:]
+
+    deadline = time.monotonic() + QUEUE_LIMIT_S
+    while True:
+        status = run_in(project, "dvc", "queue", "status").stdout
+        if "Queued" not in status and "Running" not in status:
+            break
+        assert time.monotonic() < deadline, f"queue not done after {QUEUE_LIMIT_S} s:\n{status}"
+        time.sleep(3)
+    assert status.count("Success") == len(LEARNING_RATES), status
+    for line in status.splitlines():
+        if "Success" in line:
+            logs = run_in(project, "dvc", "queue", "logs", line.split()[1]).stdout
+            assert "database is locked" not in logs and "Traceback" not in logs
+
+    # Every run landed in the project's own store (the copies under .dvc/tmp/exps have none).
+    assert not list((project / ".dvc" / "tmp").rglob("mlflow.db"))
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("mnist-lab")
+    runs = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'train'")
+    assert all(run.info.status == "FINISHED" for run in runs)
+    queued_runs = [run for run in runs if "dvc.experiment" in run.data.tags]
+    assert sorted(run.data.params["train.lr"] for run in queued_runs) == sorted(LEARNING_RATES)
+    assert len({run.data.tags["dvc.experiment"] for run in queued_runs}) == len(LEARNING_RATES)
+    assert all(len(client.get_metric_history(run.info.run_id, "train/loss")) == 5 for run in queued_runs)
+    assert len(list((project / "runs" / "train").iterdir())) == len(runs)  # TensorBoard folders too
+
+    shown = json.loads(run_in(project, "dvc", "exp", "show", "--json").stdout)
+    accuracies = [
+        experiment_run["data"]["metrics"]["metrics/train.json"]["data"]["test_accuracy"]
+        for commit in shown
+        for experiment_group in commit.get("experiments") or []
+        for experiment_run in experiment_group["revs"]
+    ]
+    assert len(accuracies) == len(LEARNING_RATES) and all(accuracy > 0.9 for accuracy in accuracies)
