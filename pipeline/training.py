@@ -37,7 +37,10 @@ class DeviceData:
         return self.labels.shape[0]
 
 
-def normalize_images(images: np.ndarray, device: torch.device = torch.device("cpu")) -> torch.Tensor:
+CPU = torch.device("cpu")
+
+
+def normalize_images(images: np.ndarray, device: torch.device = CPU) -> torch.Tensor:
     """uint8 (N, 28, 28) pixels → float (N, 1, 28, 28) on `device`, normalized as the model expects."""
     pixels = torch.from_numpy(np.array(images, copy=True)).to(device)  # IDX arrays are read-only views
     return pixels.float().div_(255).sub_(MNIST_MEAN).div_(MNIST_STD).unsqueeze(1)

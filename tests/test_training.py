@@ -82,7 +82,7 @@ def test_training_learns_and_averages_over_the_right_counts(tiny_train: TrainCon
     # Each record averages its own window; the epoch mean is their sample-weighted mean.
     windows = [5 * 64] * 6 + [64 + (2000 - 31 * 64)]  # steps 31 and 32 (16 images)
     assert sum(windows) == 2000
-    weighted = sum(record.train_loss * size for record, size in zip(result.steps, windows)) / 2000
+    weighted = sum(record.train_loss * size for record, size in zip(result.steps, windows, strict=True)) / 2000
     assert epoch.train_loss == pytest.approx(weighted, rel=1e-9)
     assert 0 < epoch.train_accuracy < 1 and epoch.lr == tiny_train.lr
 
