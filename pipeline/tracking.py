@@ -137,7 +137,6 @@ class Tracker:
     client: MlflowClient
     run_id: str
     writer: SummaryWriter
-    tensorboard_dir: Path
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
@@ -241,7 +240,7 @@ def open_tracker(
     writer = SummaryWriter(log_dir=str(logdir))
     status = "FAILED"
     try:
-        yield Tracker(client=MlflowClient(uri), run_id=run_id, writer=writer, tensorboard_dir=logdir)
+        yield Tracker(client=MlflowClient(uri), run_id=run_id, writer=writer)
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
