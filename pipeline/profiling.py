@@ -8,14 +8,12 @@ the per-operator table, the FLOPs and the Chrome/Perfetto trace.
 
 from __future__ import annotations
 
-import csv
 import gzip
-import io
 import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -187,15 +185,6 @@ def _peak_cpu_memory(trace_path: Path) -> float:
         if event.get("name") == "[memory]" and event.get("args", {}).get("Device Type") == 0
     ]
     return float(max(totals, default=0))
-
-
-def operators_csv(rows: tuple[OperatorRow, ...]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(OperatorRow.__dataclass_fields__), lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({key: f"{value:.6g}" if isinstance(value, float) else value for key, value in asdict(row).items()})
-    return buffer.getvalue()
 
 
 def operators_markdown(result: ProfileResult, rows: tuple[OperatorRow, ...], on_gpu: bool) -> str:

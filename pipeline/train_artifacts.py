@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import csv
-import io
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -38,17 +35,6 @@ def speed_metrics(result: TrainingResult) -> dict[str, float]:
         "train_seconds": round(result.train_seconds, 3),
         "images_per_second": round(result.images_per_second, 1),
     }
-
-
-def records_csv(records: Sequence[Any]) -> str:
-    """Dataclass records → CSV text with a header row (the format `dvc plots` reads)."""
-    rows = [asdict(record) for record in records]
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({key: f"{value:.6g}" if isinstance(value, float) else value for key, value in row.items()})
-    return buffer.getvalue()
 
 
 def log_training_setup(

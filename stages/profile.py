@@ -19,8 +19,9 @@ from pipeline.config import Device, ProfileMode, load_params
 from pipeline.data import load_split
 from pipeline.errors import PipelineError
 from pipeline.paths import DATA_ROOT, MODEL_CHECKPOINT, profile_outputs
-from pipeline.profiling import Combination, make_step, operators_csv, operators_markdown, profile_combination
+from pipeline.profiling import Combination, OperatorRow, make_step, operators_markdown, profile_combination
 from pipeline.runtime import hardware_description, select_device
+from pipeline.tables import records_csv
 from pipeline.tracking import open_tracker
 from pipeline.training import MEMORY_FORMAT, normalize_images
 
@@ -78,7 +79,7 @@ def main() -> None:
         markdown = operators_markdown(result, top, on_gpu)
         metrics = result.timing_metrics()
         outputs.write_text(paths.table_markdown, markdown)
-        outputs.write_text(paths.table_csv, operators_csv(top))
+        outputs.write_text(paths.table_csv, records_csv(OperatorRow, top))
         settings = {"threads": torch.get_num_threads(), "precision": "fp32", "memory_format": memory_format}
         outputs.write_json(
             paths.record,

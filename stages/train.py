@@ -13,10 +13,10 @@ from pipeline.train_artifacts import (
     log_training_result,
     log_training_setup,
     quality_metrics,
-    records_csv,
     speed_metrics,
 )
-from pipeline.training import first_samples, to_device_data, train_model
+from pipeline.tables import records_csv
+from pipeline.training import EpochRecord, StepRecord, first_samples, to_device_data, train_model
 
 
 def main() -> None:
@@ -40,8 +40,8 @@ def main() -> None:
         save_checkpoint(payload, outputs.staged(MODEL_CHECKPOINT))
         outputs.write_json(TRAIN_METRICS, metrics)
         outputs.write_json(TRAIN_SPEED, speed_metrics(result))
-        outputs.write_text(TRAIN_STEPS_PLOT, records_csv(result.steps))
-        outputs.write_text(TRAIN_EPOCHS_PLOT, records_csv(result.epochs))
+        outputs.write_text(TRAIN_STEPS_PLOT, records_csv(StepRecord, result.steps))
+        outputs.write_text(TRAIN_EPOCHS_PLOT, records_csv(EpochRecord, result.epochs))
     print(
         f"test accuracy {metrics['test_accuracy']:.4f}, test loss {metrics['test_loss']:.4f} after "
         f"{len(result.epochs)} epoch(s); {result.images_per_second:.0f} images/s on {device} "

@@ -15,7 +15,8 @@ from mlflow import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from pipeline.model import LabNet
-from pipeline.profiling import Combination, ProfileResult, make_step, operators_csv, profile_combination
+from pipeline.profiling import Combination, OperatorRow, ProfileResult, make_step, profile_combination
+from pipeline.tables import records_csv
 from tests.conftest import LAB_MODEL, read_params, reproduced_copy, write_params
 
 CONVOLUTION_OR_LINEAR = re.compile(r"conv|addmm|aten::mm|aten::linear")
@@ -51,7 +52,7 @@ def test_profile_of_a_real_model_ranks_operators_and_writes_a_trace(mode: str, t
     if mode == "train":  # a real optimizer step ran
         assert not torch.equal(model.classifier.fc2.weight, weights_before)
         assert "aten::convolution_backward" in names
-    rows = list(csv.DictReader(operators_csv(result.operators[:3]).splitlines()))
+    rows = list(csv.DictReader(records_csv(OperatorRow, result.operators[:3]).splitlines()))
     assert [row["operator"] for row in rows] == names[:3]
 
 

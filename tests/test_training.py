@@ -20,8 +20,8 @@ from pipeline.errors import PipelineError
 from pipeline.model import LabNet
 from pipeline.runtime import pin_runtime, select_device, select_precision
 from pipeline.tracking import open_tracker
-from pipeline.train_artifacts import records_csv
-from pipeline.training import evaluate, first_samples, to_device_data, train_model
+from pipeline.tables import records_csv
+from pipeline.training import StepRecord, evaluate, first_samples, to_device_data, train_model
 from tests.conftest import _REPO_PARAMS
 
 CPU = torch.device("cpu")
@@ -124,7 +124,7 @@ def test_checkpoint_rebuilds_the_model_from_the_file_alone(tiny_train: TrainConf
 
 def test_records_csv_has_header_and_one_row_per_record(tiny_train: TrainConfig, mnist_root: Path) -> None:
     result = _train(dataclasses.replace(tiny_train, train_samples=640), mnist_root)
-    lines = records_csv(result.steps).splitlines()
+    lines = records_csv(StepRecord, result.steps).splitlines()
     assert lines[0] == "step,epoch,train_loss,train_accuracy"
     assert len(lines) == 1 + len(result.steps) and lines[1].startswith("5,1,")
 
