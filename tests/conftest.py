@@ -7,9 +7,11 @@ import gzip
 import hashlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -101,12 +103,44 @@ def stage_environment(mnist_mirror: Path, extra: dict[str, str] | None = None) -
     return environment
 
 
+# No single command of the suite comes near this; it turns a hang into a failure with the output so far.
+COMMAND_LIMIT_S = 900
+
+
+def run_command(
+    command: list[str], cwd: Path, env: dict[str, str] | None = None, limit_s: float = COMMAND_LIMIT_S
+) -> subprocess.CompletedProcess[str]:
+    """`subprocess.run(capture_output=True)` that cannot hang the suite.
+
+    Output goes to temporary files, not pipes: `dvc queue start` forks daemons that keep the
+    inherited stdout open for as long as they live, and a pipe reader would wait on them. A command
+    past `limit_s` has its whole process group killed and fails the test with what it printed.
+    """
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=stdout, stderr=stderr, start_new_session=True)
+        try:
+            returncode = process.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            returncode = None
+        outputs = []
+        for handle in (stdout, stderr):
+            handle.seek(0)
+            outputs.append(handle.read().decode(errors="replace"))
+    if returncode is None:
+        pytest.fail(f"{' '.join(command)} still running after {limit_s:.0f} s; killed.\nstdout: {outputs[0][-2000:]}\nstderr: {outputs[1][-2000:]}")
+    return subprocess.CompletedProcess(command, returncode, outputs[0], outputs[1])
+
+
 @pytest.fixture
 def run_in(mnist_mirror: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run a command in a project copy with the venv on PATH and the offline mirror set."""
 
-    def run(project: Path, *command: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(list(command), cwd=project, env=stage_environment(mnist_mirror, env), capture_output=True, text=True)
+    def run(
+        project: Path, *command: str, env: dict[str, str] | None = None, limit_s: float = COMMAND_LIMIT_S
+    ) -> subprocess.CompletedProcess[str]:
+        return run_command(list(command), project, stage_environment(mnist_mirror, env), limit_s)
 
     return run
 
@@ -154,7 +188,7 @@ def reproduced_copy(target: Path, mnist_mirror: Path, stage: str) -> Path:
         else:
             path.unlink(missing_ok=True)
     write_params(project, quick_params(read_params(project)))
-    result = subprocess.run(["dvc", "repro", stage], cwd=project, env=stage_environment(mnist_mirror), capture_output=True, text=True)
+    result = run_command(["dvc", "repro", stage], project, stage_environment(mnist_mirror))
     assert result.returncode == 0, result.stderr[-3000:]
     return project
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -24,17 +27,10 @@ def test_queued_experiments_run_two_at_a_time_into_one_mlflow_store(tmp_path: Pa
     for rate in LEARNING_RATES:
         queued = run_in(project, "dvc", "exp", "run", "--queue", "train", "-S", f"train.lr={rate}")
         assert queued.returncode == 0, queued.stderr[-2000:]
-    started = run_in(project, "dvc", "queue", "start", "-j", "2")
-    assert started.returncode == 0, started.stderr[-2000:]
-
-    deadline = time.monotonic() + QUEUE_LIMIT_S
-    while True:
-        status = run_in(project, "dvc", "queue", "status").stdout
-        if "Queued" not in status and "Running" not in status:
-            break
-        assert time.monotonic() < deadline, f"queue not done after {QUEUE_LIMIT_S} s:\n{status}"
-        time.sleep(3)
-    assert status.count("Success") == len(LEARNING_RATES), status
+    try:
+        status = _run_queue(project, run_in)
+    finally:
+        _kill_processes_in(project)  # workers idle 10 s before leaving; none may outlive the test
     for line in status.splitlines():
         if "Success" in line:
             logs = run_in(project, "dvc", "queue", "logs", line.split()[1]).stdout
@@ -60,3 +56,34 @@ def test_queued_experiments_run_two_at_a_time_into_one_mlflow_store(tmp_path: Pa
         for experiment_run in experiment_group["revs"]
     ]
     assert len(accuracies) == len(LEARNING_RATES) and all(accuracy > 0.9 for accuracy in accuracies)
+
+
+def _run_queue(project: Path, run_in: Any) -> str:
+    """`dvc queue start -j 2`, then `dvc queue status` until nothing is queued or running."""
+    started = run_in(project, "dvc", "queue", "start", "-j", "2", limit_s=60)
+    assert started.returncode == 0, started.stderr[-2000:]
+    deadline = time.monotonic() + QUEUE_LIMIT_S
+    while True:
+        status = run_in(project, "dvc", "queue", "status", limit_s=60).stdout
+        if "Queued" not in status and "Running" not in status:
+            break
+        if time.monotonic() > deadline:
+            worker_logs = "\n".join(path.read_text()[-1500:] for path in (project / ".dvc" / "tmp" / "exps").rglob("*.out"))
+            pytest.fail(f"queue not done after {QUEUE_LIMIT_S} s:\n{status}\nworker logs:\n{worker_logs}")
+        time.sleep(3)
+    assert status.count("Success") == len(LEARNING_RATES), status
+    return status
+
+
+def _kill_processes_in(project: Path) -> None:
+    """SIGKILL every process working inside the project (queue workers and the experiments they run)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            working_directory = (entry / "cwd").resolve(strict=True)
+        except OSError:  # gone meanwhile, or not ours to inspect
+            continue
+        if working_directory.is_relative_to(project.resolve()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)

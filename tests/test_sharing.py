@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import copy_project, quick_params, read_params, reproduced_copy, stage_environment, write_params
+from tests.conftest import copy_project, quick_params, read_params, reproduced_copy, run_command, stage_environment, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def pushed(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> tupl
         ["git", *GIT_IDENTITY, "commit", "-qm", "pipeline run"],
         ["dvc", "push"],
     ):
-        result = subprocess.run(command, cwd=first, env=environment, capture_output=True, text=True)
+        result = run_command(command, first, environment)
         assert result.returncode == 0, (command, result.stderr[-2000:])
     return first, storage
 
