@@ -17,7 +17,7 @@ from pipeline.checkpoint import checkpoint_payload, load_checkpoint, save_checkp
 from pipeline.config import ModelConfig, TrainConfig, TrackingConfig, params_from_mapping, section_as_dict
 from pipeline.data import fetch_mnist, load_split, write_dataset
 from pipeline.errors import PipelineError
-from pipeline.model import LabNet
+from pipeline.model import Dropout, LabNet
 from pipeline.runtime import pin_runtime, select_device, select_precision
 from pipeline.tracking import open_tracker
 from pipeline.tables import records_csv
@@ -56,6 +56,36 @@ def test_flatten_size_is_derived_from_widths_and_input_shape() -> None:
     assert larger.classifier.fc1.in_features == 16 * 14 * 14
     log_probabilities = larger.eval()(torch.randn(3, 1, 32, 32))
     assert torch.allclose(log_probabilities.exp().sum(dim=1), torch.ones(3))
+
+
+@pytest.mark.parametrize("p", [0.25, 0.5, 0.3])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "strided"])
+def test_dropout_drops_a_fraction_p_and_preserves_the_expectation(p: float, layout: str) -> None:
+    torch.manual_seed(0)
+    inputs = torch.ones(64, 64, 12, 12)
+    if layout == "channels_last":
+        inputs = inputs.contiguous(memory_format=torch.channels_last)
+    elif layout == "strided":
+        inputs = torch.ones(64, 64, 12, 24)[..., ::2]  # a view in neither layout
+    outputs = Dropout(p).train()(inputs)
+    assert outputs.shape == inputs.shape
+    kept = outputs != 0
+    assert torch.all(outputs[kept] == 1 / (1 - p))  # survivors scaled like nn.Dropout
+    assert abs(kept.float().mean().item() - (1 - p)) < 0.005  # 590k draws: the std of the mean is < 0.0007
+    assert abs(outputs.mean().item() - 1) < 0.01
+    # No structure in the mask: drops are as frequent in every channel and in every position of the grid.
+    per_channel = kept.float().mean(dim=(0, 2, 3))
+    per_position = kept.float().mean(dim=(0, 1))
+    assert per_channel.std().item() < 0.02 and per_position.std().item() < 0.02
+    assert torch.equal(Dropout(p).eval()(inputs), inputs)
+
+
+def test_dropout_masks_are_fresh_each_call_and_reproducible_from_the_seed() -> None:
+    dropout, inputs = Dropout(0.5).train(), torch.ones(1000)
+    torch.manual_seed(1)
+    first, second = dropout(inputs), dropout(inputs)
+    torch.manual_seed(1)
+    assert not torch.equal(first, second) and torch.equal(dropout(inputs), first)
 
 
 def test_absent_cuda_is_a_clear_user_error() -> None:
