@@ -73,6 +73,7 @@ def comparison_rows(profiles: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append(
             {
                 **record["combination"],
+                "series": "{device} {mode}".format(**record["combination"]),  # one plotted line
                 "step_time_ms": timing["step_time_ms_mean"],
                 "step_time_cv": timing["step_time_cv"],
                 "per_sample_ms": timing["per_sample_ms"],

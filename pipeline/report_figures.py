@@ -46,7 +46,7 @@ def batch_size_plot(rows: Sequence[dict[str, object]], value: str, label: str, t
     """`value` against batch size, one line per device/mode (log-log: costs scale multiplicatively)."""
     series: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for row in rows:
-        series[f"{row['device']} {row['mode']}"].append((int(row["batch_size"]), float(row[value])))  # type: ignore[arg-type]
+        series[str(row["series"])].append((int(row["batch_size"]), float(row[value])))  # type: ignore[arg-type]
     figure, axes = plt.subplots(figsize=(6, 4))
     for name, points in sorted(series.items()):
         points.sort()

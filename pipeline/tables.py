@@ -1,21 +1,25 @@
-"""Dataclass records as CSV text: the one format the plot files, operator tables and dvc plots share."""
+"""Records as CSV text: the one format the plot files, operator tables and dvc plots share."""
 
 from __future__ import annotations
 
 import csv
 import dataclasses
 import io
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 
-def records_csv(record_type: type, records: Sequence[Any]) -> str:
-    """A header row from `record_type`'s fields (so an empty table still has one), then one row per
-    record; floats to 6 significant digits."""
+def rows_csv(fieldnames: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> str:
+    """A header row of `fieldnames` (so an empty table still has one), then those fields of each
+    row; floats to 6 significant digits."""
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=[f.name for f in dataclasses.fields(record_type)], lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=list(fieldnames), extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
-    for record in records:
-        row = dataclasses.asdict(record)
+    for row in rows:
         writer.writerow({key: f"{value:.6g}" if isinstance(value, float) else value for key, value in row.items()})
     return buffer.getvalue()
+
+
+def records_csv(record_type: type, records: Sequence[Any]) -> str:
+    """Dataclass records of `record_type`, one column per field."""
+    return rows_csv([field.name for field in dataclasses.fields(record_type)], map(dataclasses.asdict, records))

@@ -1,7 +1,5 @@
 """DVC stage `report`: the lab report (markdown + self-contained HTML) from every stage's outputs."""
 
-import csv
-import io
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,7 +20,9 @@ from pipeline.paths import (
     TRAIN_METRICS,
     TRAIN_SPEED,
     TRAIN_STEPS_PLOT,
+    profile_outputs,
 )
+from pipeline.profiling import Combination
 from pipeline.report import (
     analysis,
     comparison_markdown,
@@ -32,6 +32,7 @@ from pipeline.report import (
     read_inputs,
 )
 from pipeline.report_figures import batch_size_plot, read_csv, training_curves
+from pipeline.tables import rows_csv
 from pipeline.tracking import open_tracker
 
 TITLE = "AI-System Lab 1: MNIST CNN — training, dataflow graph and operator profile"
@@ -75,8 +76,7 @@ def build_report(params: Params, figures: Path) -> tuple[str, list[dict]]:
 
     sections.append("## 4. Top operators per combination\n")
     for record in inputs.profiles:
-        name = "{batch_size}-{device}-{mode}".format(**record["combination"])
-        table = (Path("profiles") / name / "top_operators.md").read_text()
+        table = profile_outputs(Combination(**record["combination"]).name).table_markdown.read_text()
         sections.append(table.replace("### ", "#### ", 1))
     if not inputs.profiles:
         sections.append("_No profile available (see Missing inputs)._\n")
@@ -97,16 +97,7 @@ def build_report(params: Params, figures: Path) -> tuple[str, list[dict]]:
     return "\n".join(sections), rows
 
 
-def comparison_csv(rows: list[dict]) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["batch_size", "series", "per_sample_ms", "throughput_samples_per_s", "step_time_ms"])
-    for row in rows:
-        writer.writerow(
-            [row["batch_size"], f"{row['device']} {row['mode']}", f"{row['per_sample_ms']:.6g}",
-             f"{row['throughput_samples_per_s']:.6g}", f"{row['step_time_ms']:.6g}"]
-        )
-    return buffer.getvalue()
+COMPARISON_PLOT_FIELDS = ("batch_size", "series", "per_sample_ms", "throughput_samples_per_s", "step_time_ms")
 
 
 def main() -> None:
@@ -121,7 +112,7 @@ def main() -> None:
         for figure in sorted((folder / "figures").iterdir()):
             outputs.staged(REPORT_FIGURES / figure.name).write_bytes(figure.read_bytes())
             tracker.log_artifact(figure, "figures")
-        outputs.write_text(PROFILE_COMPARISON_PLOT, comparison_csv(rows))
+        outputs.write_text(PROFILE_COMPARISON_PLOT, rows_csv(COMPARISON_PLOT_FIELDS, rows))
         tracker.log_text("report/markdown", markdown, "report.md")
         tracker.client.log_text(tracker.run_id, html, "report.html")
         tracker.log_metrics({"combinations": len(rows)})

@@ -113,8 +113,6 @@ def test_corrupt_first_mirror_falls_back_to_next(mnist_mirror: Path, data_config
     assert result.file(TRAIN_IMAGES).source == str(mnist_mirror / f"{TRAIN_IMAGES}.gz")
 
 
-
-
 def test_unreachable_mirrors_list_every_attempt_and_the_offline_fix(data_config: DataConfig) -> None:
     dead = [f"http://127.0.0.1:{closed_port()}/mnist/", f"http://127.0.0.1:{closed_port()}/other/"]
     with pytest.raises(PipelineError) as caught:

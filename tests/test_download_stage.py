@@ -65,8 +65,6 @@ def test_dvc_repro_downloads_logs_and_is_idempotent(project_copy: Path, run_in: 
     assert np.array_equal(shown, sample_grid(images, labels, per_class=10)[:, :, 0])
 
 
-
-
 def test_corrupt_mirror_fails_clearly_and_leaves_no_output(
     project_copy: Path, repo_params: dict[str, Any], run_in: Any, mnist_mirror: Path, tmp_path: Path
 ) -> None:

@@ -23,7 +23,6 @@ from pipeline.training import normalize_images
 from tests.conftest import LAB_MODEL, read_params, reproduced_copy, write_params
 
 
-
 def test_summary_counts_every_parameter_and_the_convolution_flops() -> None:
     model = LabNet(LAB_MODEL)
     summary = summarize(model, model.input_shape)
