@@ -8,6 +8,7 @@ the per-operator table, the FLOPs and the Chrome/Perfetto trace.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import statistics
@@ -15,39 +16,30 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from pipeline.checkpoint import load_checkpoint
+from pipeline.config import ProfileConfig, ProfileMode
+from pipeline.data import load_split
+from pipeline.errors import PipelineError
 from pipeline.model import LabNet
+from pipeline.profile_record import (
+    PROFILE_PRECISION,
+    Combination,
+    OperatorRow,
+    ProfileRecord,
+    ProfileSettings,
+    Timing,
+)
+from pipeline.runtime import hardware_description, select_device
+from pipeline.training import MEMORY_FORMAT, normalize_images
 
 BOOKKEEPING_PREFIXES = ("ProfilerStep",)  # the profiler's own per-step ranges, not operators
 _MEGABYTE = 1 << 20
-
-
-@dataclass(frozen=True)
-class Combination:
-    batch_size: int
-    device: str  # cpu | cuda | mps
-    mode: str  # inference | train
-
-    @property
-    def name(self) -> str:
-        """Same order as DVC's matrix stage name `profile@<batch>-<device>-<mode>`."""
-        return f"{self.batch_size}-{self.device}-{self.mode}"
-
-
-@dataclass(frozen=True)
-class OperatorRow:
-    operator: str
-    calls_per_step: float
-    self_cpu_ms: float  # per step
-    total_cpu_ms: float  # per step, children included
-    self_device_ms: float  # per step; 0 on CPU-only runs
-    total_device_ms: float
-    share_pct: float  # of the step's operator time (self CPU time on CPU, self device time on GPU)
-    mflops: float  # per step; 0 where the profiler has no formula for the operator
 
 
 @dataclass(frozen=True)
@@ -57,26 +49,27 @@ class ProfileResult:
     operators: tuple[OperatorRow, ...]  # every operator, most expensive first
     peak_memory_mb: float  # most memory torch had allocated on the device during the measured steps
 
-    def timing_metrics(self) -> dict[str, float]:
-        """Metric names shared by every combination, so MLflow's Compare lines them up."""
+    def timing(self) -> Timing:
         times = sorted(self.step_times_ms)
         mean = statistics.fmean(times)
         p95_index = min(len(times) - 1, round(0.95 * (len(times) - 1)))
         top = self.operators[0] if self.operators else None
-        return {
-            "step_time_ms_mean": mean,
-            "step_time_ms_p50": statistics.median(times),
-            "step_time_ms_p95": times[p95_index],
-            "step_time_cv": statistics.stdev(times) / mean if len(times) > 1 and mean else 0.0,
-            "per_sample_ms": mean / self.combination.batch_size,
-            "throughput_samples_per_s": 1000.0 * self.combination.batch_size / mean,
-            "peak_memory_mb": self.peak_memory_mb,
-            "top_operator_share_pct": top.share_pct if top else 0.0,
-        }
+        return Timing(
+            step_time_ms_mean=mean,
+            step_time_ms_p50=statistics.median(times),
+            step_time_ms_p95=times[p95_index],
+            step_time_cv=statistics.stdev(times) / mean if len(times) > 1 and mean else 0.0,
+            per_sample_ms=mean / self.combination.batch_size,
+            throughput_samples_per_s=1000.0 * self.combination.batch_size / mean,
+            peak_memory_mb=self.peak_memory_mb,
+            top_operator_share_pct=top.share_pct if top else 0.0,
+        )
 
 
-def make_step(model: LabNet, mode: str, images: torch.Tensor, labels: torch.Tensor) -> Callable[[], None]:
-    """One inference forward (eval, no autograd) or one training step (forward, backward, Adadelta)."""
+def make_step(
+    model: LabNet, mode: ProfileMode, images: torch.Tensor, labels: torch.Tensor, lr: float
+) -> Callable[[], None]:
+    """One inference forward (eval, no autograd) or one training step (forward, backward, Adadelta at `lr`)."""
     if mode == "inference":
         model.eval()
 
@@ -86,11 +79,11 @@ def make_step(model: LabNet, mode: str, images: torch.Tensor, labels: torch.Tens
 
         return inference_step
     model.train()
-    optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0)  # the lab's optimizer: its update is profiled too
+    optimizer = torch.optim.Adadelta(model.parameters(), lr=lr)  # the lab's optimizer: its update is profiled too
 
     def training_step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        F.nll_loss(model(images), labels).backward()
+        F.nll_loss(model(images), labels).backward()  # type: ignore[no-untyped-call]
         optimizer.step()
 
     return training_step
@@ -150,10 +143,14 @@ def profile_combination(
     )
 
 
-def operator_table(averages: list, steps: int, on_gpu: bool) -> tuple[OperatorRow, ...]:
+def operator_table(averages: list[Any], steps: int, on_gpu: bool) -> tuple[OperatorRow, ...]:
     """Per-step rows of every operator, sorted by self device time on GPU and self CPU time on CPU."""
     events = [event for event in averages if not event.key.startswith(BOOKKEEPING_PREFIXES)]
-    sort_key = (lambda event: event.self_device_time_total) if on_gpu else (lambda event: event.self_cpu_time_total)
+    time_field = "self_device_time_total" if on_gpu else "self_cpu_time_total"
+
+    def sort_key(event: Any) -> float:
+        return float(getattr(event, time_field))
+
     total = sum(sort_key(event) for event in events) or 1.0
     rows = [
         OperatorRow(
@@ -187,16 +184,15 @@ def _peak_cpu_memory(trace_path: Path) -> float:
     return float(max(totals, default=0))
 
 
-def operators_markdown(result: ProfileResult, rows: tuple[OperatorRow, ...], on_gpu: bool) -> str:
-    combination = result.combination
-    metrics = result.timing_metrics()
-    ranked_by = "self device (GPU) time" if on_gpu else "self CPU time"
+def operators_markdown(record: ProfileRecord) -> str:
+    combination, timing, rows = record.combination, record.timing, record.top_operators
+    ranked_by = "self device (GPU) time" if combination.device == "cuda" else "self CPU time"
     lines = [
         f"### Top {len(rows)} operators: batch {combination.batch_size}, {combination.device}, {combination.mode}",
         "",
-        f"Step time {metrics['step_time_ms_mean']:.3f} ms mean (p50 {metrics['step_time_ms_p50']:.3f}, "
-        f"p95 {metrics['step_time_ms_p95']:.3f}, CV {metrics['step_time_cv']:.1%}); "
-        f"{metrics['per_sample_ms']:.4f} ms per sample; {metrics['throughput_samples_per_s']:.0f} samples/s. "
+        f"Step time {timing.step_time_ms_mean:.3f} ms mean (p50 {timing.step_time_ms_p50:.3f}, "
+        f"p95 {timing.step_time_ms_p95:.3f}, CV {timing.step_time_cv:.1%}); "
+        f"{timing.per_sample_ms:.4f} ms per sample; {timing.throughput_samples_per_s:.0f} samples/s. "
         f"Ranked by {ranked_by}; times are per step.",
         "",
         "| # | operator | calls | self CPU ms | total CPU ms | self GPU ms | share % | MFLOPs |",
@@ -208,3 +204,82 @@ def operators_markdown(result: ProfileResult, rows: tuple[OperatorRow, ...], on_
             f"{row.self_device_ms:.3f} | {row.share_pct:.1f} | {row.mflops:.1f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class ProfileSetup:
+    """Everything one combination is measured with, resolved from params, checkpoint and data."""
+
+    combination: Combination
+    device: torch.device
+    step: Callable[[], None]
+    hardware: dict[str, str]
+    settings: ProfileSettings
+    data_digest: str
+
+
+def prepare_profile(combination: Combination, config: ProfileConfig, checkpoint_path: Path, data_root: Path) -> ProfileSetup:
+    """Pick the device and threads, load the trained model and one batch of test images onto it."""
+    device = select_device(combination.device, param="profile.devices")
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    checkpoint = load_checkpoint(checkpoint_path)
+    model = checkpoint.model.to(device).to(memory_format=MEMORY_FORMAT)
+    test_images, test_labels = load_split(data_root, "test")
+    if combination.batch_size > len(test_labels):
+        raise PipelineError(
+            f"`profile.batch_sizes` has {combination.batch_size}, more than the {len(test_labels)} test images "
+            "a batch is drawn from; use a smaller batch size."
+        )
+    images = normalize_images(test_images[: combination.batch_size], device).contiguous(memory_format=MEMORY_FORMAT)
+    labels = torch.from_numpy(test_labels[: combination.batch_size].astype("int64")).to(device)
+    lr = float(checkpoint.train_params["lr"])
+    settings = ProfileSettings(
+        threads=torch.get_num_threads(),
+        precision=PROFILE_PRECISION,
+        memory_format=str(MEMORY_FORMAT).removeprefix("torch."),
+        warmup_steps=config.warmup_steps,
+        active_steps=config.active_steps,
+        optimizer_lr=lr,
+    )
+    return ProfileSetup(
+        combination=combination,
+        device=device,
+        step=make_step(model, combination.mode, images, labels, lr),
+        hardware=hardware_description(device),
+        settings=settings,
+        data_digest=checkpoint.data_digest,
+    )
+
+
+def run_profile(setup: ProfileSetup, top_k: int, trace_path: Path) -> ProfileRecord:
+    """Time and trace the combination; the record keeps the `top_k` most expensive operators."""
+    settings = setup.settings
+    result = profile_combination(
+        setup.combination, setup.step, setup.device, settings.warmup_steps, settings.active_steps, trace_path
+    )
+    return ProfileRecord(
+        combination=setup.combination,
+        hardware=setup.hardware,
+        settings=settings,
+        timing=result.timing(),
+        step_times_ms=result.step_times_ms,
+        top_operators=result.operators[:top_k],
+        data_digest=setup.data_digest,
+    )
+
+
+def run_parameters(setup: ProfileSetup, top_k: int) -> dict[str, object]:
+    """What the MLflow run of one combination records as params."""
+    settings = setup.settings
+    return {
+        **dataclasses.asdict(setup.combination),
+        "threads": settings.threads,
+        "precision": settings.precision,
+        "memory_format": settings.memory_format,
+        "optimizer_lr": settings.optimizer_lr,
+        "profile.warmup_steps": settings.warmup_steps,
+        "profile.active_steps": settings.active_steps,
+        "profile.top_k": top_k,
+        **{f"hardware.{key}": value for key, value in setup.hardware.items()},
+    }

@@ -47,7 +47,7 @@ def select_precision(choice: str, device: torch.device) -> str:
 
 def has_native_bf16(device: torch.device) -> bool:
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
     if device.type == "cpu":
         # AVX512-BF16 or AMX instructions; without them oneDNN emulates bf16 and is slower than fp32.
         checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")

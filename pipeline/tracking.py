@@ -24,9 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config import TrackingConfig
 from pipeline.errors import PipelineError
+from pipeline.tensorboard_events import EventWriter
 
 if TYPE_CHECKING:  # imported lazily at run time: `import mlflow` alone costs ~2 s
     import numpy as np
+    import torch
     from mlflow import MlflowClient
     from torch.utils.tensorboard import SummaryWriter
 
@@ -132,16 +134,35 @@ def metric_name(name: str) -> str:
 
 @dataclass
 class Tracker:
-    """One stage run: an MLflow run and a TensorBoard writer, logged to together."""
+    """One stage run: an MLflow run and a TensorBoard run folder, logged to together.
+
+    Stages log only through these methods. Scalars and text go through a torch-free event writer;
+    images, graphs and HParams use torch's summary code, imported only when a stage logs them.
+    """
 
     client: MlflowClient
     run_id: str
-    writer: SummaryWriter
+    events: EventWriter
+    _torch_writer: SummaryWriter | None = None
 
-    def log_params(self, params: Mapping[str, Any]) -> None:
+    def _graph_writer(self) -> SummaryWriter:
+        if self._torch_writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._torch_writer = SummaryWriter(log_dir=str(self.events.logdir))
+        return self._torch_writer
+
+    def close(self) -> None:
+        self.events.close()
+        if self._torch_writer is not None:
+            self._torch_writer.close()
+
+    def log_params(self, params: Mapping[str, Any], prefix: str = "") -> None:
+        """MLflow params (write-once per run), each key prefixed with `prefix` (e.g. `graph.`)."""
         from mlflow.entities import Param
 
-        self.client.log_batch(self.run_id, params=[Param(key, str(value)) for key, value in params.items()])
+        entries = [Param(f"{prefix}{key}", str(value)) for key, value in params.items()]
+        self.client.log_batch(self.run_id, params=entries)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
@@ -158,7 +179,7 @@ class Tracker:
             metrics=[Metric(metric_name(key), float(value), timestamp, step) for key, value in metrics.items()],
         )
         for key, value in metrics.items():
-            self.writer.add_scalar(key, value, step)
+            self.events.add_scalar(key, value, step)
 
     def log_series(self, name: str, values: Sequence[float]) -> None:
         """A metric history at steps 0..n-1 in one MLflow call, and the same curve in TensorBoard."""
@@ -168,12 +189,14 @@ class Tracker:
         key = metric_name(name)
         self.client.log_batch(self.run_id, metrics=[Metric(key, float(v), timestamp, i) for i, v in enumerate(values)])
         for index, value in enumerate(values):
-            self.writer.add_scalar(name, value, index)
+            self.events.add_scalar(name, value, index)
 
     def log_image(self, tag: str, image: np.ndarray, artifact_file: str) -> None:
         """`image` is HWC uint8: a PNG artifact in MLflow, an image in TensorBoard."""
         self.client.log_image(self.run_id, image, artifact_file=artifact_file)
-        self.writer.add_image(tag, image, 0, dataformats="HWC")
+        from torch.utils.tensorboard.summary import image as image_summary
+
+        self.events.add_summary(image_summary(tag, image, dataformats="HWC"))  # type: ignore[no-untyped-call]
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
@@ -183,16 +206,24 @@ class Tracker:
         would open a sub-folder, making one stage run look like two)."""
         from torch.utils.tensorboard.summary import hparams as hparams_summary
 
-        experiment, session_start, session_end = hparams_summary(dict(hparams), dict(metrics))
-        file_writer = self.writer._get_file_writer()
-        for summary in (experiment, session_start, session_end):
-            file_writer.add_summary(summary)
+        for summary in hparams_summary(dict(hparams), dict(metrics)):  # type: ignore[no-untyped-call]
+            self.events.add_summary(summary)
         for key, value in metrics.items():
-            self.writer.add_scalar(key, value, 0)
+            self.events.add_scalar(key, value, 0)
 
-    def log_text(self, tag: str, markdown: str, artifact_file: str) -> None:
-        self.client.log_text(self.run_id, markdown, artifact_file)
-        self.writer.add_text(tag, markdown, 0)
+    def add_graph(self, model: torch.nn.Module, example: torch.Tensor) -> None:
+        """TensorBoard's Graphs tab (traced with torch.jit.trace; model and example on one device)."""
+        self._graph_writer().add_graph(model, example)
+
+    def log_text(self, tag: str, markdown: str, artifact_file: str | None = None) -> None:
+        """Markdown in TensorBoard's Text tab and, with `artifact_file`, as an MLflow artifact."""
+        if artifact_file is not None:
+            self.client.log_text(self.run_id, markdown, artifact_file)
+        self.events.add_text(tag, markdown, 0)
+
+    def log_artifact_text(self, text: str, artifact_file: str) -> None:
+        """A text artifact in MLflow only (e.g. an HTML page TensorBoard would show as source)."""
+        self.client.log_text(self.run_id, text, artifact_file)
 
 
 def _dvc_experiment_tags() -> dict[str, str]:
@@ -218,7 +249,6 @@ def open_tracker(
     """
     import mlflow
     from mlflow import MlflowClient
-    from torch.utils.tensorboard import SummaryWriter
 
     root = root or project_root()
     uri = tracking_uri(root)
@@ -237,14 +267,14 @@ def open_tracker(
     folder = f"{variant + '-' if variant else ''}{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:8]}"
     logdir = Path(config.tensorboard_dir)
     logdir = (logdir if logdir.is_absolute() else root / logdir) / stage / folder
-    writer = SummaryWriter(log_dir=str(logdir))
+    tracker = Tracker(client=MlflowClient(uri), run_id=run_id, events=EventWriter(logdir))
     status = "FAILED"
     try:
-        yield Tracker(client=MlflowClient(uri), run_id=run_id, writer=writer)
+        yield tracker
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
         raise
     finally:
-        writer.close()
+        tracker.close()
         mlflow.end_run(status=status)

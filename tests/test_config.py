@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.config import Params, load_params, params_from_mapping, section_as_dict
 from pipeline.errors import PipelineError
-from tests.conftest import REPO_ROOT, write_params
+from tests.helpers import REPO_ROOT, write_params
 
 
 def test_repository_params_parse_into_typed_frozen_sections() -> None:

@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from pipeline.data import MNIST_SHA256, dataset_digest, load_split
 from pipeline.data_tracking import sample_grid
-from tests.conftest import closed_port, write_params
+from tests.helpers import closed_port, write_params
 
 pytestmark = pytest.mark.slow
 

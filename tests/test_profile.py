@@ -14,30 +14,32 @@ import torch
 from mlflow import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from pipeline.config import ProfileMode
 from pipeline.model import LabNet
-from pipeline.profiling import Combination, OperatorRow, ProfileResult, make_step, profile_combination
+from pipeline.profile_record import Combination, OperatorRow
+from pipeline.profiling import ProfileResult, make_step, profile_combination
 from pipeline.tables import records_csv
-from tests.conftest import LAB_MODEL, read_params, reproduced_copy, write_params
+from tests.helpers import LAB_MODEL, clone_project, read_params, reproduced_copy, write_params
 
 CONVOLUTION_OR_LINEAR = re.compile(r"conv|addmm|aten::mm|aten::linear")
 
 
 def test_timing_metrics_are_computed_from_the_step_times() -> None:
     result = ProfileResult(Combination(16, "cpu", "train"), (10.0, 10.0, 12.0, 8.0), (), 5.0)
-    metrics = result.timing_metrics()
-    assert metrics["step_time_ms_mean"] == 10.0 and metrics["step_time_ms_p50"] == 10.0
-    assert metrics["step_time_ms_p95"] == 12.0
-    assert metrics["step_time_cv"] == pytest.approx((8 / 3) ** 0.5 / 10)  # sample stdev / mean
-    assert metrics["per_sample_ms"] == 10.0 / 16 and metrics["throughput_samples_per_s"] == 1600.0
+    timing = result.timing()
+    assert timing.step_time_ms_mean == 10.0 and timing.step_time_ms_p50 == 10.0
+    assert timing.step_time_ms_p95 == 12.0
+    assert timing.step_time_cv == pytest.approx((8 / 3) ** 0.5 / 10)  # sample stdev / mean
+    assert timing.per_sample_ms == 10.0 / 16 and timing.throughput_samples_per_s == 1600.0
 
 
 @pytest.mark.parametrize("mode", ["inference", "train"])
-def test_profile_of_a_real_model_ranks_operators_and_writes_a_trace(mode: str, tmp_path: Path) -> None:
+def test_profile_of_a_real_model_ranks_operators_and_writes_a_trace(mode: ProfileMode, tmp_path: Path) -> None:
     model = LabNet(LAB_MODEL)
     images, labels = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
     weights_before = model.classifier.fc2.weight.detach().clone()
     trace = tmp_path / "trace.json.gz"
-    result = profile_combination(Combination(16, "cpu", mode), make_step(model, mode, images, labels), torch.device("cpu"), 2, 4, trace)
+    result = profile_combination(Combination(16, "cpu", mode), make_step(model, mode, images, labels, lr=1.0), torch.device("cpu"), 2, 4, trace)
 
     assert len(result.step_times_ms) == 4 and all(t > 0 for t in result.step_times_ms)
     names = [row.operator for row in result.operators]
@@ -116,7 +118,8 @@ def test_one_mlflow_run_and_tensorboard_folder_per_combination(profiled: Path) -
 
 
 @pytest.mark.slow
-def test_adding_a_batch_size_runs_only_the_new_combinations(profiled: Path, run_in: Any) -> None:
+def test_adding_a_batch_size_runs_only_the_new_combinations(profiled: Path, run_in: Any, tmp_path: Path) -> None:
+    profiled = clone_project(profiled, tmp_path / "project")  # the shared copy stays as the other tests expect
     params = read_params(profiled)
     params["profile"]["batch_sizes"] = [1, 16, 32, 64]
     write_params(profiled, params)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,49 +13,71 @@ import pytest
 from mlflow import MlflowClient
 from PIL import Image
 
-from pipeline.report import analysis, comparison_rows, read_inputs
-from tests.conftest import read_params, reproduced_copy, write_params
-
-
-def _record(batch: int, device: str, mode: str, step_ms: float, top: str, share: float) -> dict[str, Any]:
-    return {
-        "combination": {"batch_size": batch, "device": device, "mode": mode},
-        "hardware": {},
-        "timing": {
-            "step_time_ms_mean": step_ms,
-            "step_time_cv": 0.02,
-            "per_sample_ms": step_ms / batch,
-            "throughput_samples_per_s": 1000 * batch / step_ms,
-        },
-        "top_operators": [{"operator": top, "share_pct": share}, {"operator": "aten::convolution_backward", "share_pct": 10.0}],
-    }
+from pipeline.config import params_from_mapping
+from pipeline.paths import profile_outputs
+from pipeline.profile_record import write_record
+from pipeline.profiling import operators_markdown
+from pipeline.report import analysis, build_report, comparison_rows, read_inputs
+from tests.helpers import REPO_ROOT, make_record, read_params, reproduced_copy, write_params
 
 
 def test_analysis_states_scaling_dominant_operators_and_gpu_speedup() -> None:
+    conv_backward = ("aten::convolution_backward", 10.0)
     rows = comparison_rows(
         [
-            _record(1, "cpu", "train", 6.0, "aten::add", 20.0),
-            _record(64, "cpu", "train", 38.4, "aten::convolution_backward", 30.0),
-            _record(64, "cuda", "train", 3.84, "aten::cudnn_convolution", 40.0),
+            make_record(1, "cpu", "train", 6.0, (("aten::add", 20.0), conv_backward)),
+            make_record(64, "cpu", "train", 38.4, (("aten::convolution_backward", 30.0), conv_backward)),
+            make_record(64, "cuda", "train", 3.84, (("aten::cudnn_convolution", 40.0), conv_backward)),
         ]
     )
-    assert rows[1]["convolution_share_pct"] == 40.0  # both conv rows of the top-k
+    assert rows[1].convolution_share_pct == 40.0  # both conv rows of the top-k
     sentences = analysis(rows)
     assert any("0.6000 ms at batch 64 (10.0x cheaper)" in s and "`aten::add`" in s for s in sentences)
     assert any("cuda vs cpu, batch 64 train: 10.0x the CPU's speed" in s for s in sentences)
     assert not any("Only CPU combinations" in s for s in sentences)
 
 
-def test_missing_inputs_are_named_with_the_command_that_makes_them(repo_params: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.config import params_from_mapping
-
+def test_missing_inputs_are_named_with_the_command_that_makes_them(
+    repo_params: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)  # an empty project: nothing has run
-    config = params_from_mapping(repo_params).profile
-    absent = tmp_path / "absent.json"
-    inputs = read_inputs(config, absent, absent, absent, absent, tmp_path / "summary.md")
+    inputs = read_inputs(params_from_mapping(repo_params).profile)
     assert inputs.profiles == []
     assert "`profiles/64-cpu-train/profile.json` is missing: run `dvc repro profile@64-cpu-train`." in inputs.missing
-    assert f"`{tmp_path / 'summary.md'}` is missing: run `dvc repro export_graph`." in inputs.missing
+    assert "`graph/summary.md` is missing: run `dvc repro export_graph`." in inputs.missing
+    assert "`metrics/train.json` is missing: run `dvc repro train`." in inputs.missing
+
+
+def test_report_is_built_from_profile_records_without_running_the_pipeline(
+    repo_params: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    repo_params["profile"].update(batch_sizes=[1, 64], devices=["cpu"], modes=["inference"])
+    params = params_from_mapping(repo_params)
+    for record in (
+        make_record(1, "cpu", "inference", 0.5, (("aten::mkldnn_convolution", 40.0),)),
+        make_record(64, "cpu", "inference", 8.0, (("aten::max_pool2d", 30.0),)),
+    ):
+        paths = profile_outputs(record.combination.name)
+        paths.folder.mkdir(parents=True)
+        paths.record.write_text(write_record(record))
+        paths.table_markdown.write_text(operators_markdown(record))
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    report = build_report(params, figures)
+    assert [(row.batch_size, row.step_time_ms) for row in report.rows] == [(1, 0.5), (64, 8.0)]
+    assert "| 64 | cpu | inference | 8.000 (2.0%) | 0.1250 | 8000 | `aten::max_pool2d` (30.0 %) |" in report.markdown
+    assert "#### Top 1 operators: batch 1, cpu, inference" in report.markdown
+    assert "Per-sample time falls from 0.5000 ms at batch 1 to 0.1250 ms at batch 64 (4.0x cheaper)" in report.markdown
+    assert sorted(p.name for p in figures.iterdir()) == ["per_sample_time.png", "throughput.png"]
+    assert "`metrics/train.json` is missing: run `dvc repro train`." in report.markdown
+
+
+def test_report_stage_imports_no_torch() -> None:
+    """The report only reads records: importing torch would cost every report run ~4 s."""
+    probe = "import sys, stages.report, pipeline.tracking; assert 'torch' not in sys.modules, 'torch imported'"
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
 
 
 @pytest.fixture(scope="module")

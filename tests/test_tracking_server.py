@@ -16,7 +16,7 @@ import pytest
 from mlflow import MlflowClient
 
 from pipeline.data import MNIST_SHA256, dataset_digest
-from tests.conftest import VENV_BIN, closed_port
+from tests.helpers import VENV_BIN, closed_port
 
 pytestmark = pytest.mark.slow
 SERVER_START_LIMIT_S = 120  # measured 20-30 s on two cores; generous for a loaded CI machine

@@ -19,7 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from pipeline.checkpoint import load_checkpoint
 from pipeline.data import MNIST_SHA256, dataset_digest, load_split
 from pipeline.training import evaluate, to_device_data
-from tests.conftest import read_params, reproduced_copy, stage_environment, write_params
+from tests.helpers import read_params, reproduced_copy, stage_environment, write_params
 
 pytestmark = pytest.mark.slow
 

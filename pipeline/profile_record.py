@@ -1,0 +1,189 @@
+"""The profile → report contract: what one `profile@<batch>-<device>-<mode>` stage records.
+
+Torch-free on purpose: the report stage (and any tool reading `profiles/*/profile.json`) imports it
+without paying for torch. The profile stage writes a `ProfileRecord`; the report reads it back with
+`read_record`, so a renamed or missing field fails a fast test and a clear error, never a KeyError
+deep in the report. Field names of `Timing` are also the metric names in timing.json, MLflow and
+TensorBoard (the same for every combination, so MLflow's Compare lines them up).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pipeline.config import Device, ProfileConfig, ProfileMode
+from pipeline.errors import PipelineError
+
+# Profiling runs the trained weights in fp32 whatever precision training used: the lab compares
+# operators and batch sizes, and a mixed-precision step would be a different program.
+PROFILE_PRECISION = "fp32"
+RECORD_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Combination:
+    batch_size: int
+    device: Device
+    mode: ProfileMode
+
+    @property
+    def name(self) -> str:
+        """Same order as DVC's matrix stage name `profile@<batch>-<device>-<mode>`."""
+        return f"{self.batch_size}-{self.device}-{self.mode}"
+
+
+def combinations(config: ProfileConfig) -> list[Combination]:
+    """Exactly the combinations params.yaml asks for: stale folders of removed values never count."""
+    return [Combination(b, d, m) for b in config.batch_sizes for d in config.devices for m in config.modes]
+
+
+@dataclass(frozen=True)
+class OperatorRow:
+    operator: str
+    calls_per_step: float
+    self_cpu_ms: float  # per step
+    total_cpu_ms: float  # per step, children included
+    self_device_ms: float  # per step; 0 on CPU-only runs
+    total_device_ms: float
+    share_pct: float  # of the step's operator time (self CPU time on CPU, self device time on GPU)
+    mflops: float  # per step; 0 where the profiler has no formula for the operator
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Step-time statistics of the timed pass (no profiler attached); field names are metric names."""
+
+    step_time_ms_mean: float
+    step_time_ms_p50: float
+    step_time_ms_p95: float
+    step_time_cv: float
+    per_sample_ms: float
+    throughput_samples_per_s: float
+    peak_memory_mb: float  # most memory torch had allocated on the device during the traced steps
+    top_operator_share_pct: float
+
+    def as_metrics(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    threads: int
+    precision: str
+    memory_format: str
+    warmup_steps: int
+    active_steps: int
+    optimizer_lr: float  # Adadelta's lr in train mode: the one the checkpoint was trained with
+
+
+@dataclass(frozen=True)
+class ProfileRecord:
+    combination: Combination
+    hardware: dict[str, str]
+    settings: ProfileSettings
+    timing: Timing
+    step_times_ms: tuple[float, ...]
+    top_operators: tuple[OperatorRow, ...]
+    data_digest: str
+    format: int = RECORD_FORMAT
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def write_record(record: ProfileRecord) -> str:
+    """The record as the JSON text of `profile.json`."""
+    return json.dumps(record.as_dict(), indent=2, sort_keys=True) + "\n"
+
+
+def read_record(path: Path, combination: Combination) -> ProfileRecord:
+    """Read `profile.json`; a missing, foreign or outdated file is a user error naming the fix."""
+    fix = f"rerun `dvc repro -f profile@{combination.name}`."
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise PipelineError(f"{path} is not valid JSON ({error}); {fix}") from None
+    if not isinstance(raw, dict) or raw.get("format") != RECORD_FORMAT:
+        raise PipelineError(f"{path} is not a profile record of format {RECORD_FORMAT} from this pipeline; {fix}")
+    try:
+        record = _from_dict(ProfileRecord, raw)
+    except (KeyError, TypeError, ValueError) as error:
+        raise PipelineError(f"{path} does not match this pipeline's profile record ({error}); {fix}") from None
+    if record.combination != combination:
+        raise PipelineError(f"{path} holds combination {record.combination.name}, not {combination.name}; {fix}")
+    return record
+
+
+RecordType = TypeVar("RecordType")
+
+
+def _from_dict(cls: type[RecordType], raw: Any) -> RecordType:
+    """Rebuild a (nested) record dataclass from its `asdict` form, checking every field's type."""
+    if not isinstance(raw, Mapping):
+        raise TypeError(f"{cls.__name__} must be an object, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {field.name: field for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = set(raw) - set(fields)
+    if unknown:
+        raise KeyError(f"unknown field(s) {sorted(unknown)} in {cls.__name__}")
+    values = {}
+    for name, field in fields.items():
+        if name not in raw:
+            if field.default is not dataclasses.MISSING:
+                continue
+            raise KeyError(f"{cls.__name__}.{name} is missing")
+        values[name] = _convert(hints[name], raw[name], f"{cls.__name__}.{name}")
+    return cls(**values)
+
+
+def _convert(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return _from_dict(hint, value)  # type: ignore[arg-type]
+    if origin is tuple:
+        item = typing.get_args(hint)[0]
+        if not isinstance(value, list):
+            raise TypeError(f"{where} must be a list")
+        return tuple(_convert(item, entry, f"{where}[]") for entry in value)
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise TypeError(f"{where} must be an object of strings")
+        return dict(value)
+    if origin is typing.Literal:
+        if value not in typing.get_args(hint):
+            raise ValueError(f"{where} is {value!r}, not one of {typing.get_args(hint)}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        raise TypeError(f"{where}: unions are not supported in records")
+    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, str, bool) and type(value) is hint:
+        return value
+    raise TypeError(f"{where} must be {getattr(hint, '__name__', hint)}, got {type(value).__name__}")
+
+
+def parse_combination(arguments: list[str]) -> Combination:
+    """The profile stage's command-line item (`BATCH DEVICE MODE`, from DVC's matrix) as a Combination.
+
+    A plain check instead of argparse: a bad value gets the same one-paragraph error naming the
+    params.yaml key as every other param mistake, not argparse's usage text.
+    """
+    usage = "usage: python -m stages.profile BATCH_SIZE DEVICE MODE (DVC passes them from params.yaml's `profile`)"
+    if len(arguments) != 3:
+        raise PipelineError(f"expected 3 arguments, got {len(arguments)}; {usage}.")
+    batch, device, mode = arguments
+    if not batch.isdigit() or int(batch) < 1:
+        raise PipelineError(f"`profile.batch_sizes` entry {batch!r} is not a whole number >= 1; fix it in params.yaml.")
+    devices, modes = typing.get_args(Device), typing.get_args(ProfileMode)
+    if device not in devices:
+        raise PipelineError(f"`profile.devices` entry {device!r} is not one of {list(devices)}; fix it in params.yaml.")
+    if mode not in modes:
+        raise PipelineError(f"`profile.modes` entry {mode!r} is not one of {list(modes)}; fix it in params.yaml.")
+    return Combination(int(batch), typing.cast(Device, device), typing.cast(ProfileMode, mode))
