@@ -6,6 +6,8 @@ import csv
 import gzip
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from pipeline.model import LabNet
 from pipeline.profile_record import Combination, OperatorRow
 from pipeline.profiling import ProfileResult, make_step, profile_combination
 from pipeline.tables import records_csv
-from tests.helpers import LAB_MODEL, clone_project, read_params, reproduced_copy, write_params
+from tests.helpers import LAB_MODEL, REPO_ROOT, clone_project, read_params, reproduced_copy, write_params
 
 CONVOLUTION_OR_LINEAR = re.compile(r"conv|addmm|aten::mm|aten::linear")
 
@@ -153,3 +155,19 @@ def test_cuda_combination_without_cuda_fails_with_the_fix(profiled: Path, run_in
     assert result.returncode == 2
     assert "`profile.devices` is 'cuda' but no CUDA GPU is usable here" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_kineto_noise_is_kept_out_of_the_console_but_real_errors_are_not() -> None:
+    probe = (
+        "import os, torch\n"
+        "from torch.profiler import ProfilerActivity, profile\n"
+        "from pipeline.native_stderr import filtered_native_stderr\n"
+        "with filtered_native_stderr():\n"
+        "    with profile(activities=[ProfilerActivity.CPU]):\n"
+        "        torch.ones(3).add(1)\n"
+        "    os.write(2, b'ERROR: a real native error\\n')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "ERROR: a real native error" in result.stderr
+    assert "gpuGetDeviceCount" not in result.stderr and "USDT:" not in result.stderr and "STAGE:" not in result.stderr

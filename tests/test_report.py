@@ -125,6 +125,25 @@ def test_dvc_plots_show_draws_curves_and_batch_comparison(reported: Path, run_in
 
 
 @pytest.mark.slow
+def test_dvc_plots_diff_draws_one_line_per_series_and_revision(reported: Path, run_in: Any) -> None:
+    """The copy's HEAD holds the repository's comparison CSV, its workspace the one this run wrote."""
+    result = run_in(reported, "dvc", "plots", "diff", "HEAD", "--json")
+    assert result.returncode == 0, result.stderr
+    (plot,) = json.loads(result.stdout)["data"]["Per-sample time vs batch size"]
+    content = plot["content"]
+    revisions = {value["rev"] for value in content["data"]["values"]}
+    assert revisions == {"HEAD", "workspace"}
+    encoding = content["encoding"]
+    assert encoding["color"]["field"] == "series" and encoding["strokeDash"]["field"] == "rev"
+    lines = {(value["series"], value["rev"]) for value in content["data"]["values"]}
+    assert ("cpu train", "HEAD") in lines and ("cpu train", "workspace") in lines
+    # The HTML page renders offline: Vega is inlined from .dvc/plots/offline.html, nothing loads from a CDN.
+    assert run_in(reported, "dvc", "plots", "diff", "HEAD", "-o", "dvc_plots").returncode == 0
+    page = (reported / "dvc_plots" / "index.html").read_text()
+    assert "vegaEmbed(" in page and "<script src=" not in page and "cdn.jsdelivr" not in page
+
+
+@pytest.mark.slow
 def test_report_run_in_mlflow_holds_the_report_and_figures(reported: Path) -> None:
     client = MlflowClient(f"sqlite:///{reported / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("mnist-lab")
