@@ -156,3 +156,40 @@ def test_event_writer_scalars_and_text_read_back_with_tensorboard(tmp_path: Path
     (text,) = events.Tensors("report/markdown/text_summary")
     assert text.tensor_proto.string_val[0].decode() == "| a | b |\n| - | - |\n| 1 | 2 |"
     assert events.summary_metadata["report/markdown/text_summary"].plugin_data.plugin_name == "text"
+
+
+# --- one dvc repro is one tree of runs in MLflow ----------------------------------------------------
+
+
+def test_stage_runs_of_one_pipeline_run_share_a_parent_and_the_latest_is_current(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlflow import MlflowClient
+
+    from pipeline.config import TrackingConfig
+    from pipeline.tracking import open_tracker
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    (tmp_path / "params.yaml").write_text("train: {lr: 1.0}\n")
+    config = TrackingConfig(experiment="lineage", tensorboard_dir="runs")
+    run_ids = []
+    for stage in ("train", "report", "report"):
+        with open_tracker(stage, config, root=tmp_path) as tracker:
+            run_ids.append(tracker.run_id)
+    (tmp_path / "params.yaml").write_text("train: {lr: 0.5}\n")  # an edit: a new pipeline run
+    with open_tracker("train", config, root=tmp_path) as tracker:
+        run_ids.append(tracker.run_id)
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = {run_id: client.get_run(run_id) for run_id in run_ids}
+    parents = [runs[run_id].data.tags["mlflow.parentRunId"] for run_id in run_ids]
+    assert parents[0] == parents[1] == parents[2] != parents[3]
+    parent = client.get_run(parents[0])
+    assert parent.info.run_name.startswith("pipeline@") and parent.info.status == "FINISHED"
+    assert parent.data.tags["pipeline.commit"] == "none"  # tmp_path is no git repository
+    outputs = [client.get_run(run_id).data.tags["dvc.outputs"] for run_id in run_ids]
+    assert outputs == ["superseded", "superseded", "current", "current"]  # train rerun after the edit supersedes
+    assert "Train the lab CNN" in runs[run_ids[0]].data.tags["mlflow.note.content"]
+    experiment = client.get_experiment_by_name("lineage")
+    assert "one run per DVC stage" in experiment.tags["mlflow.note.content"]
