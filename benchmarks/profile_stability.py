@@ -2,7 +2,7 @@
 
     python -m benchmarks.profile_stability [--repeats 2] [--goal-pct 5] [--device cpu]
 
-For each repeat, every batch size × mode of params.yaml's `profile` section is timed in its own new
+For each repeat, every batch size x mode of params.yaml's `profile` section is timed in its own new
 Python process, with the stage's own code path (pipeline.profiling.make_step + pipeline.timing.time_steps)
 and settings (threads, warm-up, `ci_target_pct`, `time_budget_s`). All combinations run once before any
 runs again, so the two measurements of one combination are minutes apart, as two `dvc repro`s would be.
@@ -17,6 +17,7 @@ Writes nothing: no profiles, no MLflow runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -26,7 +27,7 @@ from typing import Any
 
 from pipeline.config import load_params
 from pipeline.hardware import cpu_model
-from pipeline.timing_statistics import Interval, available_cores
+from pipeline.timing_statistics import Interval, available_cores, cpu_pressure
 
 
 def measure(batch_size: int, device_name: str, mode: str) -> dict[str, Any]:
@@ -35,37 +36,38 @@ def measure(batch_size: int, device_name: str, mode: str) -> dict[str, Any]:
 
     from pipeline.model import LabNet
     from pipeline.paths import DATA_ROOT, MODEL_CHECKPOINT
-    from pipeline.profiling import make_step
+    from pipeline.profile_record import Combination
+    from pipeline.profiling import make_step, prepare_profile
     from pipeline.runtime import select_device
     from pipeline.timing import time_steps
-    from pipeline.training import MEMORY_FORMAT, normalize_images
+    from pipeline.training import MEMORY_FORMAT
 
     params = load_params()
     config = params.profile
-    device = select_device(device_name, param="--device")
-    if config.threads:
-        torch.set_num_threads(config.threads)
+    combination = Combination(batch_size, device_name, mode)  # type: ignore[arg-type]
     if MODEL_CHECKPOINT.exists() and (DATA_ROOT / "MNIST").exists():
-        from pipeline.checkpoint import load_checkpoint
-        from pipeline.data import load_split
-
-        model = load_checkpoint(MODEL_CHECKPOINT).model
-        test_images, test_labels = load_split(DATA_ROOT, "test")
-        images = normalize_images(test_images[:batch_size], device)
-        labels = torch.from_numpy(test_labels[:batch_size].astype("int64")).to(device)
+        setup = prepare_profile(combination, config, MODEL_CHECKPOINT, DATA_ROOT)  # the stage's own set-up
+        step, device = setup.step, setup.device
         inputs = "trained checkpoint, MNIST test images"
     else:
+        device = select_device(device_name, param="--device")
+        if config.threads:
+            torch.set_num_threads(config.threads)
         torch.manual_seed(0)
-        model = LabNet(params.train.model)
-        images = torch.randn(batch_size, 1, 28, 28, device=device)
+        model = LabNet(params.train.model).to(device).to(memory_format=MEMORY_FORMAT)
+        images = torch.randn(batch_size, 1, 28, 28, device=device).contiguous(memory_format=MEMORY_FORMAT)
         labels = torch.randint(0, 10, (batch_size,), device=device)
+        step = make_step(model, combination.mode, images, labels, params.train.lr)
         inputs = "untrained model, random images"
-    model = model.to(device=device, memory_format=MEMORY_FORMAT)
-    step = make_step(model, mode, images.contiguous(memory_format=MEMORY_FORMAT), labels)
     for _ in range(config.warmup_steps):
         step()
     timing = time_steps(step, device, batch_size, config.ci_target_pct, config.time_budget_s)
-    return {"metrics": timing.metrics(), "conditions": timing.conditions.as_record(), "inputs": inputs}
+    conditions = {
+        **dataclasses.asdict(timing.conditions),
+        "busy": timing.conditions.busy,
+        "cpu_pressure_pct": cpu_pressure(),
+    }
+    return {"metrics": timing.metrics(), "conditions": conditions, "inputs": inputs}
 
 
 def run_worker(batch_size: int, device: str, mode: str) -> dict[str, Any]:
@@ -111,7 +113,7 @@ def main() -> None:
                 f"  run {repeat + 1} {batch}-{args.device}-{mode}: {metrics['step_time_ms_median']:.3f} ms "
                 f"±{metrics['step_time_ci_pct']:.1f} % ({int(metrics['blocks_measured'])} blocks, "
                 f"{metrics['timing_s']:.1f} s), load {conditions['load_average_before']:.2f}->"
-                f"{conditions['load_average_after']:.2f}, cpu pressure {conditions['cpu_pressure_pct']} %"
+                f"{conditions['load_average_after']:.2f}, CPU pressure (PSI avg10) {conditions['cpu_pressure_pct']} %"
                 f"{' BUSY' if conditions['busy'] else ''}; {result['inputs']}",
                 flush=True,
             )

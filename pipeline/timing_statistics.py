@@ -208,14 +208,17 @@ class Ratio:
         """False when the data cannot tell the two apart (the interval contains 1)."""
         return not self.low <= 1.0 <= self.high
 
-    def describe(self, unit: str = "x") -> str:
-        """`3.12x (2.95-3.30x)`, or `no measurable difference (0.97-1.04x)` when the interval contains 1."""
+    def bounds(self) -> str:
+        """`2.95-3.30x` (the 95 % interval), or a note that the data bound nothing."""
         if not math.isfinite(self.high):
-            return "no measurable difference (too few timed blocks to bound the ratio)"
-        bounds = f"{_format_ratio(self.low)}-{_format_ratio(self.high)}{unit}"
+            return "too few timed blocks to bound the ratio"
+        return f"{_format_ratio(self.low)}-{_format_ratio(self.high)}x"
+
+    def describe(self) -> str:
+        """`3.12x (2.95-3.30x)`, or `no measurable difference (0.97-1.04x)` when the interval contains 1."""
         if not self.measurable:
-            return f"no measurable difference ({bounds})"
-        return f"{_format_ratio(self.value)}{unit} ({bounds})"
+            return f"no measurable difference ({self.bounds()})"
+        return f"{_format_ratio(self.value)}x ({self.bounds()})"
 
 
 def ratio(numerator: Interval, denominator: Interval) -> Ratio:
@@ -232,47 +235,41 @@ def _format_ratio(value: float) -> str:
     return f"{value:.2f}" if value < 100 else f"{value:.0f}"
 
 
+GOVERNOR_NOT_EXPOSED = "not exposed"  # most VMs have no cpufreq interface
+
+
 @dataclass(frozen=True)
 class MeasurementConditions:
-    """The machine's state around a measurement: what a reader needs to trust (or distrust) it."""
+    """The machine's state around a measurement: what a reader needs to trust (or distrust) it.
 
-    load_before: float  # 1-minute load average (runnable + waiting threads), includes this process
-    load_after: float
+    Plain int/float/str fields: it is stored as is in the profile record (pipeline.profile_record).
+    """
+
+    load_average_before: float  # 1-minute load average (runnable + waiting threads), includes this process
+    load_average_after: float
     cores: int  # CPUs this process may run on
     threads: int  # torch intra-op threads used while timing
-    governor: str | None  # CPU frequency governor (None where the machine does not expose it, e.g. most VMs)
-    cpu_pressure_pct: float | None  # Linux PSI: % of the last 10 s some task waited for a CPU (None if unreadable)
+    cpu_governor: str  # CPU frequency governor, or GOVERNOR_NOT_EXPOSED
 
     @property
     def busy(self) -> bool:
         """More runnable threads than cores: the measured steps had to share the CPUs."""
-        return max(self.load_before, self.load_after) > self.cores
+        return max(self.load_average_before, self.load_average_after) > self.cores
 
     def warning(self) -> str | None:
         if not self.busy:
             return None
         return (
-            f"the machine was busy while measuring (load average {self.load_before:.2f} before, "
-            f"{self.load_after:.2f} after, on {self.cores} cores): step times are likely inflated and "
+            f"the machine was busy while measuring (load average {self.load_average_before:.2f} before, "
+            f"{self.load_average_after:.2f} after, on {self.cores} cores): step times are likely inflated and "
             "less stable; rerun on a quiet machine"
         )
 
     def metrics(self) -> dict[str, float]:
         return {
-            "load_average_before": self.load_before,
-            "load_average_after": self.load_after,
+            "load_average_before": self.load_average_before,
+            "load_average_after": self.load_average_after,
             "machine_busy": float(self.busy),
-        }
-
-    def as_record(self) -> dict[str, object]:
-        return {
-            "load_average_before": self.load_before,
-            "load_average_after": self.load_after,
-            "cores": self.cores,
-            "threads": self.threads,
-            "cpu_governor": self.governor,
-            "cpu_pressure_pct": self.cpu_pressure_pct,
-            "busy": self.busy,
         }
 
 
@@ -313,10 +310,9 @@ def cpu_pressure(path: Path = CPU_PRESSURE_PATH) -> float | None:
 def measurement_conditions(load_before: float, threads: int) -> MeasurementConditions:
     """Call right after measuring, with the load average read right before it."""
     return MeasurementConditions(
-        load_before=load_before,
-        load_after=load_average(),
+        load_average_before=load_before,
+        load_average_after=load_average(),
         cores=available_cores(),
         threads=threads,
-        governor=cpu_governor(),
-        cpu_pressure_pct=cpu_pressure(),
+        cpu_governor=cpu_governor() or GOVERNOR_NOT_EXPOSED,
     )
