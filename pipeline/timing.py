@@ -17,8 +17,11 @@ of it. Two parts of it do not fit, so they are driven from outside, through its 
   uncertainty of the median; we call `blocked_autorange` in short rounds and test the median's
   confidence interval between rounds.
 - Its block size grows in powers of 10 from 1 step and only until the clock overhead is negligible
-  (a 3.6 ms step stays a 1-step block). We want blocks of at least `min_block_s`, so the timed
-  statement runs `steps_per_call` steps, chosen from a short probe; Timer may still multiply it.
+  (a 3.6 ms step stays a 1-step block), judged from one sample at the start of each call. We want
+  blocks of at least `min_block_s`, so the timed statement runs `steps_per_call` steps, chosen from a
+  short probe (Timer may still multiply it by 10; all blocks stay >= `min_block_s`). If the probe ran
+  while the machine was stalled and the steps turn out much faster, blocks come out too short: the
+  blocks so far are dropped and sampling restarts with longer ones, so every block averages alike.
 Timer's default `num_threads` is 1: it is always passed the current thread count, or it would time a
 single-threaded run and misreport the setting the stage records.
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 import timeit
 from collections.abc import Callable
@@ -72,6 +76,11 @@ class StepTiming:
         return {**self.estimate.metrics(), **self.conditions.metrics(), "timing_s": self.seconds}
 
 
+def _steps_for(min_block_s: float, step_s: float) -> int:
+    """Steps of `step_s` each that make a block of at least `min_block_s` (round: 0.01 / 2e-4 is 50.000...01)."""
+    return max(1, math.ceil(round(min_block_s / step_s, 6)))
+
+
 def device_clock(device: torch.device) -> Callable[[], float]:
     """A wall clock that first waits for the device's queued work (CPU: no wait)."""
     if device.type == "cuda":
@@ -98,21 +107,27 @@ def time_steps(
     ci_target_pct: float,
     time_budget_s: float,
     min_block_s: float = MIN_BLOCK_S,
+    clock: Callable[[], float] | None = None,
 ) -> StepTiming:
-    """Time `step` (already warmed up) in blocks until the median's 95 % CI is within ±`ci_target_pct` %."""
+    """Time `step` (already warmed up) in blocks until the median's 95 % CI is within ±`ci_target_pct` %.
+
+    Blocks are timed with `clock` (default: `device_clock(device)`); the budget is always wall time.
+    """
     threads = torch.get_num_threads()
     load_before = load_average()
     started = time.perf_counter()
     deadline = started + time_budget_s
-    clock = device_clock(device)
+    clock = clock or device_clock(device)
     names = {"step": step}
+
+    def block_timer(steps_per_call: int) -> Timer:
+        return Timer(f"for _ in range({steps_per_call}):\n    step()", globals=names, timer=clock, num_threads=threads)
+
     probe = Timer("step()", globals=names, timer=clock, num_threads=threads).blocked_autorange(min_run_time=PROBE_S)
-    # Sized from the fastest probe block, not the median: on a busy machine one stalled probe block
-    # (a descheduled thread costs a whole scheduler slice, 10-50 ms) would otherwise make blocks of
-    # 1 step, whose times then jump between the step and the stall.
-    fastest_step_s = min(probe.times)
-    steps_per_call = max(1, math.ceil(min_block_s / fastest_step_s))
-    timer = Timer(f"for _ in range({steps_per_call}):\n    step()", globals=names, timer=clock, num_threads=threads)
+    # Sized from the fastest probe block, not the median: on a busy machine a stalled probe block (a
+    # descheduled thread costs a whole scheduler slice, 10-50 ms) would otherwise make blocks of 1 step.
+    steps_per_call = _steps_for(min_block_s, min(probe.times))
+    timer = block_timer(steps_per_call)
     # Timer first re-sizes the block (about one block of time), then times blocks for `min_run_time`.
     expected_block_s = steps_per_call * probe.median
     round_s = min(max(time_budget_s / 10, ROUND_S_LIMITS[0]), ROUND_S_LIMITS[1])
@@ -124,7 +139,17 @@ def time_steps(
             break
         measurement = timer.blocked_autorange(min_run_time=max(min(round_s, remaining - expected_block_s), 0.0))
         steps = steps_per_call * measurement.number_per_run
-        blocks.extend(Block(steps, seconds) for seconds in measurement.raw_times)
+        measured = [Block(steps, seconds) for seconds in measurement.raw_times]
+        fastest_step_s = min(block.seconds / block.steps for block in measured)
+        if min(block.seconds for block in measured) < min_block_s / 2 and remaining > 2 * round_s:
+            # The whole probe ran on a stalled machine and the steps are far faster now: blocks came out
+            # under half their length. Start over with longer blocks, so all blocks average alike.
+            steps_per_call = max(steps_per_call + 1, _steps_for(min_block_s, fastest_step_s))
+            timer = block_timer(steps_per_call)
+            expected_block_s = steps_per_call * statistics.median(block.seconds / block.steps for block in measured)
+            blocks.clear()
+            continue
+        blocks.extend(measured)
         estimate = estimate_step_time(blocks, batch_size, ci_target_pct)
         if len(blocks) >= MIN_BLOCKS and not estimate.noisy:
             break
