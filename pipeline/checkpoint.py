@@ -6,6 +6,7 @@ arbitrary unpickling) reads them, and a later stage rebuilds the model from the 
 
 from __future__ import annotations
 
+import hashlib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,15 @@ def checkpoint_payload(model: LabNet, train_params: dict[str, Any], data_digest:
 
 def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
     torch.save(payload, path)
+
+
+def checkpoint_digest(path: Path) -> str:
+    """SHA-256 of the checkpoint file: the model's identity across machines (tag `model.digest`).
+
+    The bytes are reproducible for the same params, data and CPU, and identical wherever the file
+    came from through `dvc pull`, so equal digests mean the very same weights were profiled.
+    """
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 @dataclass(frozen=True)

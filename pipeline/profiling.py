@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from pipeline.checkpoint import load_checkpoint
+from pipeline.checkpoint import checkpoint_digest, load_checkpoint
 from pipeline.config import ProfileConfig, ProfileMode
 from pipeline.data import load_split
 from pipeline.errors import PipelineError
@@ -216,6 +216,7 @@ class ProfileSetup:
     hardware: dict[str, str]
     settings: ProfileSettings
     data_digest: str
+    model_digest: str  # SHA-256 of the checkpoint file: which weights were profiled, on any machine
 
 
 def prepare_profile(combination: Combination, config: ProfileConfig, checkpoint_path: Path, data_root: Path) -> ProfileSetup:
@@ -249,6 +250,7 @@ def prepare_profile(combination: Combination, config: ProfileConfig, checkpoint_
         hardware=hardware_description(device),
         settings=settings,
         data_digest=checkpoint.data_digest,
+        model_digest=checkpoint_digest(checkpoint_path),
     )
 
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config import TrackingConfig
 from pipeline.errors import PipelineError
+from pipeline.machine_identity import machine_tags
 from pipeline.tensorboard_events import EventWriter
 
 if TYPE_CHECKING:  # imported lazily at run time: `import mlflow` alone costs ~2 s
@@ -245,7 +246,8 @@ def open_tracker(
     TensorBoard folder `<stage>/<variant>-<time>-<run id>`, one per combination.
 
     The run is also the active fluent run while open, for the MLflow APIs that only exist in fluent
-    form (`mlflow.log_input`, `mlflow.pytorch.log_model`).
+    form (`mlflow.log_input`, `mlflow.pytorch.log_model`). Every run is tagged with its stage, its DVC
+    experiment (if any) and the machine it ran on (`machine.name`, `machine.id`).
     """
     import mlflow
     from mlflow import MlflowClient
@@ -253,11 +255,12 @@ def open_tracker(
     root = root or project_root()
     uri = tracking_uri(root)
     check_tracking_server(uri)
+    tags = {"stage": stage, **_dvc_experiment_tags(), **machine_tags()}
     try:
         experiment_id = prepare_experiment(uri, config.experiment, root)
         mlflow.set_tracking_uri(uri)
         run_name = f"{stage}@{variant}" if variant else stage
-        run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags={"stage": stage, **_dvc_experiment_tags()})
+        run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags)
     except mlflow.exceptions.MlflowException as error:
         raise PipelineError(
             f"MLflow tracking store {uri} failed: {error.message}. Check $MLFLOW_TRACKING_URI "

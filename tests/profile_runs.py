@@ -1,0 +1,87 @@
+"""Log a folder of profile results (`profiles/<batch>-<device>-<mode>/profile.json`) as MLflow profile runs.
+
+For the machines-report tests: results measured on another machine (the H100 reference in
+../shared/gpu-reference) become runs like the ones its profile stage would have logged to a shared
+server, with that machine's `hardware.*` params and `machine.*` tags. Reads raw JSON, so records from
+before the typed profile record (no `data_digest`, no `optimizer_lr`) load too.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+
+from pipeline.machine_identity import IDENTITY_KEYS, identity_tags
+
+
+def copy_profiles(source: Path, target: Path) -> Path:
+    """The JSON files of `source`'s profile folders copied under `target` (never write to the shared copy)."""
+    for path in sorted(source.glob("*/*.json")):
+        destination = target / path.parent.name / path.name
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, destination)
+    return target
+
+
+def profile_run_params(record: dict, top_k: int, optimizer_lr: float) -> dict[str, str]:
+    """The params `pipeline.profiling.run_parameters` logs, rebuilt from a profile.json record."""
+    settings = record["settings"]
+    return {
+        **{key: str(value) for key, value in record["combination"].items()},
+        "threads": str(settings["threads"]),
+        "precision": settings["precision"],
+        "memory_format": settings["memory_format"],
+        "optimizer_lr": str(settings.get("optimizer_lr", optimizer_lr)),
+        "profile.warmup_steps": str(settings["warmup_steps"]),
+        "profile.active_steps": str(settings["active_steps"]),
+        "profile.top_k": str(top_k),
+        **{f"hardware.{key}": value for key, value in record["hardware"].items()},
+    }
+
+
+def log_profile_folder(
+    client: MlflowClient,
+    experiment_id: str,
+    folder: Path,
+    model_digest: str,
+    *,
+    label: str | None = None,
+    started_ms: int | None = None,
+    optimizer_lr: float = 1.0,  # train.lr of the checkpoint; records before the typed record lack it
+    settings_override: dict[str, str] | None = None,
+    metrics_override: dict[str, float] | None = None,
+    status: str = "FINISHED",
+) -> dict[str, str]:
+    """One FINISHED profile run per `folder/*/profile.json`; returns combination name -> run id."""
+    started_ms = started_ms or int(time.time() * 1000)
+    run_ids = {}
+    for path in sorted(folder.glob("*/profile.json")):
+        record = json.loads(path.read_text())
+        combination = record["combination"]
+        name = f"{combination['batch_size']}-{combination['device']}-{combination['mode']}"
+        fingerprint = {key: record["hardware"][key] for key in IDENTITY_KEYS}
+        tags = {
+            "stage": "profile",
+            "combination": name,
+            "model.digest": model_digest,
+            "data.digest": record.get("data_digest", ""),
+            **identity_tags(fingerprint, label),
+        }
+        run = client.create_run(experiment_id, start_time=started_ms, tags=tags, run_name=f"profile@{name}")
+        params = {**profile_run_params(record, len(record["top_operators"]), optimizer_lr), **(settings_override or {})}
+        metrics = {**record["timing"], **(metrics_override or {})}
+        client.log_batch(
+            run.info.run_id,
+            metrics=[Metric(key, float(value), started_ms, 0) for key, value in metrics.items()]
+            + [Metric("step_time_ms", value, started_ms, step) for step, value in enumerate(record["step_times_ms"])],
+            params=[Param(key, value) for key, value in params.items()],
+            tags=[RunTag(key, value) for key, value in tags.items()],
+        )
+        client.set_terminated(run.info.run_id, status, end_time=started_ms + 1000)
+        run_ids[name] = run.info.run_id
+    return run_ids
