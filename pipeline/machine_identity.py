@@ -1,7 +1,7 @@
 """Which machine a run came from: a readable name and a stable id, set as tags on every MLflow run.
 
 With one shared tracking server, runs from a whole class land in one store; these two tags let the
-MLflow UI filter and group by machine (`tags.machine.id = '...'` in the search box) and let
+MLflow UI filter and group by machine (search box: `tags."machine.name" LIKE '%H100%'`) and let
 `python -m pipeline.machines` put machines side by side.
 
 - `machine.id` hashes the machine fingerprint (pipeline.hardware: CPU, cores, GPUs, OS, Python,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import os
@@ -11,6 +12,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +205,40 @@ def make_record(
     settings = ProfileSettings(2, PROFILE_PRECISION, "channels_last", 3, 8, 1.0)
     hardware = {"cpu": "Test CPU", "cpu_count": "2", "gpus": "none", "torch": "2.x"}
     return ProfileRecord(combination, hardware, settings, timing, (step_ms,) * 8, rows, "abc123")
+
+
+MLFLOW_SERVER_START_LIMIT_S = 120  # measured 20-30 s on two cores; generous for a loaded CI machine
+
+
+@contextlib.contextmanager
+def running_mlflow_server(folder: Path) -> Iterator[str]:
+    """`mlflow server` on 127.0.0.1 with its own SQLite store and artifact folder under `folder`;
+    yields its URI once `/health` answers, and stops it on exit."""
+    port = closed_port()
+    server = subprocess.Popen(
+        [
+            str(VENV_BIN / "mlflow"), "server",
+            "--backend-store-uri", f"sqlite:///{folder / 'server.db'}",
+            "--artifacts-destination", str(folder / "artifacts"),
+            "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + MLFLOW_SERVER_START_LIMIT_S
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass  # not listening yet
+            assert server.poll() is None, "mlflow server exited during start-up"
+            assert time.monotonic() < deadline, f"mlflow server gave no /health within {MLFLOW_SERVER_START_LIMIT_S} s"
+            time.sleep(0.5)
+        yield uri
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -12,6 +12,7 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
@@ -28,7 +29,7 @@ def copy_profiles(source: Path, target: Path) -> Path:
     return target
 
 
-def profile_run_params(record: dict, top_k: int, optimizer_lr: float) -> dict[str, str]:
+def profile_run_params(record: dict[str, Any], top_k: int, optimizer_lr: float) -> dict[str, str]:
     """The params `pipeline.profiling.run_parameters` logs, rebuilt from a profile.json record."""
     settings = record["settings"]
     return {
