@@ -450,8 +450,8 @@ def speedups_markdown(ratios: Sequence[Speedup], baseline: tuple[str, str]) -> s
     notes = []
     if any(ratio.low is None for ratio in ratios):
         notes.append(
-            "† no confidence interval: at least one side is a mean of steps (runs timed before the timing "
-            "statistics); read small ratios as no evidence of a difference."
+            "† no confidence interval: at least one side is a mean of steps (timed before the timing statistics); "
+            "a ratio near 1, or between runs whose steps have a large CV, is no evidence of a difference."
         )
     if any(ratio.mixed_statistics for ratio in ratios):
         notes.append("‡ compares one machine's median step time with the other's mean.")
