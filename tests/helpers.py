@@ -11,6 +11,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +205,34 @@ def make_record(
     settings = ProfileSettings(2, PROFILE_PRECISION, "channels_last", 3, 8, 1.0)
     hardware = {"cpu": "Test CPU", "cpu_count": "2", "gpus": "none", "torch": "2.x"}
     return ProfileRecord(combination, hardware, settings, timing, (step_ms,) * 8, rows, "abc123")
+
+
+SERVER_START_LIMIT_S = 120  # measured 20-30 s on two cores; generous for a loaded CI machine
+
+
+@contextmanager
+def running_mlflow_server(folder: Path, backend_store_uri: str | None = None) -> Iterator[str]:
+    """A real `mlflow server` on 127.0.0.1 (its SQLite store and artifacts in `folder` unless given);
+    yields its URI once /health answers, stops it afterwards."""
+    port = closed_port()
+    store = backend_store_uri or f"sqlite:///{folder / 'server.db'}"
+    command = [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", store]
+    command += ["--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port)]
+    server = subprocess.Popen([*command, "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + SERVER_START_LIMIT_S
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass  # not listening yet
+            assert server.poll() is None, "mlflow server exited during start-up"
+            assert time.monotonic() < deadline, f"mlflow server did not answer /health within {SERVER_START_LIMIT_S} s"
+            time.sleep(0.5)
+        yield uri
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
