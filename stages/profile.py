@@ -13,7 +13,7 @@ from pipeline.cli import run_stage
 from pipeline.config import load_params
 from pipeline.paths import DATA_ROOT, MODEL_CHECKPOINT, profile_outputs
 from pipeline.profile_record import OperatorRow, parse_combination, write_record
-from pipeline.profiling import operators_markdown, prepare_profile, run_parameters, run_profile
+from pipeline.profiling import measurement_warnings, operators_markdown, prepare_profile, run_parameters, run_profile
 from pipeline.tables import records_csv
 from pipeline.tracking import open_tracker
 
@@ -33,13 +33,15 @@ def main() -> None:
         outputs.write_text(paths.table_markdown, markdown)
         outputs.write_text(paths.table_csv, records_csv(OperatorRow, record.top_operators))
         outputs.write_text(paths.record, write_record(record))
-        outputs.write_json(paths.timing, record.timing.as_metrics())
-        tracker.log_metrics(record.timing.as_metrics())
-        tracker.log_series("step_time_ms", record.step_times_ms)
+        outputs.write_json(paths.timing, record.metrics())
+        tracker.log_metrics(record.metrics())
+        tracker.log_series("block_step_time_ms", record.block_times_ms)
         tracker.log_text("profile/top_operators", markdown, "top_operators.md")
         for path in (paths.table_csv, paths.record, paths.trace):
             tracker.log_artifact(outputs.staged(path))
     print(markdown)
+    for warning in measurement_warnings(record):
+        print(f"Warning: {warning}.", file=sys.stderr)
 
 
 if __name__ == "__main__":

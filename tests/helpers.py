@@ -32,6 +32,7 @@ from pipeline.profile_record import (
     ProfileSettings,
     Timing,
 )
+from pipeline.timing_statistics import GOVERNOR_NOT_EXPOSED, MeasurementConditions
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LAB_MODEL = ModelConfig(conv1_channels=32, conv2_channels=64, hidden_units=128, conv_dropout=0.25, hidden_dropout=0.5)
@@ -152,9 +153,9 @@ def tiny_params(params: dict[str, Any]) -> dict[str, Any]:
     """The one small configuration every test uses (modified in place and returned).
 
     Training: one epoch over 6,400 images (100 steps), seconds yet well past chance.
-    Profiling: 3 warm-up and 8 measured steps per combination."""
+    Profiling: 3 warm-up steps, 1 s of timing and 8 traced steps per combination."""
     params["train"].update(epochs=1, train_samples=6400, log_every_steps=20)
-    params["profile"].update(warmup_steps=3, active_steps=8)
+    params["profile"].update(warmup_steps=3, active_steps=8, time_budget_s=1.0)
     return params
 
 
@@ -187,24 +188,38 @@ def clone_project(source: Path, target: Path) -> Path:
 
 
 def make_record(
-    batch: int, device: str, mode: str, step_ms: float, operators: tuple[tuple[str, float], ...] = ()
+    batch: int,
+    device: str,
+    mode: str,
+    step_ms: float,
+    operators: tuple[tuple[str, float], ...] = (),
+    ci_pct: float = 2.0,
+    load: float = 0.5,
 ) -> ProfileRecord:
-    """A profile record with the given step time and (operator, share %) rows, for report tests."""
+    """A profile record with the given median step time, its 95 % CI half-width (%), the load average while
+    timing (2 cores) and (operator, share %) rows, for report tests."""
     combination = Combination(batch, device, mode)  # type: ignore[arg-type]
     rows = tuple(OperatorRow(name, 1.0, 0.1, 0.1, 0.0, 0.0, share, 0.0) for name, share in operators)
     timing = Timing(
-        step_time_ms_mean=step_ms,
-        step_time_ms_p50=step_ms,
-        step_time_ms_p95=step_ms * 1.1,
-        step_time_cv=0.02,
+        step_time_ms_median=step_ms,
+        step_time_ms_iqr=step_ms * 0.1,
+        step_time_ms_ci_low=step_ms * (1 - ci_pct / 100),
+        step_time_ms_ci_high=step_ms * (1 + ci_pct / 100),
+        step_time_ci_pct=ci_pct,
+        steps_measured=400,
+        blocks_measured=100,
+        steps_per_block=4,
         per_sample_ms=step_ms / batch,
         throughput_samples_per_s=1000 * batch / step_ms,
+        noisy=ci_pct > 2.0,
+        timing_s=3.0,
         peak_memory_mb=10.0,
         top_operator_share_pct=rows[0].share_pct if rows else 0.0,
     )
-    settings = ProfileSettings(2, PROFILE_PRECISION, "channels_last", 3, 8, 1.0)
+    settings = ProfileSettings(2, PROFILE_PRECISION, "channels_last", 3, 8, 1.0, 2.0, 10.0)
+    conditions = MeasurementConditions(load, load, cores=2, threads=2, cpu_governor=GOVERNOR_NOT_EXPOSED)
     hardware = {"cpu": "Test CPU", "cpu_count": "2", "gpus": "none", "torch": "2.x"}
-    return ProfileRecord(combination, hardware, settings, timing, (step_ms,) * 8, rows, "abc123")
+    return ProfileRecord(combination, hardware, settings, timing, conditions, (step_ms,) * 100, rows, "abc123")
 
 
 SERVER_START_LIMIT_S = 120  # measured 20-30 s on two cores; generous for a loaded CI machine

@@ -17,7 +17,7 @@ from pipeline.config import params_from_mapping
 from pipeline.paths import profile_outputs
 from pipeline.profile_record import write_record
 from pipeline.profiling import operators_markdown
-from pipeline.report import analysis, build_report, comparison_rows, read_inputs
+from pipeline.report import analysis, build_report, comparison_markdown, comparison_rows, read_inputs
 from tests.helpers import REPO_ROOT, make_record, read_params, reproduced_copy, write_params
 
 
@@ -32,9 +32,53 @@ def test_analysis_states_scaling_dominant_operators_and_gpu_speedup() -> None:
     )
     assert rows[1].convolution_share_pct == 40.0  # both conv rows of the top-k
     sentences = analysis(rows)
-    assert any("0.6000 ms at batch 64 (10.0x cheaper)" in s and "`aten::add`" in s for s in sentences)
-    assert any("cuda vs cpu, batch 64 train: 10.0x the CPU's speed" in s for s in sentences)
-    assert not any("Only CPU combinations" in s for s in sentences)
+    # 6.0 / (38.4 / 64) = 10; each median is known to ±2 %: the ratio to 0.98/1.02 .. 1.02/0.98.
+    assert any(
+        "Per-sample time falls from 6.0000 ms at batch 1 to 0.6000 ms at batch 64 (10.0x cheaper, 95 % CI 9.61-10.41x)"
+        in s and "`aten::add`" in s
+        for s in sentences
+    )
+    speedup = "cuda vs cpu, batch 64 train: 10.0x the CPU's speed (95 % CI 9.61-10.41x; 3.840 vs 38.400 ms per step)."
+    assert speedup in sentences
+    assert not any("Only CPU combinations" in s or "no measurable difference" in s for s in sentences)
+
+
+def test_overlapping_intervals_read_no_measurable_difference() -> None:
+    rows = comparison_rows(
+        [
+            make_record(1, "cpu", "inference", 0.50, (("aten::addmm", 20.0),), ci_pct=3.0),
+            make_record(64, "cpu", "inference", 32.0, (("aten::mkldnn_convolution", 40.0),), ci_pct=1.0),
+            make_record(1, "cuda", "inference", 0.49, (("aten::addmm", 20.0),), ci_pct=2.0),
+        ]
+    )
+    sentences = analysis(rows)
+    # 0.50 ms vs 32/64 = 0.50 ms per sample: the same, within both intervals.
+    assert (
+        "Per-sample time at batch 1 (0.5000 ms) and at batch 64 (0.5000 ms): no measurable difference (0.96-1.04x)."
+        in sentences
+    )
+    same = "cuda vs cpu, batch 1 inference: no measurable difference (0.97-1.07x); 0.490 vs 0.500 ms per step."
+    assert same in sentences
+
+
+def test_comparison_table_shows_the_estimate_and_flags_noisy_and_busy_rows() -> None:
+    rows = comparison_rows(
+        [
+            make_record(1, "cpu", "inference", 0.5, (("aten::addmm", 20.0),)),
+            make_record(64, "cpu", "inference", 8.0, (("aten::max_pool2d", 30.0),), ci_pct=4.5, load=2.6),
+        ]
+    )
+    table = comparison_markdown(rows)
+    assert "| step ms (median) | IQR ms | 95 % CI | steps / blocks | per-sample ms | samples/s |" in table
+    quiet_row = "| 1 | cpu | inference | 0.500 | 0.050 | ±2.0 % | 400 / 100 | 0.5000 | 2000 | `aten::addmm` (20.0 %) | 0.0 % |"
+    assert quiet_row + "  |" in table  # an empty flag cell
+    assert "| 64 | cpu | inference | 8.000 | 0.800 | ±4.5 % | 400 / 100 | 0.1250 | 8000 |" in table
+    assert table.splitlines()[3].endswith("| noisy, busy |")
+    assert "**noisy: rerun on a quiet machine or raise the budget** (64-cpu-inference)" in table
+    assert "**Warning: busy machine**: the load average exceeded the 2 cores while timing" in table
+    assert "while timing 64-cpu-inference (2.60 -> 2.60); those step times are likely inflated" in table
+    quiet = comparison_markdown(rows[:1])
+    assert "noisy" not in quiet and "busy" not in quiet
 
 
 def test_missing_inputs_are_named_with_the_command_that_makes_them(
@@ -66,9 +110,12 @@ def test_report_is_built_from_profile_records_without_running_the_pipeline(
     figures.mkdir()
     report = build_report(params, figures)
     assert [(row.batch_size, row.step_time_ms) for row in report.rows] == [(1, 0.5), (64, 8.0)]
-    assert "| 64 | cpu | inference | 8.000 (2.0%) | 0.1250 | 8000 | `aten::max_pool2d` (30.0 %) |" in report.markdown
+    row_64 = "| 64 | cpu | inference | 8.000 | 0.800 | ±2.0 % | 400 / 100 | 0.1250 | 8000 | `aten::max_pool2d` (30.0 %)"
+    assert row_64 in report.markdown
     assert "#### Top 1 operators: batch 1, cpu, inference" in report.markdown
-    assert "Per-sample time falls from 0.5000 ms at batch 1 to 0.1250 ms at batch 64 (4.0x cheaper)" in report.markdown
+    assert "Per-sample time falls from 0.5000 ms at batch 1 to 0.1250 ms at batch 64 (4.0x cheaper, 95 % CI" in (
+        report.markdown
+    )
     assert sorted(p.name for p in figures.iterdir()) == ["per_sample_time.png", "throughput.png"]
     assert "`metrics/train.json` is missing: run `dvc repro train`." in report.markdown
 
@@ -98,8 +145,10 @@ def test_report_numbers_equal_the_stage_outputs(reported: Path) -> None:
     for name in (f"{b}-cpu-{m}" for b in (1, 16, 64) for m in ("inference", "train")):
         timing = json.loads((reported / "profiles" / name / "timing.json").read_text())
         batch, _, mode = name.split("-")
-        row = re.search(rf"^\| {batch} \| cpu \| {mode} \| ([\d.]+) \(", report, re.MULTILINE)
-        assert row and row.group(1) == f"{timing['step_time_ms_mean']:.3f}", name
+        pattern = rf"^\| {batch} \| cpu \| {mode} \| ([\d.]+) \| [\d.]+ \| ±([\d.]+) % \|"
+        row = re.search(pattern, report, re.MULTILINE)
+        assert row and row.group(1) == f"{timing['step_time_ms_median']:.3f}", name
+        assert row.group(2) == f"{timing['step_time_ci_pct']:.1f}", name
         top_table = (reported / "profiles" / name / "top_operators.md").read_text().split("\n", 1)[1]
         assert top_table in report
     assert "## Missing inputs" not in report
