@@ -42,6 +42,22 @@ def flop_rate(flops_per_sample: float, batch_size: int, step_ms: float, peak_gfl
     )
 
 
+def step_metrics(anatomy: StepAnatomy, rate: FlopRate | None) -> dict[str, float]:
+    """The step-analysis numbers as metrics, under the same names for every device and mode
+    (MLflow's Compare lines them up): `busy_pct` is GPU busy on a GPU, time inside operators on the CPU."""
+    return {
+        "traced_step_ms": anatomy.step_ms,
+        "busy_pct": anatomy.busy_pct,
+        "idle_pct": anatomy.idle_pct,
+        "host_bound": 1.0 if anatomy.verdict == "host-bound" else 0.0,
+        "device_activities_per_step": anatomy.launches_per_step,
+        "launch_call_ms": anatomy.launch_call_ms,
+        "achieved_gflops_per_s": rate.achieved_gflops_per_s if rate else 0.0,
+        "peak_gflops_per_s": rate.peak_gflops_per_s if rate else 0.0,
+        "peak_pct": rate.peak_pct if rate else 0.0,
+    }
+
+
 def model_flops_per_sample(graph_metrics: Mapping[str, float], mode: str) -> float:
     """Forward FLOPs for inference, forward + backward for a training step (metrics/graph.json)."""
     return float(graph_metrics["forward_flops_per_sample" if mode == "inference" else "training_flops_per_sample"])

@@ -26,6 +26,7 @@ from pipeline.step_report import (
     flop_rate_markdown,
     kernel_table_markdown,
     model_flops_per_sample,
+    step_metrics,
 )
 from pipeline.trace_analysis import KernelStats, StepAnatomy
 from tests.conftest import REPO_ROOT
@@ -144,3 +145,15 @@ def test_measured_cpu_peak_is_a_positive_rate_with_its_method() -> None:
     assert peak.gflops_per_s > 0.1  # any working CPU multiplies 256x256 matrices faster than this
     assert peak.threads == torch.get_num_threads()
     assert peak.method == f"median of 3 fp32 256x256 matrix products (torch.mm; {peak.threads} CPU threads)"
+
+
+def test_step_metrics_have_the_same_names_on_every_device() -> None:
+    rate = flop_rate(1e6, 1, 1.0, 100.0)
+    gpu = step_metrics(_anatomy("cuda", 4.8, 1.0), rate)
+    cpu = step_metrics(_anatomy("cpu", 90.0, 1.0), None)
+    assert set(gpu) == set(cpu)
+    assert gpu["busy_pct"] == 4.8
+    assert gpu["host_bound"] == 1.0
+    assert cpu["host_bound"] == 0.0
+    assert gpu["achieved_gflops_per_s"] == pytest.approx(1.0)
+    assert gpu["peak_pct"] == pytest.approx(1.0)
