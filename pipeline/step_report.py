@@ -7,9 +7,10 @@ analysis sentences; every number they print comes from those facts. Torch-free.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipeline.profile_record import FlopRate, ProfileRecord, StepAnalysis
 from pipeline.trace_analysis import KernelStats, StepAnatomy
 
 ADD_A_GPU = (
@@ -17,50 +18,6 @@ ADD_A_GPU = (
     "in params.yaml (or queue it: `dvc exp run -S 'profile.devices=[cpu,cuda]'`) and run `dvc repro`: the six cuda "
     "combinations are profiled beside the CPU ones and this section compares them."
 )
-
-
-@dataclass(frozen=True)
-class FlopRate:
-    """Arithmetic the step does ÷ the time it takes, against what the device can do."""
-
-    flops_per_step: float  # model FLOPs per sample (forward, or forward + backward in training) x batch
-    step_ms: float
-    achieved_gflops_per_s: float
-    peak_gflops_per_s: float  # measured on the same device (pipeline.peak); 0 if unknown
-    peak_pct: float  # achieved / peak; 0 if the peak is unknown
-
-
-def flop_rate(flops_per_sample: float, batch_size: int, step_ms: float, peak_gflops_per_s: float) -> FlopRate:
-    flops = flops_per_sample * batch_size
-    achieved = flops / (step_ms / 1000) / 1e9 if step_ms > 0 else 0.0
-    return FlopRate(
-        flops_per_step=flops,
-        step_ms=step_ms,
-        achieved_gflops_per_s=achieved,
-        peak_gflops_per_s=peak_gflops_per_s,
-        peak_pct=100.0 * achieved / peak_gflops_per_s if peak_gflops_per_s > 0 else 0.0,
-    )
-
-
-def step_metrics(anatomy: StepAnatomy, rate: FlopRate | None) -> dict[str, float]:
-    """The step-analysis numbers as metrics, under the same names for every device and mode
-    (MLflow's Compare lines them up): `busy_pct` is GPU busy on a GPU, time inside operators on the CPU."""
-    return {
-        "traced_step_ms": anatomy.step_ms,
-        "busy_pct": anatomy.busy_pct,
-        "idle_pct": anatomy.idle_pct,
-        "host_bound": 1.0 if anatomy.verdict == "host-bound" else 0.0,
-        "device_activities_per_step": anatomy.launches_per_step,
-        "launch_call_ms": anatomy.launch_call_ms,
-        "achieved_gflops_per_s": rate.achieved_gflops_per_s if rate else 0.0,
-        "peak_gflops_per_s": rate.peak_gflops_per_s if rate else 0.0,
-        "peak_pct": rate.peak_pct if rate else 0.0,
-    }
-
-
-def model_flops_per_sample(graph_metrics: Mapping[str, float], mode: str) -> float:
-    """Forward FLOPs for inference, forward + backward for a training step (metrics/graph.json)."""
-    return float(graph_metrics["forward_flops_per_sample" if mode == "inference" else "training_flops_per_sample"])
 
 
 @dataclass(frozen=True)
@@ -75,10 +32,55 @@ class StepFacts:
     anatomy: StepAnatomy | None = None  # None: no trace analysis in the record
     kernels: tuple[KernelStats, ...] = ()
     rate: FlopRate | None = None
+    peak_method: str = ""  # how the device's peak was measured
 
     @property
     def label(self) -> str:
         return f"batch {self.batch_size} {self.device} {self.mode}"
+
+
+def step_metrics(analysis: StepAnalysis) -> dict[str, float]:
+    """The step analysis as metrics, under the same names for every device and mode (MLflow's Compare
+    lines them up): `busy_pct` is GPU busy time on a GPU and time inside ATen operators on the CPU."""
+    anatomy, rate = analysis.anatomy, analysis.flop_rate
+    return {
+        "traced_step_ms": anatomy.step_ms,
+        "busy_pct": anatomy.busy_pct,
+        "idle_pct": anatomy.idle_pct,
+        "host_bound": 1.0 if anatomy.verdict == "host-bound" else 0.0,
+        "device_activities_per_step": anatomy.launches_per_step,
+        "launch_call_ms": anatomy.launch_call_ms,
+        "achieved_gflops_per_s": rate.achieved_gflops_per_s,
+        "peak_gflops_per_s": rate.peak_gflops_per_s,
+        "peak_pct": rate.peak_pct,
+    }
+
+
+def step_facts(records: Sequence[ProfileRecord]) -> list[StepFacts]:
+    """What the report's step sections need from each profile record."""
+    return [
+        StepFacts(
+            batch_size=record.combination.batch_size,
+            device=record.combination.device,
+            mode=record.combination.mode,
+            step_ms=record.timing.step_time_ms_mean,
+            per_sample_ms=record.timing.per_sample_ms,
+            anatomy=record.analysis.anatomy,
+            kernels=record.analysis.top_kernels,
+            rate=record.analysis.flop_rate,
+            peak_method=record.analysis.peak_method,
+        )
+        for record in records
+    ]
+
+
+def kernels_markdown(record: ProfileRecord) -> str:
+    """The record's kernel table (top_kernels.md); on the CPU, a line saying there is none."""
+    combination, kernels = record.combination, record.analysis.top_kernels
+    where = f"batch {combination.batch_size}, {combination.device}, {combination.mode}"
+    if not kernels:
+        return f"### GPU kernels: {where}\n\n_None: this combination ran on the {combination.device}._\n"
+    return kernel_table_markdown(kernels, f"### Top {len(kernels)} GPU kernels: {where}")
 
 
 def kernel_table_markdown(kernels: Sequence[KernelStats], heading: str) -> str:
@@ -127,13 +129,17 @@ def anatomy_markdown(facts: Sequence[StepFacts]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def flop_rate_markdown(facts: Sequence[StepFacts], peak_method: str) -> str:
+def flop_rate_markdown(facts: Sequence[StepFacts]) -> str:
     rows = [fact for fact in facts if fact.rate is not None]
     if not rows:
-        return "_No achieved FLOP/s: the model summary or the peak measurement is missing._\n"
+        return "_No achieved FLOP/s: the profile records carry no step analysis (re-run `dvc repro`)._\n"
+    methods = sorted({(fact.device, fact.peak_method) for fact in rows if fact.peak_method})
     lines = [
-        "FLOPs per step = the model's FLOPs per sample (forward; forward + backward in training, from "
-        "`metrics/graph.json`) x batch; achieved = FLOPs per step ÷ timed step time. Peak: " + peak_method + ".",
+        "FLOPs per step = the model's FLOPs per sample (forward; forward + backward in training; counted by "
+        "torch.utils.flop_counter as in the model summary) x batch; achieved = FLOPs per step ÷ median timed step. "
+        "Peak, measured by each profile stage on its device: "
+        + "; ".join(f"{device}: {method}" for device, method in methods)
+        + ".",
         "",
         "| batch | device | mode | MFLOPs/step | step ms | achieved GFLOP/s | peak GFLOP/s | % of peak |",
         "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |",
@@ -232,6 +238,11 @@ def _flop_rate_sentence(device: str, mode: str, first: StepFacts, last: StepFact
     if max(low.peak_pct, high.peak_pct) < 25:
         return sentence + ": far below the arithmetic ceiling, so per-step overheads, not FLOPs, set the step time."
     return sentence + "."
+
+
+def has_gpu_pairs(facts: Sequence[StepFacts]) -> bool:
+    """Whether some batch size and mode was profiled on both the CPU and a GPU."""
+    return bool(_device_pairs(facts))
 
 
 def _device_pairs(facts: Sequence[StepFacts]) -> list[tuple[StepFacts, StepFacts]]:

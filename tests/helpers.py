@@ -26,8 +26,11 @@ from pipeline.profile_record import (
     OperatorRow,
     ProfileRecord,
     ProfileSettings,
+    StepAnalysis,
     Timing,
+    flop_rate,
 )
+from pipeline.trace_analysis import StepAnatomy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LAB_MODEL = ModelConfig(conv1_channels=32, conv2_channels=64, hidden_units=128, conv_dropout=0.25, hidden_dropout=0.5)
@@ -183,9 +186,16 @@ def clone_project(source: Path, target: Path) -> Path:
 
 
 def make_record(
-    batch: int, device: str, mode: str, step_ms: float, operators: tuple[tuple[str, float], ...] = ()
+    batch: int,
+    device: str,
+    mode: str,
+    step_ms: float,
+    operators: tuple[tuple[str, float], ...] = (),
+    busy_pct: float = 90.0,
 ) -> ProfileRecord:
-    """A profile record with the given step time and (operator, share %) rows, for report tests."""
+    """A profile record with the given step time, (operator, share %) rows and busy share, for report tests.
+
+    Its step analysis: a traced step twice the timed one, 1 MFLOP per sample, a 100 GFLOP/s peak."""
     combination = Combination(batch, device, mode)  # type: ignore[arg-type]
     rows = tuple(OperatorRow(name, 1.0, 0.1, 0.1, 0.0, 0.0, share, 0.0) for name, share in operators)
     timing = Timing(
@@ -200,4 +210,7 @@ def make_record(
     )
     settings = ProfileSettings(2, PROFILE_PRECISION, "channels_last", 3, 8, 1.0)
     hardware = {"cpu": "Test CPU", "cpu_count": "2", "gpus": "none", "torch": "2.x"}
-    return ProfileRecord(combination, hardware, settings, timing, (step_ms,) * 8, rows, "abc123")
+    verdict = "host-bound" if busy_pct < 50 else "device-bound"
+    anatomy = StepAnatomy(device, 8, 2 * step_ms, 2 * step_ms * busy_pct / 100, busy_pct, 100 - busy_pct, 0, 0, 0, verdict, "")
+    analysis = StepAnalysis(anatomy, flop_rate(1e6, batch, step_ms, 100.0), "a 100 GFLOP/s stand-in", (), (), 0.0)
+    return ProfileRecord(combination, hardware, settings, timing, (step_ms,) * 8, rows, "abc123", analysis)

@@ -13,7 +13,14 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from pipeline.errors import PipelineError
-from pipeline.profile_record import Combination, ProfileRecord, parse_combination, read_record, write_record
+from pipeline.profile_record import (
+    RECORD_FORMAT,
+    Combination,
+    ProfileRecord,
+    parse_combination,
+    read_record,
+    write_record,
+)
 from pipeline.tensorboard_events import EventWriter
 from tests.helpers import REPO_ROOT, make_record
 
@@ -42,7 +49,7 @@ def test_committed_profile_records_match_the_code() -> None:
         (lambda raw: raw["timing"].update(per_sample_seconds=1.0), "unknown field(s) ['per_sample_seconds'] in Timing"),
         (lambda raw: raw["combination"].update(batch_size="16"), "Combination.batch_size must be int, got str"),
         (lambda raw: raw["combination"].update(device="tpu"), "Combination.device is 'tpu', not one of"),
-        (lambda raw: raw.update(format=0), "is not a profile record of format 1"),
+        (lambda raw: raw.update(format=0), f"is not a profile record of format {RECORD_FORMAT}"),
         (lambda raw: raw["combination"].update(batch_size=64), "holds combination 64-cpu-train, not 16-cpu-train"),
     ],
 )

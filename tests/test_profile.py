@@ -19,13 +19,15 @@ from pipeline.model import LabNet
 from pipeline.profile_record import Combination, OperatorRow
 from pipeline.profiling import ProfileResult, make_step, profile_combination
 from pipeline.tables import records_csv
+from pipeline.trace_analysis import StepAnatomy, TraceAnalysis
 from tests.helpers import LAB_MODEL, clone_project, read_params, reproduced_copy, write_params
 
 CONVOLUTION_OR_LINEAR = re.compile(r"conv|addmm|aten::mm|aten::linear")
 
 
 def test_timing_metrics_are_computed_from_the_step_times() -> None:
-    result = ProfileResult(Combination(16, "cpu", "train"), (10.0, 10.0, 12.0, 8.0), (), 5.0)
+    anatomy = StepAnatomy("cpu", 4, 10.0, 9.0, 90.0, 10.0, 0, 0, 0, "device-bound", "")
+    result = ProfileResult(Combination(16, "cpu", "train"), (10.0, 10.0, 12.0, 8.0), (), 5.0, TraceAnalysis((), (), (), anatomy, 0))
     timing = result.timing()
     assert timing.step_time_ms_mean == 10.0 and timing.step_time_ms_p50 == 10.0
     assert timing.step_time_ms_p95 == 12.0
@@ -43,7 +45,8 @@ def test_profile_of_a_real_model_ranks_operators_and_writes_a_trace(mode: Profil
 
     assert len(result.step_times_ms) == 4 and all(t > 0 for t in result.step_times_ms)
     names = [row.operator for row in result.operators]
-    assert not any(name.startswith("ProfilerStep") for name in names)
+    assert all(name.startswith("aten::") for name in names)  # no ProfilerStep#, Optimizer.step#, autograd nodes
+    assert {row.operator: row.mflops for row in result.operators}["aten::addmm"] > 0  # the profiler's FLOPs kept
     shares = [row.share_pct for row in result.operators]
     assert shares == sorted(shares, reverse=True) and sum(shares) == pytest.approx(100.0)
     # Convolutions lead on a quiet machine; 4 steps on a busy one can let pooling edge ahead.

@@ -16,20 +16,19 @@ from PIL import Image
 
 from pipeline.analysis_figures import cpu_vs_gpu_figure, roofline_figure
 from pipeline.peak import measure_peak
+from pipeline.profile_record import StepAnalysis, flop_rate
 from pipeline.step_report import (
     ADD_A_GPU,
     StepFacts,
     analysis_sentences,
     anatomy_markdown,
     cpu_vs_gpu_markdown,
-    flop_rate,
     flop_rate_markdown,
     kernel_table_markdown,
-    model_flops_per_sample,
     step_metrics,
 )
 from pipeline.trace_analysis import KernelStats, StepAnatomy
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 from tests.test_trace_analysis import REFERENCE
 
 GRAPH = json.loads((REPO_ROOT / "metrics" / "graph.json").read_text())
@@ -55,9 +54,26 @@ def reference_facts(busy: dict[str, float] | None = None) -> list[StepFacts]:
                     pytest.fail(f"GPU reference not found at {path}; set GPU_REFERENCE")
                 timing = json.loads(path.read_text())
                 step_ms = timing["step_time_ms_mean"]
-                rate = flop_rate(model_flops_per_sample(GRAPH, mode), batch, step_ms, PEAKS[device])
+                rate = flop_rate(
+                    GRAPH["forward_flops_per_sample" if mode == "inference" else "training_flops_per_sample"],
+                    batch,
+                    step_ms,
+                    PEAKS[device],
+                )
                 anatomy = _anatomy(device, busy[name], step_ms * 2) if busy and name in busy else None
-                facts.append(StepFacts(batch, device, mode, step_ms, timing["per_sample_ms"], anatomy, (), rate))
+                facts.append(
+                    StepFacts(
+                        batch,
+                        device,
+                        mode,
+                        step_ms,
+                        timing["per_sample_ms"],
+                        anatomy,
+                        (),
+                        rate,
+                        "median of 7 fp32 products",
+                    )
+                )
     return facts
 
 
@@ -66,7 +82,6 @@ def test_flop_rate_is_model_flops_times_batch_over_step_time() -> None:
     expected = GRAPH["training_flops_per_sample"] * 64 / 0.020 / 1e9
     assert rate.achieved_gflops_per_s == pytest.approx(expected)
     assert rate.peak_pct == pytest.approx(expected / 10)
-    assert model_flops_per_sample(GRAPH, "inference") == GRAPH["forward_flops_per_sample"]
     assert flop_rate(1.0, 1, 1.0, 0.0).peak_pct == 0  # unknown peak: no share
 
 
@@ -101,7 +116,7 @@ def test_cpu_only_reports_say_how_to_add_a_gpu() -> None:
 
 def test_flop_rate_table_and_sentences_carry_the_share_of_peak() -> None:
     facts = reference_facts()
-    table = flop_rate_markdown(facts, "median of 7 fp32 matrix products")
+    table = flop_rate_markdown(facts)
     for fact in facts:
         assert fact.rate is not None
         row = (
@@ -110,7 +125,7 @@ def test_flop_rate_table_and_sentences_carry_the_share_of_peak() -> None:
             f"{fact.rate.peak_pct:.2f} |"
         )
         assert row in table
-    assert "Peak: median of 7 fp32 matrix products." in table
+    assert "cpu: median of 7 fp32 products; cuda: median of 7 fp32 products." in table
     sentences = analysis_sentences(facts)
     gpu_train = next(s for s in sentences if s.startswith("cuda train achieves"))
     assert "at batch 1" in gpu_train
@@ -149,8 +164,8 @@ def test_measured_cpu_peak_is_a_positive_rate_with_its_method() -> None:
 
 def test_step_metrics_have_the_same_names_on_every_device() -> None:
     rate = flop_rate(1e6, 1, 1.0, 100.0)
-    gpu = step_metrics(_anatomy("cuda", 4.8, 1.0), rate)
-    cpu = step_metrics(_anatomy("cpu", 90.0, 1.0), None)
+    gpu = step_metrics(StepAnalysis(_anatomy("cuda", 4.8, 1.0), rate, "m", (), (), 0.0))
+    cpu = step_metrics(StepAnalysis(_anatomy("cpu", 90.0, 1.0), flop_rate(1e6, 1, 1.0, 0.0), "m", (), (), 0.0))
     assert set(gpu) == set(cpu)
     assert gpu["busy_pct"] == 4.8
     assert gpu["host_bound"] == 1.0

@@ -20,9 +20,10 @@ import torch
 
 from pipeline.errors import PipelineError
 from pipeline.model import LabNet
-from pipeline.profiling import Combination, make_step, profile_combination
+from pipeline.profile_record import Combination
+from pipeline.profiling import make_step, profile_combination
 from pipeline.trace_analysis import OPERATOR_NAME, analyse_trace, read_trace, short_kernel_name
-from tests.conftest import LAB_MODEL, REPO_ROOT
+from tests.helpers import LAB_MODEL, REPO_ROOT
 
 REFERENCE = Path(
     os.environ.get("GPU_REFERENCE") or REPO_ROOT.parent / "shared" / "gpu-reference" / "h100-2026-11-22"
@@ -171,7 +172,7 @@ def test_cpu_trace_ranks_operators_and_measures_time_inside_them(tmp_path: Path)
     model = LabNet(LAB_MODEL)
     images, labels = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
     trace_path = tmp_path / "trace.json.gz"
-    step = make_step(model, "train", images, labels)
+    step = make_step(model, "train", images, labels, lr=1.0)
     profile_combination(Combination(16, "cpu", "train"), step, torch.device("cpu"), 2, 3, trace_path)
 
     analysis = analyse_trace(read_trace(trace_path), "cpu", {"aten::addmm": 3e6})
