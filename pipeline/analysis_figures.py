@@ -13,6 +13,7 @@ matplotlib.use("Agg")  # no display: CI and servers
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from pipeline.step_report import StepFacts
 
@@ -51,7 +52,8 @@ def roofline_figure(facts: Sequence[StepFacts], peaks: Mapping[str, float], targ
             fontsize=7,
         )
     _batch_axis(axes, facts)
-    axes.set(yscale="log", ylabel="achieved GFLOP/s", title="Achieved FLOP/s vs batch size (dotted: measured peak)")
+    _plain_log_y(axes)
+    axes.set(ylabel="achieved GFLOP/s", title="Achieved FLOP/s vs batch size (dotted: measured peak)")
     axes.legend(fontsize=8, loc="lower right")
     _save(figure, target)
 
@@ -71,7 +73,8 @@ def cpu_vs_gpu_figure(facts: Sequence[StepFacts], target: Path) -> None:
                 [p[0] for p in points], [p[1] for p in points], "o-", color=DEVICE_COLOURS.get(device), label=device
             )
         _batch_axis(axes, [fact for fact in facts if fact.mode == mode])
-        axes.set(yscale="log", ylabel="per-sample time (ms)", title=f"{mode}: CPU vs GPU")
+        _plain_log_y(axes)
+        axes.set(ylabel="per-sample time (ms)", title=f"{mode}: CPU vs GPU")
         axes.legend(fontsize=8)
     _save(figure, target)
 
@@ -83,6 +86,13 @@ def _batch_axis(axes: Axes, facts: Sequence[StepFacts]) -> None:
     if batch_sizes:
         axes.set_xticks(batch_sizes, [str(size) for size in batch_sizes])
     axes.grid(alpha=0.3, which="both")
+
+
+def _plain_log_y(axes: Axes) -> None:
+    """Log y axis labelled 0.01, 1, 100 ... instead of 10^-2 and unlabelled or cluttered minor ticks."""
+    axes.set_yscale("log")
+    axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _position: f"{value:g}"))
+    axes.yaxis.set_minor_formatter(NullFormatter())
 
 
 def _save(figure: Figure, target: Path) -> None:

@@ -235,9 +235,17 @@ def _flop_rate_sentence(device: str, mode: str, first: StepFacts, last: StepFact
     )
     if last is not first:
         sentence += f" and {high.achieved_gflops_per_s:.1f} GFLOP/s at batch {last.batch_size} ({high.peak_pct:.1f} %)"
-    if max(low.peak_pct, high.peak_pct) < 25:
-        return sentence + ": far below the arithmetic ceiling, so per-step overheads, not FLOPs, set the step time."
-    return sentence + "."
+    if max(low.peak_pct, high.peak_pct) >= 25:
+        return sentence + "."
+    if last.anatomy is None:
+        return sentence + ": far below the ceiling."
+    if last.anatomy.verdict == "host-bound":
+        return sentence + ": far below the ceiling because the device waits for the host (see the anatomy)."
+    return (
+        sentence + ": far below the ceiling although the step is spent inside operators: element-wise, pooling "
+        "and optimizer operators do little arithmetic per byte they move, and matrices this small keep the "
+        "matrix units from full speed."
+    )
 
 
 def has_gpu_pairs(facts: Sequence[StepFacts]) -> bool:
