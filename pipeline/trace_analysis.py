@@ -125,7 +125,7 @@ class StepAnatomy:
     idle_pct: float
     launches_per_step: float  # device activities per step (kernels, copies, memsets); 0 on the CPU
     mean_launch_us: float  # mean device activity length; 0 on the CPU
-    launch_call_ms: float  # per step, CPU time in cudaLaunchKernel & co.; 0 on the CPU
+    launch_call_ms: float  # per step, CPU time in the calls that launched device work (cudaLaunchKernel & co.)
     verdict: str  # host-bound | device-bound
     reason: str  # one line with the numbers behind the verdict
 
@@ -392,7 +392,11 @@ def _anatomy(
     step_ms = statistics.median(step.duration_us for step in trace.steps) / 1000
     launches = len(device_events) / steps if on_gpu else 0.0
     mean_launch = statistics.fmean(event.duration_us for event in device_events) if on_gpu and device_events else 0.0
-    launch_calls = sum(event.duration_us for event in host if event.category in LAUNCH_CATEGORIES) / steps / 1000
+    # Only calls that started device work: cudaDeviceSynchronize & co. are waiting, not launching.
+    launched = {event.correlation for event in device_events}
+    launch_calls = (
+        sum(e.duration_us for e in host if e.category in LAUNCH_CATEGORIES and e.correlation in launched) / steps / 1000
+    )
     verdict = "host-bound" if busy_pct < HOST_BOUND_BELOW_PCT else "device-bound"
     if on_gpu:
         reason = (

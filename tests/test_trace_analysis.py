@@ -229,6 +229,7 @@ def test_hand_written_trace_gives_the_known_answers(tmp_path: Path) -> None:
             _event("cuLaunchKernel", "cuda_driver", base + 32, 3, correlation=c + 2),
             _event("cudaMemcpyAsync", "cuda_runtime", base + 40, 2, correlation=c + 3),
             _event("cudaLaunchKernel", "cuda_runtime", base + 60, 2, correlation=c + 4),
+            _event("cudaDeviceSynchronize", "cuda_runtime", base + 86, 10, correlation=c + 5),  # waits: no launch
             _event(
                 "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<Sqrt>()",
                 "kernel",
