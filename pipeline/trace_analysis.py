@@ -14,7 +14,8 @@ that launched it, so each microsecond is counted once:
 - its *self CPU time* is its duration minus the operators and ranges nested in it on its thread
   (the CUDA launch calls it makes stay in its own time: launching is part of its cost);
 - its *self device time* is the kernels, copies and memsets whose launch (matched by correlation id)
-  sits inside it and in no deeper operator;
+  sits inside it and in no deeper operator (a kernel whose launch call was not recorded falls back to
+  the operator its `External id` names);
 - *GPU busy* is the union of those device intervals inside a `ProfilerStep#N` span; on the CPU the
   counterpart is the union of the operators' intervals (time the step spends inside ATen).
 
@@ -53,6 +54,7 @@ class TraceEvent:
     duration_us: float
     thread: str  # "pid/tid": CPU threads and GPU streams alike
     correlation: int | None  # links a launch call to the kernel it launched
+    external_id: int | None = None  # links an operator to the kernels launched inside it (Kineto's "External id")
 
     @property
     def end_us(self) -> float:
@@ -162,14 +164,16 @@ def read_trace(path: Path) -> Trace:
         category = str(item.get("cat", ""))
         name = str(item.get("name", ""))
         args = item.get("args") or {}
-        correlation = args.get("correlation") if isinstance(args, dict) else None
+        args = args if isinstance(args, dict) else {}
+        correlation, external_id = args.get("correlation"), args.get("External id")
         event = TraceEvent(
             name=name,
             category=category,
             start_us=float(item["ts"]),
             duration_us=float(item["dur"]),
             thread=f"{item.get('pid')}/{item.get('tid')}",
-            correlation=int(correlation) if isinstance(correlation, int) else None,
+            correlation=correlation if isinstance(correlation, int) else None,
+            external_id=external_id if isinstance(external_id, int) else None,
         )
         if category in RANGE_CATEGORIES and name.startswith(STEP_PREFIX):
             steps.append(event)
@@ -199,6 +203,7 @@ def analyse_trace(trace: Trace, device: str, flops_by_operator: Mapping[str, flo
     is_operator = [event.category == "cpu_op" and OPERATOR_NAME.match(event.name) is not None for event in host]
     owner = _launching_operators(host, parents, is_operator)  # launch index -> innermost operator index
     launches = {event.correlation: index for index, event in enumerate(host) if event.category in LAUNCH_CATEGORIES}
+    operator_ids = {event.external_id: i for i, event in enumerate(host) if is_operator[i] and event.external_id}
 
     self_cpu = [event.duration_us for event in host]
     for index, parent in enumerate(parents):
@@ -211,11 +216,12 @@ def analyse_trace(trace: Trace, device: str, flops_by_operator: Mapping[str, flo
     device_events: list[TraceEvent] = []
     for event in trace.device:
         launch = launches.get(event.correlation) if event.correlation is not None else None
-        if launch is None and window.index(event.start_us) is None:
+        named = operator_ids.get(event.external_id) if event.external_id is not None else None
+        if launch is None and named is None and window.index(event.start_us) is None:
             continue  # neither launched nor run inside a traced step
         device_events.append(event)
         kernels[event.name].append(event.duration_us)
-        operator = owner.get(launch) if launch is not None else None
+        operator = owner.get(launch) if launch is not None else named
         if operator is None:
             unattributed += event.duration_us
             kernel_owners[event.name]["(no operator)"] += event.duration_us

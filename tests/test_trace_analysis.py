@@ -207,15 +207,20 @@ def test_cpu_trace_ranks_operators_and_measures_time_inside_them(tmp_path: Path)
     assert "inside ATen operators" in anatomy.reason
 
 
-def _event(name: str, cat: str, ts: float, dur: float, tid: int = 1, correlation: int | None = None) -> dict[str, Any]:
-    args = {"correlation": correlation} if correlation is not None else {}
+def _event(
+    name: str, cat: str, ts: float, dur: float, tid: int = 1, correlation: int | None = None, external: int = 0
+) -> dict[str, Any]:
+    args: dict[str, int] = {"correlation": correlation} if correlation is not None else {}
+    if external:
+        args["External id"] = external
     pid = 0 if cat in DEVICE_CATEGORIES else 100
     return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": pid, "tid": tid, "args": args}
 
 
 def test_hand_written_trace_gives_the_known_answers(tmp_path: Path) -> None:
     """Two 100 µs steps. Each: an optimizer range holding a foreach op (one 10 µs kernel), an addmm whose
-    GEMM (30 µs) overlaps a 10 µs copy by 5 µs, and a kernel launched by no operator (5 µs)."""
+    GEMM (30 µs) overlaps a 10 µs copy by 5 µs, a kernel launched by no operator (5 µs), and a 5 µs kernel
+    whose launch call is missing but whose External id names the addmm."""
     events: list[dict[str, Any]] = []
     for step, base in enumerate((1000.0, 1100.0)):
         c = 10 * step
@@ -225,7 +230,7 @@ def test_hand_written_trace_gives_the_known_answers(tmp_path: Path) -> None:
             _event("aten::_foreach_mul_", "cpu_op", base + 6, 10),
             _event("cudaLaunchKernel", "cuda_runtime", base + 7, 2, correlation=c + 1),
             _event("aten::linear", "cpu_op", base + 30, 20),
-            _event("aten::addmm", "cpu_op", base + 31, 15),
+            _event("aten::addmm", "cpu_op", base + 31, 15, external=50 + step),
             _event("cuLaunchKernel", "cuda_driver", base + 32, 3, correlation=c + 2),
             _event("cudaMemcpyAsync", "cuda_runtime", base + 40, 2, correlation=c + 3),
             _event("cudaLaunchKernel", "cuda_runtime", base + 60, 2, correlation=c + 4),
@@ -241,6 +246,7 @@ def test_hand_written_trace_gives_the_known_answers(tmp_path: Path) -> None:
             _event("sm90_xmma_gemm_f32f32_f32f32_f32_tn_n_cublas", "kernel", base + 40, 30, 7, c + 2),
             _event("Memcpy DtoD (Device -> Device)", "gpu_memcpy", base + 65, 10, 8, c + 3),
             _event("void at::native::elementwise_kernel<CUDAFunctor_add<float>>()", "kernel", base + 80, 5, 7, c + 4),
+            _event("void at::native::reduce_kernel<sum_functor<float>>()", "kernel", base + 90, 5, 7, c + 9, 50 + step),
         ]
     events.append(_event("aten::relu", "cpu_op", 5000, 10))  # outside every step: ignored
     path = tmp_path / "trace.json"
@@ -249,26 +255,27 @@ def test_hand_written_trace_gives_the_known_answers(tmp_path: Path) -> None:
     analysis = analyse_trace(read_trace(path), "cuda")
     rows = {row.operator: row for row in analysis.operators}
     assert set(rows) == {"aten::_foreach_mul_", "aten::linear", "aten::addmm"}
-    assert rows["aten::addmm"].self_device_ms == pytest.approx(0.040)  # GEMM + copy, per step
+    assert rows["aten::addmm"].self_device_ms == pytest.approx(0.045)  # GEMM + copy + reduction, per step
     assert rows["aten::linear"].self_device_ms == 0
-    assert rows["aten::linear"].total_device_ms == pytest.approx(0.040)
+    assert rows["aten::linear"].total_device_ms == pytest.approx(0.045)
     assert rows["aten::linear"].self_cpu_ms == pytest.approx(0.005)
     assert rows["aten::addmm"].self_cpu_ms == pytest.approx(0.015)
-    assert rows["aten::addmm"].share_pct == pytest.approx(80.0)
-    assert rows["aten::_foreach_mul_"].share_pct == pytest.approx(20.0)
+    assert rows["aten::addmm"].share_pct == pytest.approx(100 * 45 / 55)
+    assert rows["aten::_foreach_mul_"].share_pct == pytest.approx(100 * 10 / 55)
     assert analysis.unattributed_device_ms == pytest.approx(0.005)
     (optimizer,) = analysis.ranges
     assert optimizer.device_ms == pytest.approx(0.010)
     assert optimizer.cpu_ms == pytest.approx(0.020)
     kernels = {row.kernel: row for row in analysis.kernels}
     assert kernels["cuBLAS GEMM (sm90)"].launched_by == "aten::addmm"
-    assert kernels["cuBLAS GEMM (sm90)"].share_pct == pytest.approx(100 * 30 / 55)
+    assert kernels["cuBLAS GEMM (sm90)"].share_pct == pytest.approx(100 * 30 / 60)
     assert kernels["elementwise (add)"].launched_by == "(no operator)"
+    assert kernels["reduction (sum)"].launched_by == "aten::addmm"
     anatomy = analysis.anatomy
-    assert anatomy.busy_ms == pytest.approx(0.050)  # 10 + (30 + 10 - 5 overlap) + 5 µs
-    assert anatomy.busy_pct == pytest.approx(50.0)
+    assert anatomy.busy_ms == pytest.approx(0.055)  # 10 + (30 + 10 - 5 overlap) + 5 + 5 µs
+    assert anatomy.busy_pct == pytest.approx(55.0)
     assert anatomy.verdict == "device-bound"
-    assert anatomy.launches_per_step == 4
+    assert anatomy.launches_per_step == 5
     assert anatomy.launch_call_ms == pytest.approx(0.009)
     assert anatomy.step_ms == pytest.approx(0.1)
 
