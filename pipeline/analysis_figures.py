@@ -66,7 +66,7 @@ def cpu_vs_gpu_figure(facts: Sequence[StepFacts], target: Path) -> None:
         by_device: dict[str, list[tuple[int, float]]] = defaultdict(list)
         for fact in facts:
             if fact.mode == mode:
-                by_device[fact.device].append((fact.batch_size, fact.per_sample_ms))
+                by_device[fact.device].append((fact.batch_size, fact.per_sample.value))
         for device, points in sorted(by_device.items()):
             points.sort()
             axes.plot(

@@ -34,11 +34,8 @@ from pipeline.profile_record import (
     Timing,
     flop_rate,
 )
-<<<<<<< HEAD
 from pipeline.timing_statistics import GOVERNOR_NOT_EXPOSED, MeasurementConditions
-=======
 from pipeline.trace_analysis import StepAnatomy
->>>>>>> issue-13
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LAB_MODEL = ModelConfig(conv1_channels=32, conv2_channels=64, hidden_units=128, conv_dropout=0.25, hidden_dropout=0.5)
@@ -199,19 +196,14 @@ def make_record(
     mode: str,
     step_ms: float,
     operators: tuple[tuple[str, float], ...] = (),
-<<<<<<< HEAD
     ci_pct: float = 2.0,
     load: float = 0.5,
-) -> ProfileRecord:
-    """A profile record with the given median step time, its 95 % CI half-width (%), the load average while
-    timing (2 cores) and (operator, share %) rows, for report tests."""
-=======
     busy_pct: float = 90.0,
 ) -> ProfileRecord:
-    """A profile record with the given step time, (operator, share %) rows and busy share, for report tests.
+    """A profile record for report tests: the given median step time, its 95 % CI half-width (%), the load
+    average while timing (2 cores), (operator, share %) rows and busy share.
 
     Its step analysis: a traced step twice the timed one, 1 MFLOP per sample, a 100 GFLOP/s peak."""
->>>>>>> issue-13
     combination = Combination(batch, device, mode)  # type: ignore[arg-type]
     rows = tuple(OperatorRow(name, 1.0, 0.1, 0.1, 0.0, 0.0, share, 0.0) for name, share in operators)
     timing = Timing(
@@ -233,9 +225,12 @@ def make_record(
     settings = ProfileSettings(2, PROFILE_PRECISION, "channels_last", 3, 8, 1.0, 2.0, 10.0)
     conditions = MeasurementConditions(load, load, cores=2, threads=2, cpu_governor=GOVERNOR_NOT_EXPOSED)
     hardware = {"cpu": "Test CPU", "cpu_count": "2", "gpus": "none", "torch": "2.x"}
-<<<<<<< HEAD
-    return ProfileRecord(combination, hardware, settings, timing, conditions, (step_ms,) * 100, rows, "abc123")
-
+    verdict = "host-bound" if busy_pct < 50 else "device-bound"
+    anatomy = StepAnatomy(device, 8, 2 * step_ms, 2 * step_ms * busy_pct / 100, busy_pct, 100 - busy_pct, 0, 0, 0, verdict, "")
+    analysis = StepAnalysis(anatomy, flop_rate(1e6, batch, step_ms, 100.0), "a 100 GFLOP/s stand-in", (), (), 0.0)
+    return ProfileRecord(
+        combination, hardware, settings, timing, conditions, (step_ms,) * 100, rows, "abc123", analysis
+    )
 
 SERVER_START_LIMIT_S = 120  # measured 20-30 s on two cores; generous for a loaded CI machine
 
@@ -266,9 +261,4 @@ def running_mlflow_server(folder: Path, backend_store_uri: str | None = None) ->
     finally:
         server.terminate()
         server.wait(timeout=30)
-=======
-    verdict = "host-bound" if busy_pct < 50 else "device-bound"
-    anatomy = StepAnatomy(device, 8, 2 * step_ms, 2 * step_ms * busy_pct / 100, busy_pct, 100 - busy_pct, 0, 0, 0, verdict, "")
-    analysis = StepAnalysis(anatomy, flop_rate(1e6, batch, step_ms, 100.0), "a 100 GFLOP/s stand-in", (), (), 0.0)
-    return ProfileRecord(combination, hardware, settings, timing, (step_ms,) * 8, rows, "abc123", analysis)
->>>>>>> issue-13
+

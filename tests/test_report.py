@@ -17,12 +17,8 @@ from pipeline.config import params_from_mapping
 from pipeline.paths import profile_outputs
 from pipeline.profile_record import write_record
 from pipeline.profiling import operators_markdown
-<<<<<<< HEAD
 from pipeline.report import analysis, build_report, comparison_markdown, comparison_rows, read_inputs
-=======
-from pipeline.report import analysis, build_report, comparison_rows, read_inputs
 from pipeline.step_report import ADD_A_GPU, analysis_sentences, step_facts
->>>>>>> issue-13
 from tests.helpers import REPO_ROOT, make_record, read_params, reproduced_copy, write_params
 
 
@@ -35,7 +31,6 @@ def test_analysis_states_scaling_dominant_operators_and_gpu_speedup() -> None:
     ]
     rows = comparison_rows(records)
     assert rows[1].convolution_share_pct == 40.0  # both conv rows of the top-k
-<<<<<<< HEAD
     sentences = analysis(rows)
     # 6.0 / (38.4 / 64) = 10; each median is known to ±2 %: the ratio to 0.98/1.02 .. 1.02/0.98.
     assert any(
@@ -84,13 +79,11 @@ def test_comparison_table_shows_the_estimate_and_flags_noisy_and_busy_rows() -> 
     assert "while timing 64-cpu-inference (2.60 -> 2.60); those step times are likely inflated" in table
     quiet = comparison_markdown(rows[:1])
     assert "noisy" not in quiet and "busy" not in quiet
-=======
     sentences = analysis(rows) + analysis_sentences(step_facts(records))
     assert any("0.6000 ms at batch 64 (10.0x cheaper)" in s and "`aten::add`" in s for s in sentences)
     assert "At batch 64 train cuda is 10.0x faster than cpu (3.840 vs 38.400 ms per step)." in sentences
     assert "On cuda train at batch 64 the GPU is busy 14 % of the step: host-bound." in sentences
     assert ADD_A_GPU not in sentences
->>>>>>> issue-13
 
 
 def test_missing_inputs_are_named_with_the_command_that_makes_them(
@@ -125,15 +118,12 @@ def test_report_is_built_from_profile_records_without_running_the_pipeline(
     row_64 = "| 64 | cpu | inference | 8.000 | 0.800 | ±2.0 % | 400 / 100 | 0.1250 | 8000 | `aten::max_pool2d` (30.0 %)"
     assert row_64 in report.markdown
     assert "#### Top 1 operators: batch 1, cpu, inference" in report.markdown
-<<<<<<< HEAD
     assert "Per-sample time falls from 0.5000 ms at batch 1 to 0.1250 ms at batch 64 (4.0x cheaper, 95 % CI" in (
         report.markdown
     )
     assert sorted(p.name for p in figures.iterdir()) == ["per_sample_time.png", "throughput.png"]
-=======
     assert "Per-sample time falls from 0.5000 ms at batch 1 to 0.1250 ms at batch 64 (4.0x cheaper)" in report.markdown
     assert sorted(p.name for p in figures.iterdir()) == ["per_sample_time.png", "roofline.png", "throughput.png"]
->>>>>>> issue-13
     assert "`metrics/train.json` is missing: run `dvc repro train`." in report.markdown
     # Step analysis: anatomy with a verdict per row, FLOP/s against the peak, and how to add a GPU.
     assert "| 64 | cpu | inference | 8.000 | 16.000 | 90.0 | 10.0 | - | **device-bound** |" in report.markdown

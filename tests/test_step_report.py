@@ -17,6 +17,7 @@ from PIL import Image
 from pipeline.analysis_figures import cpu_vs_gpu_figure, roofline_figure
 from pipeline.peak import measure_peak
 from pipeline.profile_record import StepAnalysis, flop_rate
+from pipeline.timing_statistics import Interval, ratio
 from pipeline.step_report import (
     ADD_A_GPU,
     StepFacts,
@@ -61,13 +62,15 @@ def reference_facts(busy: dict[str, float] | None = None) -> list[StepFacts]:
                     PEAKS[device],
                 )
                 anatomy = _anatomy(device, busy[name], step_ms * 2) if busy and name in busy else None
+                # The reference run predates confidence intervals: a tight ±1 % stand-in around its mean.
+                step = Interval(step_ms, 0.99 * step_ms, 1.01 * step_ms)
                 facts.append(
                     StepFacts(
                         batch,
                         device,
                         mode,
-                        step_ms,
-                        timing["per_sample_ms"],
+                        step,
+                        step.scaled(1 / batch),
                         anatomy,
                         (),
                         rate,
@@ -90,9 +93,10 @@ def test_cpu_vs_gpu_section_gives_ratios_and_explains_the_slow_gpu_at_batch_1() 
     table = cpu_vs_gpu_markdown(facts)
     cpu1 = next(f for f in facts if (f.batch_size, f.device, f.mode) == (1, "cpu", "inference"))
     gpu1 = next(f for f in facts if (f.batch_size, f.device, f.mode) == (1, "cuda", "inference"))
-    ratio = cpu1.per_sample_ms / gpu1.per_sample_ms
-    assert ratio < 1  # the reference run: cuda 0.42 ms vs cpu 0.36 ms at batch 1 inference
-    assert f"| 1 | inference | {cpu1.per_sample_ms:.4f} | {gpu1.per_sample_ms:.4f} | {ratio:.2f}x | 4.8 |" in table
+    speed_up = ratio(cpu1.per_sample, gpu1.per_sample)
+    assert speed_up.value < 1 and speed_up.measurable  # the reference run: cuda 0.42 ms vs cpu 0.36 ms at batch 1
+    row = f"| 1 | inference | {cpu1.per_sample.value:.4f} | {gpu1.per_sample.value:.4f} | {speed_up.describe()} | 4.8 |"
+    assert row in table
     assert len(re.findall(r"^\| \d+ \| (inference|train) \|", table, re.MULTILINE)) == 6
     sentences = analysis_sentences(facts)
     assert any(s.startswith("At batch 1 inference cuda is slower than cpu") and "idles 95 %" in s for s in sentences), (
@@ -121,7 +125,7 @@ def test_flop_rate_table_and_sentences_carry_the_share_of_peak() -> None:
         assert fact.rate is not None
         row = (
             f"| {fact.batch_size} | {fact.device} | {fact.mode} | {fact.rate.flops_per_step / 1e6:.1f} | "
-            f"{fact.step_ms:.3f} | {fact.rate.achieved_gflops_per_s:.2f} | {PEAKS[fact.device]:.0f} | "
+            f"{fact.step.value:.3f} | {fact.rate.achieved_gflops_per_s:.2f} | {PEAKS[fact.device]:.0f} | "
             f"{fact.rate.peak_pct:.2f} |"
         )
         assert row in table

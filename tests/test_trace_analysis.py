@@ -173,7 +173,9 @@ def test_cpu_trace_ranks_operators_and_measures_time_inside_them(tmp_path: Path)
     images, labels = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
     trace_path = tmp_path / "trace.json.gz"
     step = make_step(model, "train", images, labels, lr=1.0)
-    profile_combination(Combination(16, "cpu", "train"), step, torch.device("cpu"), 2, 3, trace_path)
+    profile_combination(
+        Combination(16, "cpu", "train"), step, torch.device("cpu"), 2, 3, trace_path, ci_target_pct=50.0, time_budget_s=0.5
+    )
 
     analysis = analyse_trace(read_trace(trace_path), "cpu", {"aten::addmm": 3e6})
     names = [row.operator for row in analysis.operators]
