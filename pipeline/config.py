@@ -104,8 +104,13 @@ class ProfileConfig:
     modes: tuple[ProfileMode, ...] = _rule(non_empty=True, unique=True)
     # Untimed steps first: oneDNN/cuDNN build kernels per shape, so a cold first step misleads.
     warmup_steps: int = _rule(ge=1, le=1000)
-    # Steps timed (without the profiler), then the same number traced by torch.profiler.
+    # Steps traced by torch.profiler for the operator table (timing is separate, see the next two keys).
     active_steps: int = _rule(ge=2, le=10_000)
+    # Step timing (pipeline/timing.py) samples blocks of steps until the 95 % confidence interval of the
+    # median step time is within ± this many % ...
+    ci_target_pct: float = _rule(gt=0, le=50)
+    # ... or this many seconds per combination have passed; the row is then flagged noisy.
+    time_budget_s: float = _rule(gt=0, le=3600)
     # CPU threads; 0 = one per core (the number used is recorded).
     threads: int = _rule(ge=0, le=1024)
     # Rows of the operator table.

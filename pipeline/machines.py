@@ -12,16 +12,20 @@ every `dvc repro`, and its output would differ between clones of the same commit
 
 What is compared with what (never mixed silently):
 - a *group* is one checkpoint (`model.digest` tag: SHA-256 of models/model.pt) profiled with one set
-  of profile settings (every run param except the combination, the machine's `hardware.*` facts,
-  the thread count, which belongs to the machine, and `profile.top_k`, which only sizes a table).
-  Groups are reported apart, and the report names what separates them;
+  of profile settings and one kind of step-time estimate. The settings are every run param except the
+  combination, the machine's `hardware.*` facts, its thread count, and the params that only say how
+  long to measure or how much to trace (`profile.ci_target_pct`, `profile.time_budget_s`,
+  `profile.active_steps`, `profile.top_k`): a machine that raises its time budget to beat noise, as
+  the profile stage advises, still compares. Groups are reported apart, and the report names what
+  separates them;
 - in a group, the latest FINISHED run per machine and combination (batch size, device, mode) counts;
 - runs without a model digest (logged before the tag existed) or without the params of a profile
   run are left out and counted, with the reason.
 
-Step time: the median with its 95 % confidence interval where a run logged them (metrics
-`step_time_ms_median`, `step_time_ms_ci_low`/`_high`), else the mean of the timed steps and their
-coefficient of variation (`step_time_ms_mean`, `step_time_cv`: a spread, not an uncertainty).
+Step time: the median with its 95 % confidence interval (metrics `step_time_ms_median`,
+`step_time_ms_ci_low`/`_high`, pipeline.timing_statistics), or for runs timed before those existed
+the mean of the timed steps and their coefficient of variation (`step_time_ms_mean`, `step_time_cv`:
+a spread, not an uncertainty). The two never share a group.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from pipeline.errors import PipelineError
 from pipeline.machine_identity import ID_TAG, NAME_TAG, machine_id, machine_name, machine_tags
 from pipeline.profile_record import Combination
 from pipeline.tables import rows_csv
+from pipeline.timing_statistics import Interval, Ratio, ratio
 from pipeline.tracking import check_tracking_server, tracking_uri
 
 if TYPE_CHECKING:
@@ -62,8 +67,19 @@ MODEL_DIGEST_TAG = "model.digest"
 COMBINATION_PARAMS = ("batch_size", "device", "mode")
 HARDWARE_PREFIX = "hardware."
 # Run params that do not change what is measured: the machine's own thread count (0 = one per core
-# gives 2 on a laptop, 16 on a server) and the length of the operator table.
-NOT_SETTINGS = frozenset({"threads", "profile.threads", "profile.top_k"})
+# gives 2 on a laptop, 16 on a server), how long the timing may run and how tight it aims (they set the
+# width of the interval, which the report shows), and how many steps are traced for the operator table.
+NOT_SETTINGS = frozenset(
+    {
+        "threads",
+        "profile.threads",
+        "profile.top_k",
+        "profile.active_steps",
+        "profile.ci_target_pct",
+        "profile.time_budget_s",
+    }
+)
+STATISTICS = {"median": "median of timed blocks with its 95 % CI", "mean": "mean of timed steps (older runs)"}
 # Metric names of the timing statistics (issue 12), with the mean/CV of the simple timing as fallback.
 MEDIAN_METRIC, CI_LOW_METRIC, CI_HIGH_METRIC, NOISY_METRIC = (
     "step_time_ms_median",
@@ -94,9 +110,11 @@ class StepTime:
     noisy: bool = False  # the run's own verdict: its interval missed the target width
 
     @property
-    def has_interval(self) -> bool:
-        """A usable interval: an end at 0 means the run had too few timed blocks to bound anything."""
-        return self.low is not None and self.high is not None and 0 < self.low <= self.value <= self.high
+    def interval(self) -> Interval | None:
+        """The 95 % interval (an end at 0: too few timed blocks to bound anything); None for a mean."""
+        if self.low is None or self.high is None:
+            return None
+        return Interval(self.value, self.low, self.high)
 
 
 @dataclass(frozen=True)
@@ -199,6 +217,7 @@ def search_profile_runs(client: MlflowClient, experiment_id: str) -> list[Run]:
 class GroupKey:
     model_digest: str
     settings: tuple[tuple[str, str], ...]
+    statistic: str  # median or mean: estimates of different kinds are not compared
 
 
 @dataclass
@@ -222,7 +241,7 @@ def group_runs(runs: Iterable[ProfileRun]) -> tuple[list[Group], int]:
     latest: dict[tuple[GroupKey, str, Combination], ProfileRun] = {}
     superseded = 0
     for run in runs:
-        slot = (GroupKey(run.model_digest, run.settings), run.machine.id, run.combination)
+        slot = (GroupKey(run.model_digest, run.settings, run.step_time.statistic), run.machine.id, run.combination)
         kept = latest.get(slot)
         if kept is None or (run.started_ms, run.run_id) > (kept.started_ms, kept.run_id):
             latest[slot] = run
@@ -278,7 +297,7 @@ class MachineRow:
 
 def machine_row(group: int, run: ProfileRun, names: Mapping[str, str]) -> MachineRow:
     step, batch = run.step_time, run.combination.batch_size
-    interval = step.has_interval
+    interval = step.interval
     return MachineRow(
         group=group,
         machine=names[run.machine.id],
@@ -289,12 +308,12 @@ def machine_row(group: int, run: ProfileRun, names: Mapping[str, str]) -> Machin
         batch_size=batch,
         statistic=step.statistic,
         step_time_ms=step.value,
-        step_time_ms_ci_low=step.low if interval else None,
-        step_time_ms_ci_high=step.high if interval else None,
+        step_time_ms_ci_low=interval.low if interval else None,
+        step_time_ms_ci_high=interval.high if interval else None,
         step_time_cv=step.cv,
         per_sample_ms=step.value / batch,
-        per_sample_ms_ci_low=step.low / batch if interval and step.low else None,
-        per_sample_ms_ci_high=step.high / batch if interval and step.high else None,
+        per_sample_ms_ci_low=interval.low / batch if interval else None,
+        per_sample_ms_ci_high=interval.high / batch if interval else None,
         throughput_samples_per_s=1000.0 * batch / step.value,
         noisy=step.noisy,
         model_digest=run.model_digest,
@@ -304,11 +323,11 @@ def machine_row(group: int, run: ProfileRun, names: Mapping[str, str]) -> Machin
 
 @dataclass(frozen=True)
 class Speedup:
-    """How many times faster per sample than the baseline (baseline time ÷ this time), with its interval.
+    """How many times faster per sample than the baseline (baseline time ÷ this time).
 
-    [baseline low ÷ this high, baseline high ÷ this low] covers the true ratio whenever both 95 %
-    intervals cover their medians (at least 0.95² ≈ 90 %); it contains 1 exactly when the two
-    intervals overlap, and then the data cannot tell the two apart.
+    With medians, `interval` is the ratio's 95 % interval (pipeline.timing_statistics.ratio: it contains 1
+    exactly when the two confidence intervals overlap, and then reads "no measurable difference").
+    Means of older runs have no interval: the ratio of the two means, marked †.
     """
 
     group: int
@@ -317,35 +336,20 @@ class Speedup:
     machine: str
     device: str
     value: float
-    low: float | None
-    high: float | None
-    mixed_statistics: bool  # a median against a mean
-
-    @property
-    def measurable(self) -> bool:
-        return self.low is None or self.high is None or not self.low <= 1.0 <= self.high
+    interval: Ratio | None
 
     def describe(self) -> str:
-        marks = ("" if self.low is not None else " †") + (" ‡" if self.mixed_statistics else "")
-        if self.low is None or self.high is None:
-            return f"{self.value:.2f}x{marks}"
-        bounds = f"{self.low:.2f}-{self.high:.2f}x"
-        if not self.measurable:
-            return f"no measurable difference ({bounds}){marks}"
-        return f"{self.value:.2f}x ({bounds}){marks}"
+        return self.interval.describe() if self.interval else f"{self.value:.2f}x †"
+
+
+def _per_sample_interval(row: MachineRow) -> Interval | None:
+    if row.per_sample_ms_ci_low is None or row.per_sample_ms_ci_high is None:
+        return None
+    return Interval(row.per_sample_ms, row.per_sample_ms_ci_low, row.per_sample_ms_ci_high)
 
 
 def speedup(group: int, baseline: MachineRow, other: MachineRow) -> Speedup:
-    both = None not in (
-        baseline.step_time_ms_ci_low,
-        baseline.step_time_ms_ci_high,
-        other.step_time_ms_ci_low,
-        other.step_time_ms_ci_high,
-    )
-    low = high = None
-    if both:
-        low = baseline.per_sample_ms_ci_low / other.per_sample_ms_ci_high  # type: ignore[operator]
-        high = baseline.per_sample_ms_ci_high / other.per_sample_ms_ci_low  # type: ignore[operator]
+    base, this = _per_sample_interval(baseline), _per_sample_interval(other)
     return Speedup(
         group=group,
         mode=other.mode,
@@ -353,9 +357,7 @@ def speedup(group: int, baseline: MachineRow, other: MachineRow) -> Speedup:
         machine=other.machine,
         device=other.device,
         value=baseline.per_sample_ms / other.per_sample_ms,
-        low=low,
-        high=high,
-        mixed_statistics=baseline.statistic != other.statistic,
+        interval=ratio(base, this) if base and this else None,
     )
 
 
@@ -447,15 +449,13 @@ def speedups_markdown(ratios: Sequence[Speedup], baseline: tuple[str, str]) -> s
     for mode, batch in sorted({(r.mode, r.batch_size) for r in ratios}):
         row = " | ".join(cells.get((mode, batch, *platform), "-") for platform in platforms)
         lines.append(f"| {mode} | {batch} | {row} |")
-    notes = []
-    if any(ratio.low is None for ratio in ratios):
-        notes.append(
-            "† no confidence interval: at least one side is a mean of steps (timed before the timing statistics); "
-            "a ratio near 1, or between runs whose steps have a large CV, is no evidence of a difference."
+    note = ""
+    if any(speed.interval is None for speed in ratios):
+        note = (
+            "\n† no confidence interval: ratio of two means of steps (runs timed before the timing statistics); "
+            "a ratio near 1, or between runs whose steps have a large CV, is no evidence of a difference.\n"
         )
-    if any(ratio.mixed_statistics for ratio in ratios):
-        notes.append("‡ compares one machine's median step time with the other's mean.")
-    return "\n".join(lines) + "\n" + "".join(f"\n{note}\n" for note in notes)
+    return "\n".join(lines) + "\n" + note
 
 
 def environment_markdown(runs: Sequence[ProfileRun], names: Mapping[str, str]) -> str:
@@ -486,7 +486,7 @@ def environment_markdown(runs: Sequence[ProfileRun], names: Mapping[str, str]) -
 
 def settings_text(key: GroupKey) -> str:
     settings = ", ".join(f"`{name}` {value}" for name, value in key.settings) or "none recorded"
-    return f"model `{key.model_digest[:12]}`; settings: {settings}"
+    return f"model `{key.model_digest[:12]}`; step time: {STATISTICS[key.statistic]}; settings: {settings}"
 
 
 def differences(key: GroupKey, reference: GroupKey) -> str:
@@ -494,6 +494,8 @@ def differences(key: GroupKey, reference: GroupKey) -> str:
     parts = []
     if key.model_digest != reference.model_digest:
         parts.append(f"another checkpoint (`model.digest` {key.model_digest[:12]} vs {reference.model_digest[:12]})")
+    if key.statistic != reference.statistic:
+        parts.append(f"step time: {STATISTICS[key.statistic]} vs {STATISTICS[reference.statistic]}")
     mine, theirs = dict(key.settings), dict(reference.settings)
     for name in sorted(set(mine) | set(theirs)):
         if mine.get(name) != theirs.get(name):
@@ -641,8 +643,10 @@ def batch_size_figure(rows: Sequence[MachineRow], value: Literal["per_sample", "
 
 
 def _plotted(row: MachineRow, value: Literal["per_sample", "throughput"]) -> tuple[float, float, float]:
-    """(value, interval low, interval high); without an interval both ends are the value (no error bar)."""
+    """(value, interval low, interval high); without a bounded interval both ends are the value (no error bar)."""
     low, high = row.per_sample_ms_ci_low, row.per_sample_ms_ci_high
+    if not low or not high or not math.isfinite(high):  # an end at 0: too few blocks; log axes cannot show it
+        low = high = None
     if value == "per_sample":
         return row.per_sample_ms, low or row.per_sample_ms, high or row.per_sample_ms
     centre = row.throughput_samples_per_s  # samples/s = 1000 / per-sample ms: the interval's ends swap

@@ -20,11 +20,15 @@ from typing import Any, TypeVar
 
 from pipeline.config import Device, ProfileConfig, ProfileMode
 from pipeline.errors import PipelineError
+from pipeline.timing_statistics import Interval, MeasurementConditions
+from pipeline.trace_analysis import KernelStats, RangeStats, StepAnatomy
 
 # Profiling runs the trained weights in fp32 whatever precision training used: the lab compares
 # operators and batch sizes, and a mixed-precision step would be a different program.
 PROFILE_PRECISION = "fp32"
-RECORD_FORMAT = 1
+# 2: median step time with its confidence interval, measurement conditions, and the step analysis
+# (anatomy, kernels, achieved FLOP/s).
+RECORD_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -58,19 +62,35 @@ class OperatorRow:
 
 @dataclass(frozen=True)
 class Timing:
-    """Step-time statistics of the timed pass (no profiler attached); field names are metric names."""
+    """Step-time estimate of the timed pass (no profiler attached; pipeline.timing); field names are metric names.
 
-    step_time_ms_mean: float
-    step_time_ms_p50: float
-    step_time_ms_p95: float
-    step_time_cv: float
-    per_sample_ms: float
-    throughput_samples_per_s: float
+    The step time is the median of per-step block means with its 95 % confidence interval
+    (pipeline.timing_statistics): `noisy` when the interval missed `profile.ci_target_pct`.
+    """
+
+    step_time_ms_median: float
+    step_time_ms_iqr: float  # spread of the blocks' per-step times (not the uncertainty of the median)
+    step_time_ms_ci_low: float  # 95 % confidence interval of the median
+    step_time_ms_ci_high: float
+    step_time_ci_pct: float  # the interval lies within median ± this %
+    steps_measured: int
+    blocks_measured: int
+    steps_per_block: int
+    per_sample_ms: float  # median ÷ batch size
+    throughput_samples_per_s: float  # batch size ÷ median
+    noisy: bool
+    timing_s: float  # wall time the timing took (it stops at the CI target or the time budget)
     peak_memory_mb: float  # most memory torch had allocated on the device during the traced steps
     top_operator_share_pct: float
 
     def as_metrics(self) -> dict[str, float]:
-        return dataclasses.asdict(self)
+        return {name: float(value) for name, value in dataclasses.asdict(self).items()}
+
+    def step_interval(self) -> Interval:
+        return Interval(self.step_time_ms_median, self.step_time_ms_ci_low, self.step_time_ms_ci_high)
+
+    def per_sample_interval(self, batch_size: int) -> Interval:
+        return self.step_interval().scaled(1.0 / batch_size)
 
 
 @dataclass(frozen=True)
@@ -79,8 +99,45 @@ class ProfileSettings:
     precision: str
     memory_format: str
     warmup_steps: int
-    active_steps: int
+    active_steps: int  # traced by torch.profiler
     optimizer_lr: float  # Adadelta's lr in train mode: the one the checkpoint was trained with
+    ci_target_pct: float
+    time_budget_s: float
+
+
+@dataclass(frozen=True)
+class FlopRate:
+    """Arithmetic the step does ÷ the time it takes, against what the device can do."""
+
+    flops_per_step: float  # model FLOPs per sample (forward; forward + backward in training) x batch
+    step_ms: float  # the median timed step
+    achieved_gflops_per_s: float
+    peak_gflops_per_s: float  # measured on the same device by pipeline.peak; 0 if unknown
+    peak_pct: float  # achieved / peak; 0 if the peak is unknown
+
+
+def flop_rate(flops_per_sample: float, batch_size: int, step_ms: float, peak_gflops_per_s: float) -> FlopRate:
+    flops = flops_per_sample * batch_size
+    achieved = flops / (step_ms / 1000) / 1e9 if step_ms > 0 else 0.0
+    return FlopRate(
+        flops_per_step=flops,
+        step_ms=step_ms,
+        achieved_gflops_per_s=achieved,
+        peak_gflops_per_s=peak_gflops_per_s,
+        peak_pct=100.0 * achieved / peak_gflops_per_s if peak_gflops_per_s > 0 else 0.0,
+    )
+
+
+@dataclass(frozen=True)
+class StepAnalysis:
+    """Why the step costs what it costs, from its trace (pipeline.trace_analysis) and the measured peak."""
+
+    anatomy: StepAnatomy
+    flop_rate: FlopRate
+    peak_method: str  # how the peak was measured, for the report
+    ranges: tuple[RangeStats, ...]  # profiler ranges, listed apart from the operators
+    top_kernels: tuple[KernelStats, ...]  # empty on the CPU
+    unattributed_device_ms: float  # device time per step launched outside any operator
 
 
 @dataclass(frozen=True)
@@ -89,13 +146,19 @@ class ProfileRecord:
     hardware: dict[str, str]
     settings: ProfileSettings
     timing: Timing
-    step_times_ms: tuple[float, ...]
-    top_operators: tuple[OperatorRow, ...]
+    conditions: MeasurementConditions  # load, cores, threads, governor around the timing
+    block_times_ms: tuple[float, ...]  # per-step time of each timed block, in order (5 significant digits)
+    top_operators: tuple[OperatorRow, ...]  # ATen operators only: no profiler ranges, no raw kernels
     data_digest: str
+    analysis: StepAnalysis
     format: int = RECORD_FORMAT
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def metrics(self) -> dict[str, float]:
+        """timing.json, MLflow and TensorBoard: the same names for every combination."""
+        return {**self.timing.as_metrics(), **self.conditions.metrics()}
 
 
 def write_record(record: ProfileRecord) -> str:

@@ -12,11 +12,13 @@ import dataclasses
 import json
 import re
 import shutil
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.analysis_figures import cpu_vs_gpu_figure, roofline_figure
 from pipeline.config import Params, ProfileConfig
 from pipeline.paths import (
     GRAPH_METRICS,
@@ -31,6 +33,17 @@ from pipeline.paths import (
 )
 from pipeline.profile_record import ProfileRecord, combinations, read_record
 from pipeline.report_figures import batch_size_plot, read_csv, training_curves
+from pipeline.timing_statistics import NOISY_ADVICE, Interval, ratio
+from pipeline.step_report import (
+    StepFacts,
+    analysis_sentences,
+    anatomy_markdown,
+    cpu_vs_gpu_markdown,
+    flop_rate_markdown,
+    has_gpu_pairs,
+    kernels_markdown,
+    step_facts,
+)
 
 TITLE = "AI-System Lab 1: MNIST CNN — training, dataflow graph and operator profile"
 CONVOLUTION = re.compile(r"conv", re.IGNORECASE)
@@ -86,33 +99,76 @@ class ComparisonRow:
     device: str
     mode: str
     series: str  # one plotted line: "<device> <mode>"
-    step_time_ms: float
-    step_time_cv: float
+    step_time_ms: float  # median per-step time
+    step_time_ms_iqr: float
+    step_time_ms_ci_low: float  # its 95 % confidence interval
+    step_time_ms_ci_high: float
+    step_time_ci_pct: float
+    steps_measured: int
+    blocks_measured: int
     per_sample_ms: float
     throughput_samples_per_s: float
+    noisy: bool  # the interval missed profile.ci_target_pct
+    machine_busy: bool  # load average above the cores while timing
+    load_average_before: float
+    load_average_after: float
+    cores: int
+    threads: int
     top_operator: str
     top_operator_share_pct: float
     convolution_share_pct: float
 
+    @property
+    def step_interval(self) -> Interval:
+        return Interval(self.step_time_ms, self.step_time_ms_ci_low, self.step_time_ms_ci_high)
+
+    @property
+    def per_sample_interval(self) -> Interval:
+        return self.step_interval.scaled(1.0 / self.batch_size)
+
+    @property
+    def flags(self) -> str:
+        return ", ".join(flag for flag, raised in (("noisy", self.noisy), ("busy", self.machine_busy)) if raised)
+
 
 # Columns of plots/profile_comparison.csv (what `dvc plots show` draws).
-COMPARISON_PLOT_FIELDS = ("batch_size", "series", "per_sample_ms", "throughput_samples_per_s", "step_time_ms")
+COMPARISON_PLOT_FIELDS = (
+    "batch_size",
+    "series",
+    "per_sample_ms",
+    "throughput_samples_per_s",
+    "step_time_ms",
+    "step_time_ms_ci_low",
+    "step_time_ms_ci_high",
+)
 
 
 def comparison_rows(profiles: Sequence[ProfileRecord]) -> list[ComparisonRow]:
     rows = []
     for record in profiles:
-        combination, timing, top = record.combination, record.timing, record.top_operators
+        combination, timing, conditions = record.combination, record.timing, record.conditions
+        top = record.top_operators
         rows.append(
             ComparisonRow(
                 batch_size=combination.batch_size,
                 device=combination.device,
                 mode=combination.mode,
                 series=f"{combination.device} {combination.mode}",
-                step_time_ms=timing.step_time_ms_mean,
-                step_time_cv=timing.step_time_cv,
+                step_time_ms=timing.step_time_ms_median,
+                step_time_ms_iqr=timing.step_time_ms_iqr,
+                step_time_ms_ci_low=timing.step_time_ms_ci_low,
+                step_time_ms_ci_high=timing.step_time_ms_ci_high,
+                step_time_ci_pct=timing.step_time_ci_pct,
+                steps_measured=timing.steps_measured,
+                blocks_measured=timing.blocks_measured,
                 per_sample_ms=timing.per_sample_ms,
                 throughput_samples_per_s=timing.throughput_samples_per_s,
+                noisy=timing.noisy,
+                machine_busy=conditions.busy,
+                load_average_before=conditions.load_average_before,
+                load_average_after=conditions.load_average_after,
+                cores=conditions.cores,
+                threads=conditions.threads,
                 top_operator=top[0].operator if top else "",
                 top_operator_share_pct=top[0].share_pct if top else 0.0,
                 convolution_share_pct=sum(row.share_pct for row in top if CONVOLUTION.search(row.operator)),
@@ -123,16 +179,43 @@ def comparison_rows(profiles: Sequence[ProfileRecord]) -> list[ComparisonRow]:
 
 def comparison_markdown(rows: Sequence[ComparisonRow]) -> str:
     lines = [
-        "| batch | device | mode | step ms (CV) | per-sample ms | samples/s | top operator (share) | convolution share |",
-        "| ---: | --- | --- | ---: | ---: | ---: | --- | ---: |",
+        "| batch | device | mode | step ms (median) | IQR ms | 95 % CI | steps / blocks | per-sample ms | samples/s "
+        "| top operator (share) | convolution share | flag |",
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |",
     ]
     for row in rows:
         lines.append(
-            f"| {row.batch_size} | {row.device} | {row.mode} | {row.step_time_ms:.3f} ({row.step_time_cv:.1%}) | "
-            f"{row.per_sample_ms:.4f} | {row.throughput_samples_per_s:.0f} | `{row.top_operator}` "
-            f"({row.top_operator_share_pct:.1f} %) | {row.convolution_share_pct:.1f} % |"
+            f"| {row.batch_size} | {row.device} | {row.mode} | {row.step_time_ms:.3f} | {row.step_time_ms_iqr:.3f} | "
+            f"±{row.step_time_ci_pct:.1f} % | {row.steps_measured} / {row.blocks_measured} | {row.per_sample_ms:.4f} | "
+            f"{row.throughput_samples_per_s:.0f} | `{row.top_operator}` ({row.top_operator_share_pct:.1f} %) | "
+            f"{row.convolution_share_pct:.1f} % | {row.flags} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + "".join(f"\n{note}\n" for note in measurement_notes(rows))
+
+
+def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
+    """What the comparison table's numbers are, and what its flags mean where any row raised one."""
+    notes = [
+        "Step time: median of per-step block means (blocks of consecutive steps timed together), with the "
+        "half-width of its 95 % confidence interval; IQR is the spread of the blocks."
+    ]
+    noisy = [f"{row.batch_size}-{row.device}-{row.mode}" for row in rows if row.noisy]
+    if noisy:
+        notes.append(
+            f"**{NOISY_ADVICE}** ({', '.join(noisy)}): the confidence interval missed `profile.ci_target_pct` "
+            "before `profile.time_budget_s` ran out."
+        )
+    busy = [row for row in rows if row.machine_busy]
+    if busy:
+        loads = ", ".join(
+            f"{row.batch_size}-{row.device}-{row.mode} ({row.load_average_before:.2f} -> {row.load_average_after:.2f})"
+            for row in busy
+        )
+        notes.append(
+            f"**Warning: busy machine**: the load average exceeded the {busy[0].cores} cores while timing {loads}; "
+            "those step times are likely inflated and less stable: rerun on a quiet machine."
+        )
+    return notes
 
 
 def environment_markdown(hardware: dict[str, str], profiles: Sequence[ProfileRecord]) -> str:
@@ -154,7 +237,7 @@ def environment_markdown(hardware: dict[str, str], profiles: Sequence[ProfileRec
 
 
 def analysis(rows: Sequence[ComparisonRow]) -> list[str]:
-    """Plain sentences drawn from the comparison numbers."""
+    """Plain sentences drawn from the comparison numbers; every ratio with its 95 % interval."""
     sentences: list[str] = []
     by_series: dict[tuple[str, str], list[ComparisonRow]] = {}
     for row in rows:
@@ -168,29 +251,30 @@ def analysis(rows: Sequence[ComparisonRow]) -> list[str]:
             f"{largest.convolution_share_pct:.1f} % of it."
         )
         if len(series) > 1:
-            ratio = smallest.per_sample_ms / largest.per_sample_ms
-            sentences.append(
-                f"Per-sample time falls from {smallest.per_sample_ms:.4f} ms at batch {smallest.batch_size} to "
-                f"{largest.per_sample_ms:.4f} ms at batch {largest.batch_size} ({ratio:.1f}x cheaper): fixed "
-                f"per-step costs (operator dispatch, {'the optimizer update, ' if mode == 'train' else ''}kernel "
-                f"set-up) are shared by more samples, and at batch {smallest.batch_size} the top operator is "
-                f"`{smallest.top_operator}`."
-            )
-    cpu = {(r.batch_size, r.mode): r for r in rows if r.device == "cpu"}
-    for row in rows:
-        if row.device != "cpu" and (row.batch_size, row.mode) in cpu:
-            reference = cpu[(row.batch_size, row.mode)]
-            sentences.append(
-                f"{row.device} vs cpu, batch {row.batch_size} {row.mode}: "
-                f"{reference.step_time_ms / row.step_time_ms:.1f}x the CPU's speed "
-                f"({row.step_time_ms:.3f} vs {reference.step_time_ms:.3f} ms per step)."
-            )
-    if not any(row.device != "cpu" for row in rows):
-        sentences.append(
-            "Only CPU combinations were profiled: add `cuda` to `profile.devices` on a GPU machine "
-            "for the CPU vs GPU comparison."
-        )
+            sentences.append(batch_scaling_sentence(smallest, largest, mode))
     return sentences
+
+
+def batch_scaling_sentence(smallest: ComparisonRow, largest: ComparisonRow, mode: str) -> str:
+    """Per-sample time from the smallest to the largest batch, with the ratio's 95 % interval."""
+    cheaper = ratio(smallest.per_sample_interval, largest.per_sample_interval)
+    small, large = f"batch {smallest.batch_size}", f"batch {largest.batch_size}"
+    if not cheaper.measurable:
+        return (
+            f"Per-sample time at {small} ({smallest.per_sample_ms:.4f} ms) and at {large} "
+            f"({largest.per_sample_ms:.4f} ms): {cheaper.describe()}."
+        )
+    if cheaper.value < 1:
+        return (
+            f"Per-sample time rises from {smallest.per_sample_ms:.4f} ms at {small} to {largest.per_sample_ms:.4f} ms "
+            f"at {large} ({1 / cheaper.value:.1f}x dearer, 95 % CI {1 / cheaper.high:.2f}-{1 / cheaper.low:.2f}x)."
+        )
+    return (
+        f"Per-sample time falls from {smallest.per_sample_ms:.4f} ms at {small} to {largest.per_sample_ms:.4f} ms at "
+        f"{large} ({cheaper.value:.1f}x cheaper, 95 % CI {cheaper.bounds()}): fixed per-step costs (operator "
+        f"dispatch, {'the optimizer update, ' if mode == 'train' else ''}kernel set-up) are shared by more samples, "
+        f"and at {small} the top operator is `{smallest.top_operator}`."
+    )
 
 
 @dataclass(frozen=True)
@@ -223,10 +307,12 @@ def build_report(params: Params, figures: Path) -> Report:
     sections.append(inputs.model_summary or "_Model summary not available (see Missing inputs)._\n")
     sections += training_section(params, inputs, figures)
 
-    sections.append("## 4. Top operators per combination\n")
+    sections.append("## 4. Top operators (and GPU kernels) per combination\n")
     for record in inputs.profiles:
         table = profile_outputs(record.combination.name).table_markdown.read_text()
         sections.append(table.replace("### ", "#### ", 1))
+        if record.analysis.top_kernels:
+            sections.append(kernels_markdown(record).replace("### ", "#### ", 1))
     if not inputs.profiles:
         sections.append("_No profile available (see Missing inputs)._\n")
 
@@ -238,13 +324,35 @@ def build_report(params: Params, figures: Path) -> Report:
         batch_size_plot(plotted, "throughput_samples_per_s", "throughput (samples/s)", figures / "throughput.png")
         sections.append("![per-sample time](figures/per_sample_time.png)\n\n![throughput](figures/throughput.png)\n")
 
-    sections.append("## 6. Analysis\n")
-    sections.append("".join(f"- {sentence}\n" for sentence in analysis(rows)) if rows else "_No profiles to analyse._\n")
+    facts = step_facts(inputs.profiles)
+    sections += step_sections(facts, figures)
+
+    sections.append("## 9. Analysis\n")
+    sentences = analysis(rows) + analysis_sentences(facts)
+    sections.append("".join(f"- {sentence}\n" for sentence in sentences) if rows else "_No profiles to analyse._\n")
 
     if inputs.missing:
         sections.append("## Missing inputs\n")
         sections.append("".join(f"- {line}\n" for line in inputs.missing))
     return Report("\n".join(sections), rows)
+
+
+def step_sections(facts: Sequence[StepFacts], figures: Path) -> list[str]:
+    """Sections 6-8: where each step's time goes, its achieved FLOP/s against the peak, CPU vs GPU."""
+    sections = ["## 6. Step anatomy: where a step's time goes\n", anatomy_markdown(facts)]
+    sections += ["## 7. Achieved FLOP/s against the device's peak\n", flop_rate_markdown(facts)]
+    if facts:
+        peaks: dict[str, list[float]] = {}
+        for fact in facts:
+            if fact.rate is not None and fact.rate.peak_gflops_per_s > 0:
+                peaks.setdefault(fact.device, []).append(fact.rate.peak_gflops_per_s)
+        roofline_figure(facts, {device: statistics.median(v) for device, v in peaks.items()}, figures / "roofline.png")
+        sections.append("![achieved FLOP/s vs batch size](figures/roofline.png)\n")
+    sections += ["## 8. CPU vs GPU\n", cpu_vs_gpu_markdown(facts)]
+    if has_gpu_pairs(facts):
+        cpu_vs_gpu_figure(facts, figures / "cpu_vs_gpu.png")
+        sections.append("![per-sample time, CPU vs GPU](figures/cpu_vs_gpu.png)\n")
+    return sections
 
 
 def training_section(params: Params, inputs: ReportInputs, figures: Path) -> list[str]:

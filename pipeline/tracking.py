@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config import TrackingConfig
 from pipeline.errors import PipelineError
-from pipeline.machine_identity import machine_tags
+from pipeline.lineage import current_pipeline_run, mark_current, parent_run_id
+from pipeline.machine_identity import ID_TAG, machine_tags
 from pipeline.tensorboard_events import EventWriter
 
 if TYPE_CHECKING:  # imported lazily at run time: `import mlflow` alone costs ~2 s
@@ -110,7 +111,13 @@ def prepare_experiment(uri: str, experiment: str, root: Path) -> str:
         if database is not None and database.parent == root:
             # Keep artifacts beside the default store instead of under whatever cwd created it.
             location = (root / ARTIFACTS_DIR / _slug(experiment)).as_uri()
-        return client.create_experiment(experiment, artifact_location=location)
+        description = (
+            "AI-System Lab 1: MNIST CNN training, dataflow graph and operator profiles, one run per DVC stage "
+            "(children of a `pipeline@<commit>-<params>` run per `dvc repro`). Written by this project's pipeline."
+        )
+        return client.create_experiment(
+            experiment, artifact_location=location, tags={"mlflow.note.content": description}
+        )
 
 
 @contextlib.contextmanager
@@ -227,6 +234,16 @@ class Tracker:
         self.client.log_text(self.run_id, text, artifact_file)
 
 
+# Shown as each run's description in the MLflow UI (the `mlflow.note.content` tag).
+STAGE_DESCRIPTIONS = {
+    "download": "Fetch the four MNIST IDX files, verify their SHA-256 digests and write data/MNIST.",
+    "train": "Train the lab CNN (Adadelta + StepLR) on in-memory MNIST; checkpoint, metrics and curves.",
+    "export_graph": "Export the trained model's dataflow graph: TensorBoard graph, torch.export .pt2, ONNX, summary.",
+    "profile": "Time one batch size x device x mode and rank its operators with torch.profiler.",
+    "report": "Build the lab report (markdown + self-contained HTML) from every stage's outputs.",
+}
+
+
 def _dvc_experiment_tags() -> dict[str, str]:
     """Inside `dvc exp run`, DVC names the experiment and its baseline commit: link the run to them."""
     names = {"DVC_EXP_NAME": "dvc.experiment", "DVC_EXP_BASELINE_REV": "dvc.baseline_rev"}
@@ -255,12 +272,18 @@ def open_tracker(
     root = root or project_root()
     uri = tracking_uri(root)
     check_tracking_server(uri)
-    tags = {"stage": stage, **_dvc_experiment_tags(), **machine_tags()}
+    machine = machine_tags()
     try:
         experiment_id = prepare_experiment(uri, config.experiment, root)
         mlflow.set_tracking_uri(uri)
         run_name = f"{stage}@{variant}" if variant else stage
-        run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags)
+        client = MlflowClient(uri)
+        pipeline = current_pipeline_run(root, machine)
+        tags = {"stage": stage, **pipeline.tags(), **_dvc_experiment_tags()}
+        if stage in STAGE_DESCRIPTIONS:
+            tags["mlflow.note.content"] = STAGE_DESCRIPTIONS[stage]
+        parent = parent_run_id(client, experiment_id, pipeline)
+        run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags, parent_run_id=parent)
     except mlflow.exceptions.MlflowException as error:
         raise PipelineError(
             f"MLflow tracking store {uri} failed: {error.message}. Check $MLFLOW_TRACKING_URI "
@@ -270,11 +293,12 @@ def open_tracker(
     folder = f"{variant + '-' if variant else ''}{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:8]}"
     logdir = Path(config.tensorboard_dir)
     logdir = (logdir if logdir.is_absolute() else root / logdir) / stage / folder
-    tracker = Tracker(client=MlflowClient(uri), run_id=run_id, events=EventWriter(logdir))
+    tracker = Tracker(client=client, run_id=run_id, events=EventWriter(logdir))
     status = "FAILED"
     try:
         yield tracker
         status = "FINISHED"
+        mark_current(client, experiment_id, run_id, run_name, machine[ID_TAG])
     except KeyboardInterrupt:
         status = "KILLED"
         raise

@@ -12,9 +12,9 @@ from pipeline.atomic import AtomicOutputs
 from pipeline.cli import run_stage
 from pipeline.config import load_params
 from pipeline.paths import DATA_ROOT, MODEL_CHECKPOINT, profile_outputs
-from pipeline.profile_record import OperatorRow, parse_combination, write_record
-from pipeline.profiling import operators_markdown, prepare_profile, run_parameters, run_profile
-from pipeline.tables import records_csv
+from pipeline.profile_artifacts import log_profile, write_profile_outputs
+from pipeline.profile_record import parse_combination
+from pipeline.profiling import measurement_warnings, prepare_profile, run_parameters, run_profile
 from pipeline.tracking import open_tracker
 
 
@@ -31,17 +31,11 @@ def main() -> None:
             {"data.digest": setup.data_digest, "model.digest": setup.model_digest, "combination": combination.name}
         )
         record = run_profile(setup, config.top_k, outputs.staged(paths.trace))
-        markdown = operators_markdown(record)
-        outputs.write_text(paths.table_markdown, markdown)
-        outputs.write_text(paths.table_csv, records_csv(OperatorRow, record.top_operators))
-        outputs.write_text(paths.record, write_record(record))
-        outputs.write_json(paths.timing, record.timing.as_metrics())
-        tracker.log_metrics(record.timing.as_metrics())
-        tracker.log_series("step_time_ms", record.step_times_ms)
-        tracker.log_text("profile/top_operators", markdown, "top_operators.md")
-        for path in (paths.table_csv, paths.record, paths.trace):
-            tracker.log_artifact(outputs.staged(path))
-    print(markdown)
+        texts = write_profile_outputs(outputs, paths, record)
+        log_profile(tracker, outputs, paths, record, texts)
+    print(texts.console(record))
+    for warning in measurement_warnings(record):
+        print(f"Warning: {warning}.", file=sys.stderr)
 
 
 if __name__ == "__main__":

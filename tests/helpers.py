@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import hashlib
 import os
@@ -15,6 +14,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,12 @@ from pipeline.profile_record import (
     OperatorRow,
     ProfileRecord,
     ProfileSettings,
+    StepAnalysis,
     Timing,
+    flop_rate,
 )
+from pipeline.timing_statistics import GOVERNOR_NOT_EXPOSED, MeasurementConditions
+from pipeline.trace_analysis import StepAnatomy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LAB_MODEL = ModelConfig(conv1_channels=32, conv2_channels=64, hidden_units=128, conv_dropout=0.25, hidden_dropout=0.5)
@@ -152,9 +156,9 @@ def tiny_params(params: dict[str, Any]) -> dict[str, Any]:
     """The one small configuration every test uses (modified in place and returned).
 
     Training: one epoch over 6,400 images (100 steps), seconds yet well past chance.
-    Profiling: 3 warm-up and 8 measured steps per combination."""
+    Profiling: 3 warm-up steps, 1 s of timing and 8 traced steps per combination."""
     params["train"].update(epochs=1, train_samples=6400, log_every_steps=20)
-    params["profile"].update(warmup_steps=3, active_steps=8)
+    params["profile"].update(warmup_steps=3, active_steps=8, time_budget_s=1.0)
     return params
 
 
@@ -187,46 +191,61 @@ def clone_project(source: Path, target: Path) -> Path:
 
 
 def make_record(
-    batch: int, device: str, mode: str, step_ms: float, operators: tuple[tuple[str, float], ...] = ()
+    batch: int,
+    device: str,
+    mode: str,
+    step_ms: float,
+    operators: tuple[tuple[str, float], ...] = (),
+    ci_pct: float = 2.0,
+    load: float = 0.5,
+    busy_pct: float = 90.0,
 ) -> ProfileRecord:
-    """A profile record with the given step time and (operator, share %) rows, for report tests."""
+    """A profile record for report tests: the given median step time, its 95 % CI half-width (%), the load
+    average while timing (2 cores), (operator, share %) rows and busy share.
+
+    Its step analysis: a traced step twice the timed one, 1 MFLOP per sample, a 100 GFLOP/s peak."""
     combination = Combination(batch, device, mode)  # type: ignore[arg-type]
     rows = tuple(OperatorRow(name, 1.0, 0.1, 0.1, 0.0, 0.0, share, 0.0) for name, share in operators)
     timing = Timing(
-        step_time_ms_mean=step_ms,
-        step_time_ms_p50=step_ms,
-        step_time_ms_p95=step_ms * 1.1,
-        step_time_cv=0.02,
+        step_time_ms_median=step_ms,
+        step_time_ms_iqr=step_ms * 0.1,
+        step_time_ms_ci_low=step_ms * (1 - ci_pct / 100),
+        step_time_ms_ci_high=step_ms * (1 + ci_pct / 100),
+        step_time_ci_pct=ci_pct,
+        steps_measured=400,
+        blocks_measured=100,
+        steps_per_block=4,
         per_sample_ms=step_ms / batch,
         throughput_samples_per_s=1000 * batch / step_ms,
+        noisy=ci_pct > 2.0,
+        timing_s=3.0,
         peak_memory_mb=10.0,
         top_operator_share_pct=rows[0].share_pct if rows else 0.0,
     )
-    settings = ProfileSettings(2, PROFILE_PRECISION, "channels_last", 3, 8, 1.0)
+    settings = ProfileSettings(2, PROFILE_PRECISION, "channels_last", 3, 8, 1.0, 2.0, 10.0)
+    conditions = MeasurementConditions(load, load, cores=2, threads=2, cpu_governor=GOVERNOR_NOT_EXPOSED)
     hardware = {"cpu": "Test CPU", "cpu_count": "2", "gpus": "none", "torch": "2.x"}
-    return ProfileRecord(combination, hardware, settings, timing, (step_ms,) * 8, rows, "abc123")
+    verdict = "host-bound" if busy_pct < 50 else "device-bound"
+    anatomy = StepAnatomy(device, 8, 2 * step_ms, 2 * step_ms * busy_pct / 100, busy_pct, 100 - busy_pct, 0, 0, 0, verdict, "")
+    analysis = StepAnalysis(anatomy, flop_rate(1e6, batch, step_ms, 100.0), "a 100 GFLOP/s stand-in", (), (), 0.0)
+    return ProfileRecord(
+        combination, hardware, settings, timing, conditions, (step_ms,) * 100, rows, "abc123", analysis
+    )
+
+SERVER_START_LIMIT_S = 120  # measured 20-30 s on two cores; generous for a loaded CI machine
 
 
-MLFLOW_SERVER_START_LIMIT_S = 120  # measured 20-30 s on two cores; generous for a loaded CI machine
-
-
-@contextlib.contextmanager
-def running_mlflow_server(folder: Path) -> Iterator[str]:
-    """`mlflow server` on 127.0.0.1 with its own SQLite store and artifact folder under `folder`;
-    yields its URI once `/health` answers, and stops it on exit."""
+@contextmanager
+def running_mlflow_server(folder: Path, backend_store_uri: str | None = None) -> Iterator[str]:
+    """A real `mlflow server` on 127.0.0.1 (its SQLite store and artifacts in `folder` unless given);
+    yields its URI once /health answers, stops it afterwards."""
     port = closed_port()
-    server = subprocess.Popen(
-        [
-            str(VENV_BIN / "mlflow"), "server",
-            "--backend-store-uri", f"sqlite:///{folder / 'server.db'}",
-            "--artifacts-destination", str(folder / "artifacts"),
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    store = backend_store_uri or f"sqlite:///{folder / 'server.db'}"
+    command = [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", store]
+    command += ["--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port)]
+    server = subprocess.Popen([*command, "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + MLFLOW_SERVER_START_LIMIT_S
+    deadline = time.monotonic() + SERVER_START_LIMIT_S
     try:
         while True:
             try:
@@ -236,9 +255,10 @@ def running_mlflow_server(folder: Path) -> Iterator[str]:
             except OSError:
                 pass  # not listening yet
             assert server.poll() is None, "mlflow server exited during start-up"
-            assert time.monotonic() < deadline, f"mlflow server gave no /health within {MLFLOW_SERVER_START_LIMIT_S} s"
+            assert time.monotonic() < deadline, f"mlflow server did not answer /health within {SERVER_START_LIMIT_S} s"
             time.sleep(0.5)
         yield uri
     finally:
         server.terminate()
         server.wait(timeout=30)
+

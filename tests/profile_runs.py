@@ -2,8 +2,11 @@
 
 For the machines-report tests: results measured on another machine (the H100 reference in
 ../shared/gpu-reference) become runs like the ones its profile stage would have logged to a shared
-server, with that machine's `hardware.*` params and `machine.*` tags. Reads raw JSON, so records from
-before the typed profile record (no `data_digest`, no `optimizer_lr`) load too.
+server, with that machine's `hardware.*` params and `machine.*` tags. Reads raw JSON, so records written
+before the current record type load too. Such an older record holds the per-step times of its timed pass
+but only their mean: by default its steps are re-estimated the way the profile stage estimates now
+(pipeline.timing_statistics: median with its 95 % interval, each step a block of one), so it compares
+with current runs; `retime=False` logs its mean and CV as an older run did.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
 from pipeline.machine_identity import IDENTITY_KEYS, identity_tags
+from pipeline.timing_statistics import Block, estimate_step_time
+from tests.helpers import REPO_PARAMS
 
 
 def copy_profiles(source: Path, target: Path) -> Path:
@@ -30,7 +35,8 @@ def copy_profiles(source: Path, target: Path) -> Path:
 
 
 def profile_run_params(record: dict[str, Any], top_k: int, optimizer_lr: float) -> dict[str, str]:
-    """The params `pipeline.profiling.run_parameters` logs, rebuilt from a profile.json record."""
+    """The params `pipeline.profiling.run_parameters` logs, rebuilt from a profile.json record (settings an
+    older record lacks: `optimizer_lr` as given, the timing targets from params.yaml)."""
     settings = record["settings"]
     return {
         **{key: str(value) for key, value in record["combination"].items()},
@@ -40,9 +46,23 @@ def profile_run_params(record: dict[str, Any], top_k: int, optimizer_lr: float) 
         "optimizer_lr": str(settings.get("optimizer_lr", optimizer_lr)),
         "profile.warmup_steps": str(settings["warmup_steps"]),
         "profile.active_steps": str(settings["active_steps"]),
+        "profile.ci_target_pct": str(float(settings.get("ci_target_pct", REPO_PARAMS["profile"]["ci_target_pct"]))),
+        "profile.time_budget_s": str(float(settings.get("time_budget_s", REPO_PARAMS["profile"]["time_budget_s"]))),
         "profile.top_k": str(top_k),
         **{f"hardware.{key}": value for key, value in record["hardware"].items()},
     }
+
+
+def record_metrics(record: dict[str, Any], retime: bool = True) -> dict[str, float]:
+    """The timing metrics of a record; an older record's steps re-estimated as the stage does now (`retime`)."""
+    timing = {key: float(value) for key, value in record["timing"].items()}
+    if "step_time_ms_median" in timing or not retime:
+        return timing
+    steps = record["step_times_ms"]
+    target = float(record["settings"].get("ci_target_pct", REPO_PARAMS["profile"]["ci_target_pct"]))
+    estimate = estimate_step_time([Block(1, ms / 1000) for ms in steps], record["combination"]["batch_size"], target)
+    kept = ("peak_memory_mb", "top_operator_share_pct")
+    return {**estimate.metrics(), "steps_per_block": 1.0, **{key: timing[key] for key in kept}}
 
 
 def log_profile_folder(
@@ -54,11 +74,11 @@ def log_profile_folder(
     label: str | None = None,
     started_ms: int | None = None,
     optimizer_lr: float = 1.0,  # train.lr of the checkpoint; records before the typed record lack it
+    retime: bool = True,
     settings_override: dict[str, str] | None = None,
-    metrics_override: dict[str, float] | None = None,
     status: str = "FINISHED",
 ) -> dict[str, str]:
-    """One FINISHED profile run per `folder/*/profile.json`; returns combination name -> run id."""
+    """One profile run per `folder/*/profile.json`; returns combination name -> run id."""
     started_ms = started_ms or int(time.time() * 1000)
     run_ids = {}
     for path in sorted(folder.glob("*/profile.json")):
@@ -75,11 +95,13 @@ def log_profile_folder(
         }
         run = client.create_run(experiment_id, start_time=started_ms, tags=tags, run_name=f"profile@{name}")
         params = {**profile_run_params(record, len(record["top_operators"]), optimizer_lr), **(settings_override or {})}
-        metrics = {**record["timing"], **(metrics_override or {})}
+        metrics = record_metrics(record, retime)
+        series_name = "block_step_time_ms" if "block_times_ms" in record else "step_time_ms"
+        series = record.get("block_times_ms", record.get("step_times_ms", []))
         client.log_batch(
             run.info.run_id,
-            metrics=[Metric(key, float(value), started_ms, 0) for key, value in metrics.items()]
-            + [Metric("step_time_ms", value, started_ms, step) for step, value in enumerate(record["step_times_ms"])],
+            metrics=[Metric(key, value, started_ms, 0) for key, value in metrics.items()]
+            + [Metric(series_name, value, started_ms, step) for step, value in enumerate(series)],
             params=[Param(key, value) for key, value in params.items()],
             tags=[RunTag(key, value) for key, value in tags.items()],
         )

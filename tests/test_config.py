@@ -41,6 +41,8 @@ def _set(raw: dict[str, Any], dotted: str, value: Any) -> None:
         ("profile.batch_sizes", [1, 0], "`profile.batch_sizes[1]` = 0 is not allowed; it must be >= 1"),
         ("profile.batch_sizes", [16, 16], "`profile.batch_sizes` = [16, 16] repeats a value"),
         ("profile.devices", ["cpu", "tpu"], "`profile.devices[1]` = 'tpu' is not allowed"),
+        ("profile.ci_target_pct", 0, "`profile.ci_target_pct` = 0 is not allowed; it must be > 0 and <= 50"),
+        ("profile.time_budget_s", "10s", "`profile.time_budget_s` = '10s' has the wrong type; expected a number"),
         ("train.epochs", "two", "`train.epochs` = 'two' has the wrong type; expected an integer"),
         ("train.epochs", 1.5, "`train.epochs` = 1.5 has the wrong type; expected an integer"),
         ("train.seed", True, "`train.seed` = True has the wrong type"),

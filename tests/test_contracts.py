@@ -13,7 +13,14 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from pipeline.errors import PipelineError
-from pipeline.profile_record import Combination, ProfileRecord, parse_combination, read_record, write_record
+from pipeline.profile_record import (
+    RECORD_FORMAT,
+    Combination,
+    ProfileRecord,
+    parse_combination,
+    read_record,
+    write_record,
+)
 from pipeline.tensorboard_events import EventWriter
 from tests.helpers import REPO_ROOT, make_record
 
@@ -32,7 +39,7 @@ def test_committed_profile_records_match_the_code() -> None:
     for path in paths:
         combination = parse_combination(path.parent.name.split("-"))
         record = read_record(path, combination)
-        assert record.timing.per_sample_ms == pytest.approx(record.timing.step_time_ms_mean / combination.batch_size)
+        assert record.timing.per_sample_ms == pytest.approx(record.timing.step_time_ms_median / combination.batch_size)
 
 
 @pytest.mark.parametrize(
@@ -42,7 +49,7 @@ def test_committed_profile_records_match_the_code() -> None:
         (lambda raw: raw["timing"].update(per_sample_seconds=1.0), "unknown field(s) ['per_sample_seconds'] in Timing"),
         (lambda raw: raw["combination"].update(batch_size="16"), "Combination.batch_size must be int, got str"),
         (lambda raw: raw["combination"].update(device="tpu"), "Combination.device is 'tpu', not one of"),
-        (lambda raw: raw.update(format=0), "is not a profile record of format 1"),
+        (lambda raw: raw.update(format=0), f"is not a profile record of format {RECORD_FORMAT}"),
         (lambda raw: raw["combination"].update(batch_size=64), "holds combination 64-cpu-train, not 16-cpu-train"),
     ],
 )
@@ -156,3 +163,40 @@ def test_event_writer_scalars_and_text_read_back_with_tensorboard(tmp_path: Path
     (text,) = events.Tensors("report/markdown/text_summary")
     assert text.tensor_proto.string_val[0].decode() == "| a | b |\n| - | - |\n| 1 | 2 |"
     assert events.summary_metadata["report/markdown/text_summary"].plugin_data.plugin_name == "text"
+
+
+# --- one dvc repro is one tree of runs in MLflow ----------------------------------------------------
+
+
+def test_stage_runs_of_one_pipeline_run_share_a_parent_and_the_latest_is_current(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlflow import MlflowClient
+
+    from pipeline.config import TrackingConfig
+    from pipeline.tracking import open_tracker
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    (tmp_path / "params.yaml").write_text("train: {lr: 1.0}\n")
+    config = TrackingConfig(experiment="lineage", tensorboard_dir="runs")
+    run_ids = []
+    for stage in ("train", "report", "report"):
+        with open_tracker(stage, config, root=tmp_path) as tracker:
+            run_ids.append(tracker.run_id)
+    (tmp_path / "params.yaml").write_text("train: {lr: 0.5}\n")  # an edit: a new pipeline run
+    with open_tracker("train", config, root=tmp_path) as tracker:
+        run_ids.append(tracker.run_id)
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = {run_id: client.get_run(run_id) for run_id in run_ids}
+    parents = [runs[run_id].data.tags["mlflow.parentRunId"] for run_id in run_ids]
+    assert parents[0] == parents[1] == parents[2] != parents[3]
+    parent = client.get_run(parents[0])
+    assert parent.info.run_name.startswith("pipeline@") and parent.info.status == "FINISHED"
+    assert parent.data.tags["pipeline.commit"] == "none"  # tmp_path is no git repository
+    outputs = [client.get_run(run_id).data.tags["dvc.outputs"] for run_id in run_ids]
+    assert outputs == ["superseded", "superseded", "current", "current"]  # train rerun after the edit supersedes
+    assert "Train the lab CNN" in runs[run_ids[0]].data.tags["mlflow.note.content"]
+    experiment = client.get_experiment_by_name("lineage")
+    assert "one run per DVC stage" in experiment.tags["mlflow.note.content"]

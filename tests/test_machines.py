@@ -7,6 +7,7 @@ import csv
 import json
 import os
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -48,6 +49,7 @@ H100 = json.loads((H100_REFERENCE / "fingerprint.json").read_text())
 LAPTOP = {**H100, "cpu": "11th Gen Intel(R) Core(TM) i7-1165G7 @ 2.80GHz", "cpu_count": "8", "gpus": "none"}
 MODEL = "a" * 64
 OTHER_MODEL = "b" * 64
+BIGGER_BUDGET = {"profile.time_budget_s": "30.0", "profile.ci_target_pct": "1.0"}
 
 
 # --- machine identity ----------------------------------------------------------------------------
@@ -111,6 +113,26 @@ def test_every_stage_run_is_tagged_with_its_machine(tmp_path: Path, monkeypatch:
     assert tags[NAME_TAG] == machine_name(machine_fingerprint())
 
 
+def test_machines_sharing_a_store_have_their_own_pipeline_runs_and_current_outputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same commit and params on two machines: two pipeline runs, and one machine's rerun leaves the other's
+    runs `current` (each machine has its own workspace)."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    (tmp_path / "params.yaml").write_text("train: {lr: 1.0}\n")
+    run_ids: list[str] = []
+    for label in ("alice", "bob", "alice"):
+        monkeypatch.setenv(LABEL_VARIABLE, label)
+        with open_tracker("report", TrackingConfig("lineage", "runs"), root=tmp_path) as tracker:
+            run_ids.append(tracker.run_id)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    alice, bob, alice_again = (client.get_run(run_id).data.tags for run_id in run_ids)
+    assert alice["mlflow.parentRunId"] == alice_again["mlflow.parentRunId"] != bob["mlflow.parentRunId"]
+    assert [tags["dvc.outputs"] for tags in (alice, bob, alice_again)] == ["superseded", "current", "current"]
+    assert client.get_run(bob["mlflow.parentRunId"]).data.tags[NAME_TAG] == "bob"
+
+
 def test_loader_logs_the_params_the_profile_stage_logs() -> None:
     """tests/profile_runs.py stands in for the profile stage: the same param names, or the report test lies."""
     import torch
@@ -124,8 +146,9 @@ def test_loader_logs_the_params_the_profile_stage_logs() -> None:
         device=torch.device("cpu"),
         step=lambda: None,
         hardware=record["hardware"],
-        settings=ProfileSettings(optimizer_lr=1.0, **record["settings"]),
+        settings=ProfileSettings(optimizer_lr=1.0, ci_target_pct=2.0, time_budget_s=10.0, **record["settings"]),
         data_digest="d",
+        flops_per_sample=1.0,
         model_digest=MODEL,
     )
     expected = {key: str(value) for key, value in run_parameters(setup, 10).items()}
@@ -134,7 +157,7 @@ def test_loader_logs_the_params_the_profile_stage_logs() -> None:
 
 # --- grouping and ratios, in memory --------------------------------------------------------------
 
-SETTINGS = (("precision", "fp32"), ("profile.active_steps", "30"))
+SETTINGS = (("precision", "fp32"), ("profile.warmup_steps", "10"))
 
 
 def make_run(
@@ -181,9 +204,11 @@ def test_intervals_give_ratios_with_bounds_or_no_measurable_difference(tmp_path:
     assert set(ratios) == {1, 64}
     assert all(ratio.machine == "fast" for ratio in ratios.values())
     assert ratios[64].value == 4.0
-    assert (ratios[64].low, ratios[64].high) == (60 / 17, 68 / 15)
+    assert ratios[64].interval is not None
+    assert (ratios[64].interval.low, ratios[64].interval.high) == pytest.approx((60 / 17, 68 / 15))
     assert ratios[64].describe() == "4.00x (3.53-4.53x)"
-    assert not ratios[1].measurable
+    assert ratios[1].interval is not None
+    assert not ratios[1].interval.measurable
     assert ratios[1].describe() == "no measurable difference (0.88-1.25x)"
     assert "Per-sample speed-up over **slow · cpu**" in report.markdown
     assert "| inference | 64 | 4.00x (3.53-4.53x) |" in report.markdown
@@ -191,18 +216,19 @@ def test_intervals_give_ratios_with_bounds_or_no_measurable_difference(tmp_path:
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(report.figures)
 
 
-def test_mean_estimates_compare_without_bounds_and_mixed_statistics_are_marked(tmp_path: Path) -> None:
+def test_means_compare_without_bounds_and_never_with_medians(tmp_path: Path) -> None:
     runs = [
         make_run("old", 16, StepTime(8.0, "mean", cv=0.2)),
-        make_run("new", 16, median(4.0, 3.8, 4.2)),
+        make_run("new", 16, StepTime(4.0, "mean", cv=0.1)),
+        make_run("new", 16, median(4.0, 3.8, 4.2), started=2),  # a newer estimate: its own group
     ]
     report = build_machines_report(runs, [], "test store", tmp_path, baseline="old")
     (ratio,) = report.speedups
-    assert (ratio.value, ratio.low, ratio.high, ratio.mixed_statistics) == (2.0, None, None, True)
-    assert ratio.describe() == "2.00x † ‡"
+    assert (ratio.value, ratio.interval, ratio.describe()) == (2.0, None, "2.00x †")
     assert "8 (CV 20.0%)" in report.markdown
     assert "† no confidence interval" in report.markdown
-    assert "‡ compares one machine's median" in report.markdown
+    assert [(row.group, row.statistic) for row in report.rows] == [(1, "mean"), (1, "mean"), (2, "median")]
+    assert "step time: median of timed blocks with its 95 % CI vs mean of timed steps (older runs)" in report.markdown
 
 
 def test_latest_run_per_machine_and_combination_and_unlike_runs_apart(tmp_path: Path) -> None:
@@ -262,11 +288,20 @@ def lab_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "here": log_profile_folder(client, experiment, here, MODEL, started_ms=now - 30_000),
         "h100": log_profile_folder(client, experiment, h100, MODEL, started_ms=now - 20_000),
     }
+    # Newer, with a larger time budget: how long to measure is no reason to set a run apart, so it replaces one.
+    runs["here"].update(
+        log_profile_folder(
+            client, experiment, one_combination, MODEL, started_ms=now - 10_000, settings_override=BIGGER_BUDGET
+        )
+    )
     failed = log_profile_folder(client, experiment, one_combination, MODEL, started_ms=now, status="FAILED")
     other_model = log_profile_folder(client, experiment, one_combination, OTHER_MODEL, started_ms=now)
     other_steps = log_profile_folder(
-        client, experiment, one_combination, MODEL, started_ms=now, settings_override={"profile.active_steps": "8"}
+        client, experiment, one_combination, MODEL, started_ms=now, settings_override={"profile.warmup_steps": "3"}
     )
+    legacy = project / "import" / "legacy"
+    shutil.copytree(h100 / "1-cpu-inference", legacy / "1-cpu-inference")
+    mean_timed = log_profile_folder(client, experiment, legacy, MODEL, started_ms=now, retime=False)
     no_digest = client.create_run(experiment, tags={"stage": "profile"}).info.run_id
     client.log_batch(no_digest, params=[])
     client.set_terminated(no_digest, "FINISHED")
@@ -275,7 +310,13 @@ def lab_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "uri": uri,
         "client": client,
         "runs": runs,
-        "set_apart": {"older": older, "failed": failed, "other_model": other_model, "other_steps": other_steps},
+        "set_apart": {
+            "older": older,
+            "failed": failed,
+            "other_model": other_model,
+            "other_steps": other_steps,
+            "mean_timed": mean_timed,
+        },
     }
 
 
@@ -299,9 +340,12 @@ def test_report_rows_are_the_latest_runs_and_match_their_metrics(
         assert row.machine_id == run.data.tags[ID_TAG]
         assert row.machine == run.data.tags[NAME_TAG]
         assert (row.batch_size, row.device, row.mode) == (int(params["batch_size"]), params["device"], params["mode"])
-        assert row.statistic == "mean"
-        assert row.step_time_ms == metrics["step_time_ms_mean"]
-        assert row.step_time_cv == metrics["step_time_cv"]
+        assert row.statistic == "median"
+        assert row.step_time_ms == metrics["step_time_ms_median"]
+        assert (row.step_time_ms_ci_low, row.step_time_ms_ci_high) == (
+            metrics["step_time_ms_ci_low"],
+            metrics["step_time_ms_ci_high"],
+        )
         assert row.per_sample_ms == pytest.approx(metrics["per_sample_ms"], rel=1e-12)
         assert row.throughput_samples_per_s == pytest.approx(metrics["throughput_samples_per_s"], rel=1e-12)
         assert row.model_digest == MODEL
@@ -310,8 +354,9 @@ def test_report_rows_are_the_latest_runs_and_match_their_metrics(
         for r in first_group
         if r.machine.startswith("NVIDIA H100") and r.batch_size == 64 and r.device == "cuda" and r.mode == "train"
     )
-    reference = json.loads((H100_REFERENCE / "profiles" / "64-cuda-train" / "timing.json").read_text())
-    assert h100_row.per_sample_ms == pytest.approx(reference["per_sample_ms"])
+    steps = json.loads((H100_REFERENCE / "profiles" / "64-cuda-train" / "profile.json").read_text())["step_times_ms"]
+    assert h100_row.per_sample_ms == pytest.approx(statistics.median(steps) / 64)  # the raw steps' median
+    assert h100_row.step_time_ms_ci_low < h100_row.step_time_ms < h100_row.step_time_ms_ci_high
     assert h100_row.device_name == "NVIDIA H100 80GB HBM3"
 
 
@@ -326,7 +371,11 @@ def test_ratios_compare_every_other_machine_and_device_with_the_baseline(store_r
         base = rows[(base_machine, base_device, ratio.mode, ratio.batch_size)]
         other = rows[(ratio.machine, ratio.device, ratio.mode, ratio.batch_size)]
         assert ratio.value == pytest.approx(base.per_sample_ms / other.per_sample_ms)
+        assert ratio.interval is not None
+        assert ratio.interval.low == pytest.approx(base.step_time_ms_ci_low / other.step_time_ms_ci_high)
+        assert ratio.interval.high == pytest.approx(base.step_time_ms_ci_high / other.step_time_ms_ci_low)
         assert f"| {ratio.mode} | {ratio.batch_size} |" in store_report.markdown
+        assert ratio.describe() in store_report.markdown
 
 
 def test_unlike_runs_are_reported_apart_and_named(lab_store: dict[str, Any], store_report: MachinesReport) -> None:
@@ -334,13 +383,16 @@ def test_unlike_runs_are_reported_apart_and_named(lab_store: dict[str, Any], sto
     by_run = {row.run_id: row for row in store_report.rows}
     assert by_run[set_apart["other_model"]["64-cpu-train"]].group > 1
     assert by_run[set_apart["other_steps"]["64-cpu-train"]].group > 1
+    assert by_run[set_apart["mean_timed"]["1-cpu-inference"]].statistic == "mean"
+    assert by_run[set_apart["mean_timed"]["1-cpu-inference"]].group > 1
     assert set_apart["older"]["64-cpu-train"] not in by_run
     assert set_apart["failed"]["64-cpu-train"] not in by_run
     markdown = store_report.markdown
     assert "another checkpoint (`model.digest` bbbbbbbbbbbb vs aaaaaaaaaaaa)" in markdown
-    assert "`profile.active_steps` 8 vs 30" in markdown
+    assert "`profile.warmup_steps` 3 vs 10" in markdown
+    assert "step time: mean of timed steps (older runs) vs median of timed blocks with its 95 % CI" in markdown
     assert "- 1 run(s): no `batch_size`, `device`, `mode` param(s)." in markdown
-    assert "(1 older ones superseded)" in markdown
+    assert "(2 older ones superseded)" in markdown  # the oldest run and the one the bigger budget replaced
     assert "| NVIDIA H100 80GB HBM3 + Intel Xeon (16 vCPUs) | `" in markdown  # its environment row
 
 

@@ -17,6 +17,7 @@ from mlflow import MlflowClient
 
 from pipeline.hardware import machine_fingerprint
 from pipeline.machine_identity import ID_TAG, NAME_TAG, identity_tags
+from pipeline.timing_statistics import Interval, ratio
 from tests.helpers import (
     REPO_ROOT,
     TRACKED_OUTPUTS,
@@ -81,9 +82,9 @@ def test_every_stage_run_carries_this_machine_and_the_checkpoint_digest(two_mach
     client: MlflowClient = two_machines["client"]
     expected = identity_tags(machine_fingerprint())
     stage_runs = client.search_runs([two_machines["experiment_id"]])
-    # one run per stage (the two profile runs have the same tags): the H100's are the other machine's
+    # one run per stage (the two profile runs have the same tags) and the `dvc repro`'s parent run
     by_stage = {run.data.tags["stage"]: run for run in stage_runs if run.info.run_id not in two_machines["h100"]}
-    assert set(by_stage) == {"download", "train", "profile"}
+    assert set(by_stage) == {"pipeline", "download", "train", "profile"}
     for run in by_stage.values():
         assert {run.data.tags[NAME_TAG], run.data.tags[ID_TAG]} == {expected[NAME_TAG], expected[ID_TAG]}
     checkpoint = hashlib.sha256((two_machines["project"] / "models" / "model.pt").read_bytes()).hexdigest()
@@ -104,26 +105,38 @@ def test_machines_report_from_the_server_puts_this_machine_beside_the_h100(two_m
     assert sorted({row["machine"] for row in rows}) == sorted(
         {here_name, "NVIDIA H100 80GB HBM3 + Intel Xeon (16 vCPUs)"}
     )
+    metrics = {row["run_id"]: client.get_run(row["run_id"]).data.metrics for row in rows}
     for row in rows:
-        metrics = client.get_run(row["run_id"]).data.metrics
-        batch = int(row["batch_size"])
-        assert float(row["step_time_ms"]) == pytest.approx(metrics["step_time_ms_mean"], rel=1e-5)  # CSV: 6 digits
-        assert float(row["per_sample_ms"]) == pytest.approx(metrics["step_time_ms_mean"] / batch, rel=1e-5)
-        assert float(row["throughput_samples_per_s"]) == pytest.approx(metrics["throughput_samples_per_s"], rel=1e-5)
+        logged = metrics[row["run_id"]]
+        assert row["statistic"] == "median"
+        for column, name in (
+            ("step_time_ms", "step_time_ms_median"),
+            ("step_time_ms_ci_low", "step_time_ms_ci_low"),
+            ("step_time_ms_ci_high", "step_time_ms_ci_high"),
+            ("per_sample_ms", "per_sample_ms"),
+            ("throughput_samples_per_s", "throughput_samples_per_s"),
+        ):
+            assert float(row[column]) == pytest.approx(logged[name], rel=1e-5), column  # CSV: 6 digits
     markdown = (project / "machines" / "machines.md").read_text()
     assert f"from `{two_machines['environment']['MLFLOW_TRACKING_URI']}` (experiment `mnist-lab`)" in markdown
     ratios = markdown.split("### Group 1: ratios")[1]
     assert f"speed-up over **{here_name} · cpu**" in ratios  # this machine is the default baseline
-    per_sample = {row["run_id"]: client.get_run(row["run_id"]).data.metrics["per_sample_ms"] for row in rows}
-    here = {int(row["batch_size"]): per_sample[row["run_id"]] for row in rows if row["machine"] == here_name}
-    h100_cpu = {
-        int(row["batch_size"]): per_sample[row["run_id"]]
+
+    def per_sample(row: dict[str, str]) -> Interval:
+        logged, batch = metrics[row["run_id"]], int(row["batch_size"])
+        median, low, high = (logged[f"step_time_ms_{name}"] for name in ("median", "ci_low", "ci_high"))
+        return Interval(median / batch, low / batch, high / batch)
+
+    here = {int(row["batch_size"]): per_sample(row) for row in rows if row["machine"] == here_name}
+    h100 = {
+        (int(row["batch_size"]), row["device"]): per_sample(row)
         for row in rows
-        if row["machine"] != here_name and row["device"] == "cpu" and row["mode"] == "inference"
+        if row["machine"] != here_name and row["mode"] == "inference"
     }
     ratio_lines = [line for line in ratios.splitlines() if line.startswith("| inference |")]
     assert [line.split(" | ")[1] for line in ratio_lines] == ["1", "64"]  # only the combinations this machine ran
     for line in ratio_lines:
         batch = int(line.split(" | ")[1])
-        assert f"{here[batch] / h100_cpu[batch]:.2f}x †" in line
+        cells = line.strip(" |").split(" | ")[2:]  # one per platform, sorted: the H100's cpu, then its cuda
+        assert cells == [ratio(here[batch], h100[(batch, device)]).describe() for device in ("cpu", "cuda")]
     assert "| train |" not in ratios
