@@ -42,7 +42,7 @@ class ShapeGraphs:
     own graph and memory pool.
     """
 
-    def __init__(self, step: Callable[..., None], warmup_steps: int = WARMUP_STEPS) -> None:
+    def __init__(self, step: Callable[..., object], warmup_steps: int = WARMUP_STEPS) -> None:
         self._step = step
         self._warmup_steps = warmup_steps
         self._seen: Counter[ShapeKey] = Counter()
@@ -73,7 +73,7 @@ class ShapeGraphs:
         # Warm-up and capture share one side stream, so the cuBLAS/cuDNN workspaces that the capture
         # uses exist before it starts.
         if self._stream is None:
-            self._stream = torch.cuda.Stream()
+            self._stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         return self._stream
 
     def _run_eagerly(self, inputs: tuple[torch.Tensor, ...]) -> None:
@@ -133,7 +133,9 @@ def capturable_adadelta(model: torch.nn.Module, lr: float) -> torch.optim.Adadel
     return torch.optim.Adadelta(model.parameters(), lr=lr, capturable=True, foreach=True)
 
 
-def make_graphable_step(model: torch.nn.Module, mode: str, images: torch.Tensor, labels: torch.Tensor) -> Callable[[], None]:
+def make_graphable_step(
+    model: torch.nn.Module, mode: str, images: torch.Tensor, labels: torch.Tensor, lr: float
+) -> Callable[[], None]:
     """The profile stage's step (pipeline.profiling.make_step) in a form that can be captured: the same
     forward, loss, backward and Adadelta update, with a capturable optimizer reading a device lr."""
     if mode == "inference":
@@ -145,13 +147,13 @@ def make_graphable_step(model: torch.nn.Module, mode: str, images: torch.Tensor,
 
         return inference_step
     model.train()
-    optimizer = capturable_adadelta(model, lr=1.0)
-    lr = GraphLearningRate(optimizer, images.device)
+    optimizer = capturable_adadelta(model, lr)
+    graph_lr = GraphLearningRate(optimizer, images.device)
 
     def training_step() -> None:
-        with lr.capturing():
+        with graph_lr.capturing():
             optimizer.zero_grad(set_to_none=True)
-            F.nll_loss(model(images), labels).backward()
+            F.nll_loss(model(images), labels).backward()  # type: ignore[no-untyped-call]
             optimizer.step()
 
     return training_step

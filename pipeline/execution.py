@@ -76,11 +76,14 @@ def decide_from_timings(ms_per_step: dict[str, float], execution: str) -> Precis
     precision = "bf16" if bf16 <= fp32 * (1 - BF16_MARGIN) else "fp32"
     rule = f"bf16 only if >= {BF16_MARGIN:.0%} faster"
     return PrecisionChoice(
-        precision, f"auto on cuda, {execution}: measured {fp32:.3f} ms/step fp32, {bf16:.3f} bf16 ({rule}) -> {precision}"
+        precision,
+        f"auto on cuda, {execution}: measured {fp32:.3f} ms/step fp32, {bf16:.3f} bf16 ({rule}) -> {precision}",
     )
 
 
-def measure_step_ms(config: TrainConfig, train: DeviceData, device: torch.device, execution: str) -> Callable[[str], float]:
+def measure_step_ms(
+    config: TrainConfig, train: DeviceData, device: torch.device, execution: str
+) -> Callable[[str], float]:
     """A `measure` for `choose_precision`: ms per step of the real training loop (execution mode,
     shuffling, logging windows) over `train`'s first MEASURE_SAMPLES images, timed in a second epoch
     so that warm-up and graph capture stay out; the median over MEASURE_ROUNDS alternating rounds.
@@ -95,7 +98,9 @@ def measure_step_ms(config: TrainConfig, train: DeviceData, device: torch.device
 
     def run(precision: str) -> float:
         pin_runtime(device, precision, config.threads, config.seed)
-        result = train_model(short, subset, subset, device, precision, tracker=None, progress=False, execution=execution)
+        result = train_model(
+            short, subset, subset, device, precision, tracker=None, progress=False, execution=execution
+        )
         return 1000 * result.epoch_seconds[-1] / (result.optimizer_steps // short.epochs)
 
     def measure(precision: str) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import types
 import typing
 from collections.abc import Mapping
@@ -93,9 +94,27 @@ class ProfileRecord:
     top_operators: tuple[OperatorRow, ...]
     data_digest: str
     format: int = RECORD_FORMAT
+    # cuda only: the same step replayed from a CUDA graph, timed on the same clock (empty elsewhere).
+    graph_step_times_ms: tuple[float, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def graph_metrics(self) -> dict[str, float]:
+        """Where a graph replay was timed: its median step and the host overhead of an eager step.
+
+        Host overhead = eager p50 - graph p50: what launching the step's kernels one by one from Python
+        costs beyond the GPU's own work, which a replay leaves out. Empty on other devices.
+        """
+        if not self.graph_step_times_ms:
+            return {}
+        graph = statistics.median(self.graph_step_times_ms)
+        overhead = self.timing.step_time_ms_p50 - graph
+        return {
+            "graph_step_time_ms_p50": graph,
+            "host_overhead_ms": overhead,
+            "host_overhead_pct": 100.0 * overhead / self.timing.step_time_ms_p50 if self.timing.step_time_ms_p50 else 0.0,
+        }
 
 
 def write_record(record: ProfileRecord) -> str:

@@ -107,4 +107,5 @@ class OnDevice(torch.nn.Module):
         self.device = device
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.model(images.to(self.device)).to(images.device)
+        answer: torch.Tensor = self.model(images.to(self.device))
+        return answer.to(images.device)

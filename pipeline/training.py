@@ -183,7 +183,7 @@ def _step_function(
         with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=precision == "bf16", cache_enabled=not graphed):
             log_probabilities = model(images)
         loss = F.nll_loss(log_probabilities.float(), labels)  # mean over the batch, in fp32
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         window.loss.add_(loss.detach() * labels.shape[0])  # back to a sum: the last batch may be smaller
         window.correct.add_((log_probabilities.detach().argmax(dim=1) == labels).sum())

@@ -33,8 +33,9 @@ def main() -> None:
         outputs.write_text(paths.table_markdown, markdown)
         outputs.write_text(paths.table_csv, records_csv(OperatorRow, record.top_operators))
         outputs.write_text(paths.record, write_record(record))
-        outputs.write_json(paths.timing, record.timing.as_metrics())
-        tracker.log_metrics(record.timing.as_metrics())
+        metrics = {**record.timing.as_metrics(), **record.graph_metrics()}  # graph: cuda only
+        outputs.write_json(paths.timing, metrics)
+        tracker.log_metrics(metrics)
         tracker.log_series("step_time_ms", record.step_times_ms)
         tracker.log_text("profile/top_operators", markdown, "top_operators.md")
         for path in (paths.table_csv, paths.record, paths.trace):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,17 +21,19 @@ import torch
 from mlflow import MlflowClient
 
 from pipeline.checkpoint import checkpoint_payload, load_checkpoint, save_checkpoint
-from pipeline.config import TrackingConfig, TrainConfig, params_from_mapping, section_as_dict
+from pipeline.config import Precision, TrackingConfig, TrainConfig, params_from_mapping, section_as_dict
 from pipeline.cuda_graph import GraphLearningRate, ShapeGraphs, make_graphable_step, time_graph_replays
 from pipeline.data import fetch_mnist, load_split, write_dataset
 from pipeline.errors import PipelineError
 from pipeline.execution import BF16_MARGIN, choose_precision, decide_from_timings, measure_step_ms, resolve_execution
 from pipeline.model import LabNet
+from pipeline.profile_record import Combination, read_record, write_record
+from pipeline.profiling import operators_markdown, prepare_profile, run_profile
 from pipeline.runtime import pin_runtime, select_precision
 from pipeline.tracking import open_tracker
 from pipeline.train_artifacts import log_model, serving_device
 from pipeline.training import TrainingResult, evaluate, first_samples, to_device_data, train_model
-from tests.conftest import LAB_MODEL, _REPO_PARAMS
+from tests.helpers import LAB_MODEL, REPO_PARAMS, make_record
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")
@@ -46,9 +49,13 @@ def _never(precision: str) -> float:
 
 def test_execution_auto_is_cuda_graph_on_cuda_and_eager_elsewhere() -> None:
     assert resolve_execution("auto", CUDA) == "cuda_graph"
-    assert resolve_execution("auto", CPU) == "eager" and resolve_execution("auto", torch.device("mps")) == "eager"
-    assert resolve_execution("eager", CUDA) == "eager" and resolve_execution("cuda_graph", CUDA) == "cuda_graph"
-    with pytest.raises(PipelineError, match=r"`train.execution` is 'cuda_graph' but training runs on 'cpu'.*`train.execution: auto`"):
+    assert resolve_execution("auto", CPU) == "eager"
+    assert resolve_execution("auto", torch.device("mps")) == "eager"
+    assert resolve_execution("eager", CUDA) == "eager"
+    assert resolve_execution("cuda_graph", CUDA) == "cuda_graph"
+    with pytest.raises(
+        PipelineError, match=r"`train.execution` is 'cuda_graph' but training runs on 'cpu'.*`train.execution: auto`"
+    ):
         resolve_execution("cuda_graph", CPU)
 
 
@@ -71,7 +78,8 @@ def test_precision_from_timings_needs_a_clear_bf16_win(bf16_ms: float, expected:
     choice = decide_from_timings({"fp32": 1.0, "bf16": bf16_ms}, "cuda_graph")
     assert choice.precision == expected
     assert choice.reason == (
-        f"auto on cuda, cuda_graph: measured 1.000 ms/step fp32, {bf16_ms:.3f} bf16 (bf16 only if >= 5% faster) -> {expected}"
+        f"auto on cuda, cuda_graph: measured 1.000 ms/step fp32, {bf16_ms:.3f} bf16 "
+        f"(bf16 only if >= 5% faster) -> {expected}"
     )
 
 
@@ -81,7 +89,7 @@ def test_precision_from_timings_needs_a_clear_bf16_win(bf16_ms: float, expected:
 class _CpuShapeGraphs(ShapeGraphs):
     """ShapeGraphs whose 'graph' re-runs the step on the static buffers, as a replay re-runs its kernels."""
 
-    def __init__(self, step: Callable[..., None]) -> None:
+    def __init__(self, step: Callable[..., object]) -> None:
         super().__init__(step)
         self.captures: list[tuple[tuple[int, ...], ...]] = []
 
@@ -91,7 +99,11 @@ class _CpuShapeGraphs(ShapeGraphs):
     def _capture(self, inputs: tuple[torch.Tensor, ...]) -> tuple[tuple[torch.Tensor, ...], Callable[[], None]]:
         buffers = tuple(tensor.clone() for tensor in inputs)
         self.captures.append(tuple(tuple(tensor.shape) for tensor in inputs))
-        return buffers, lambda: self._step(*buffers)  # a capture records the step; it does not run it
+
+        def replay() -> None:
+            self._step(*buffers)
+
+        return buffers, replay  # a capture records the step; it does not run it
 
 
 def test_each_batch_shape_is_captured_once_after_warm_up_and_every_batch_is_trained() -> None:
@@ -125,7 +137,8 @@ def test_graph_learning_rate_follows_the_scheduler_and_leaves_the_group_a_float(
     for expected in (0.5, 0.25):
         scheduler.step()
         lr.refresh()
-        assert lr.tensor.item() == expected and optimizer.param_groups[0]["lr"] == expected
+        assert lr.tensor.item() == expected
+        assert optimizer.param_groups[0]["lr"] == expected
     with lr.capturing():  # not capturing: eager steps keep the float
         assert optimizer.param_groups[0]["lr"] == 0.25
 
@@ -138,7 +151,9 @@ def test_logged_model_loads_and_predicts_on_this_machine(tmp_path: Path, monkeyp
     monkeypatch.delenv("MLFLOW_DEFAULT_PREDICTION_DEVICE", raising=False)
     torch.manual_seed(0)
     model = LabNet(LAB_MODEL).eval()
-    with open_tracker("train", TrackingConfig(experiment="log-model", tensorboard_dir="runs"), root=tmp_path) as tracker:
+    with open_tracker(
+        "train", TrackingConfig(experiment="log-model", tensorboard_dir="runs"), root=tmp_path
+    ) as tracker:
         log_model(tracker, model)
         run_id = tracker.run_id
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -157,13 +172,34 @@ def test_logged_model_loads_and_predicts_on_this_machine(tmp_path: Path, monkeyp
     assert serving_device() == CPU
 
 
+# --- the profile record's graph timing (host overhead) ---------------------------------------------------
+
+
+def test_host_overhead_is_eager_minus_graph_median_and_only_where_a_graph_ran(tmp_path: Path) -> None:
+    cpu = make_record(16, "cpu", "train", 4.0)
+    assert cpu.graph_metrics() == {}
+    assert "CUDA graph" not in operators_markdown(cpu)
+    gpu = dataclasses.replace(make_record(16, "cuda", "train", 4.0), graph_step_times_ms=(0.9, 1.0, 5.0))
+    assert gpu.graph_metrics() == {"graph_step_time_ms_p50": 1.0, "host_overhead_ms": 3.0, "host_overhead_pct": 75.0}
+    assert "replayed from a CUDA graph: 1.000 ms p50. Host overhead (eager - graph, p50): 3.000 ms, 75 %" in (
+        operators_markdown(gpu)
+    )
+    path = tmp_path / "profile.json"
+    path.write_text(write_record(gpu))
+    assert read_record(path, gpu.combination) == gpu
+    older = cpu.as_dict()
+    del older["graph_step_times_ms"]  # a record written before graph timing existed still reads
+    path.write_text(json.dumps(older))
+    assert read_record(path, cpu.combination) == cpu
+
+
 # --- real graphs on a GPU ---------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def mnist_root(mnist_mirror: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("data")
-    write_dataset(fetch_mnist(params_from_mapping(_REPO_PARAMS).data, [str(mnist_mirror)]), root)
+    write_dataset(fetch_mnist(params_from_mapping(REPO_PARAMS).data, [str(mnist_mirror)]), root)
     return root
 
 
@@ -173,7 +209,9 @@ def graph_train(repo_params: dict[str, Any]) -> TrainConfig:
     return dataclasses.replace(config, epochs=1, train_samples=2000, log_every_steps=5, device="cuda", precision="fp32")
 
 
-def _train_on_cuda(config: TrainConfig, root: Path, execution: str = "cuda_graph", test_samples: int = 2000) -> TrainingResult:
+def _train_on_cuda(
+    config: TrainConfig, root: Path, execution: str = "cuda_graph", test_samples: int = 2000
+) -> TrainingResult:
     pin_runtime(CUDA, config.precision, config.threads, config.seed)
     train = to_device_data(*first_samples(*load_split(root, "train"), config.train_samples), CUDA)
     test = to_device_data(*first_samples(*load_split(root, "test"), test_samples), CUDA)
@@ -198,23 +236,29 @@ def test_real_graphs_replay_the_copied_inputs_per_shape() -> None:
 
 
 @cuda
-def test_graph_training_trains_every_batch_and_reruns_bit_identically(graph_train: TrainConfig, mnist_root: Path) -> None:
+def test_graph_training_trains_every_batch_and_reruns_bit_identically(
+    graph_train: TrainConfig, mnist_root: Path
+) -> None:
     first = _train_on_cuda(graph_train, mnist_root)
     (epoch,) = first.epochs
-    assert epoch.test_accuracy > 0.80 and first.optimizer_steps == 32  # ceil(2000 / 64): the partial batch too
+    assert epoch.test_accuracy > 0.80
+    assert first.optimizer_steps == 32  # ceil(2000 / 64): the partial batch too
     assert [record.step for record in first.steps] == [5, 10, 15, 20, 25, 30, 32]
     windows = [5 * 64] * 6 + [64 + (2000 - 31 * 64)]
     weighted = sum(record.train_loss * size for record, size in zip(first.steps, windows, strict=True)) / 2000
     assert epoch.train_loss == pytest.approx(weighted, rel=1e-9)
     second = _train_on_cuda(graph_train, mnist_root)
-    assert second.epochs == first.epochs and second.steps == first.steps
+    assert second.epochs == first.epochs
+    assert second.steps == first.steps
     assert _weights(second.model) == _weights(first.model)
     assert _weights(_train_on_cuda(dataclasses.replace(graph_train, seed=2), mnist_root).model) != _weights(first.model)
 
 
 @cuda
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_the_per_epoch_lr_decay_reaches_the_replayed_optimizer(graph_train: TrainConfig, mnist_root: Path, precision: str) -> None:
+def test_the_per_epoch_lr_decay_reaches_the_replayed_optimizer(
+    graph_train: TrainConfig, mnist_root: Path, precision: Precision
+) -> None:
     # gamma 0: the second epoch trains with lr 0, so its replays must leave the weights as they were.
     frozen = dataclasses.replace(graph_train, gamma=0.0, precision=precision)
     one = _train_on_cuda(frozen, mnist_root)
@@ -239,7 +283,9 @@ def test_graph_and_eager_training_agree_within_seed_noise(graph_train: TrainConf
 
 
 @cuda
-def test_checkpoint_of_graph_training_loads_on_the_cpu(graph_train: TrainConfig, mnist_root: Path, tmp_path: Path) -> None:
+def test_checkpoint_of_graph_training_loads_on_the_cpu(
+    graph_train: TrainConfig, mnist_root: Path, tmp_path: Path
+) -> None:
     result = _train_on_cuda(graph_train, mnist_root)
     path = tmp_path / "model.pt"
     runtime = {"device": "cuda", "execution": "cuda_graph"}
@@ -259,8 +305,11 @@ def test_replayed_profile_step_is_timed_and_does_the_step(mode: str) -> None:
     model = LabNet(LAB_MODEL).to(CUDA)
     images, labels = torch.randn(16, 1, 28, 28, device=CUDA), torch.randint(0, 10, (16,), device=CUDA)
     before = _weights(model)
-    times = time_graph_replays(make_graphable_step(model, mode, images, labels), warmup_steps=3, active_steps=20)
-    assert len(times) == 20 and all(time > 0 for time in times)
+    times = time_graph_replays(
+        make_graphable_step(model, mode, images, labels, lr=1.0), warmup_steps=3, active_steps=20
+    )
+    assert len(times) == 20
+    assert all(time > 0 for time in times)
     assert (_weights(model) != before) == (mode == "train")  # replays update the weights in training only
 
 
@@ -270,5 +319,25 @@ def test_precision_auto_on_cuda_is_measured_and_recorded(graph_train: TrainConfi
     for execution in ("eager", "cuda_graph"):
         choice = choose_precision("auto", CUDA, execution, measure_step_ms(graph_train, train, CUDA, execution))
         assert choice.precision in ("fp32", "bf16")
-        assert choice.reason.startswith(f"auto on cuda, {execution}: measured ") and "ms/step fp32" in choice.reason
+        assert choice.reason.startswith(f"auto on cuda, {execution}: measured ")
+        assert "ms/step fp32" in choice.reason
         print(choice.reason)
+
+
+@cuda
+def test_profile_of_a_cuda_combination_times_the_graph_replay_too(mnist_root: Path, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    checkpoint = tmp_path / "model.pt"
+    save_checkpoint(checkpoint_payload(LabNet(LAB_MODEL), {"lr": 1.0}, "digest", {}, {}), checkpoint)
+    config = dataclasses.replace(params_from_mapping(REPO_PARAMS).profile, warmup_steps=3, active_steps=6)
+    for mode in ("inference", "train"):
+        setup = prepare_profile(Combination(16, "cuda", mode), config, checkpoint, mnist_root)
+        record = run_profile(setup, config.top_k, tmp_path / f"{mode}.json.gz")
+        assert len(record.graph_step_times_ms) == 6
+        assert all(time > 0 for time in record.graph_step_times_ms)
+        metrics = record.graph_metrics()
+        assert metrics["host_overhead_ms"] == pytest.approx(
+            record.timing.step_time_ms_p50 - metrics["graph_step_time_ms_p50"]
+        )
+        assert "replayed from a CUDA graph" in operators_markdown(record)
+        print(operators_markdown(record).splitlines()[4])
