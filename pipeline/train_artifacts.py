@@ -107,5 +107,8 @@ class OnDevice(torch.nn.Module):
         self.device = device
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        answer: torch.Tensor = self.model(images.to(self.device))
-        return answer.to(images.device)
+        # aten._to_copy, not Tensor.to: torch.export guards each `.to` with an assert on its input's device
+        # (the CPU of the example), which would refuse the GPU tensors the pyfunc wrapper passes.
+        answer: torch.Tensor = self.model(torch.ops.aten._to_copy.default(images, device=self.device))
+        on_input_device: torch.Tensor = torch.ops.aten._to_copy.default(answer, device=images.device)
+        return on_input_device
