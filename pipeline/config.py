@@ -26,6 +26,7 @@ Device = Literal["cpu", "cuda", "mps"]
 DeviceChoice = Literal["auto", "cpu", "cuda", "mps"]
 ProfileMode = Literal["inference", "train"]
 Precision = Literal["auto", "fp32", "bf16"]
+Execution = Literal["auto", "eager", "cuda_graph"]
 
 
 def _rule(
@@ -70,10 +71,14 @@ class ModelConfig:
 class TrainConfig:
     device: DeviceChoice = _rule()
     # bf16 = autocast mixed precision for the forward pass (weights, optimizer, loss and evaluation stay
-    # fp32); auto = bf16 where the device computes it natively (AMX/AVX512-BF16 CPUs, recent GPUs).
+    # fp32); auto = bf16 where the device computes it natively (AMX/AVX512-BF16 CPUs); on CUDA, the faster
+    # of the two as measured for the execution mode (pipeline/execution.py).
     precision: Precision = _rule()
     # 0 = one thread per available CPU core; the number used is recorded with every run.
     threads: int = _rule(ge=0, le=1024)
+    # cuda_graph = each training step captured once in a CUDA graph and replayed (no per-kernel launch cost);
+    # auto = cuda_graph on a CUDA device, eager elsewhere (pipeline/execution.py).
+    execution: Execution = _rule()
     seed: int = _rule(ge=0)
     epochs: int = _rule(ge=1)
     # Train on the first N training images (0 = all 60,000): quick experiments and smoke tests.

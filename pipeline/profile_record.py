@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import types
 import typing
 from collections.abc import Mapping
@@ -152,13 +153,32 @@ class ProfileRecord:
     data_digest: str
     analysis: StepAnalysis
     format: int = RECORD_FORMAT
+    # cuda only: the same step replayed from a CUDA graph, timed on the same clock (empty elsewhere).
+    graph_step_times_ms: tuple[float, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def metrics(self) -> dict[str, float]:
-        """timing.json, MLflow and TensorBoard: the same names for every combination."""
-        return {**self.timing.as_metrics(), **self.conditions.metrics()}
+        """timing.json, MLflow and TensorBoard: the same names for every combination (graph replay: cuda only)."""
+        return {**self.timing.as_metrics(), **self.conditions.metrics(), **self.graph_metrics()}
+
+    def graph_metrics(self) -> dict[str, float]:
+        """Where a graph replay was timed: its median step and the host overhead of an eager step.
+
+        Host overhead = eager median - graph median: what launching the step's kernels one by one from Python
+        costs beyond the GPU's own work, which a replay leaves out. Empty on other devices.
+        """
+        if not self.graph_step_times_ms:
+            return {}
+        graph = statistics.median(self.graph_step_times_ms)
+        eager = self.timing.step_time_ms_median
+        overhead = eager - graph
+        return {
+            "graph_step_time_ms_median": graph,
+            "host_overhead_ms": overhead,
+            "host_overhead_pct": 100.0 * overhead / eager if eager else 0.0,
+        }
 
 
 def write_record(record: ProfileRecord) -> str:

@@ -12,6 +12,7 @@ FLOP/s (pipeline.peak), the ceiling the step's achieved FLOP/s is compared with.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gzip
 import json
@@ -26,6 +27,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from pipeline.checkpoint import checkpoint_digest, load_checkpoint
 from pipeline.config import ProfileConfig, ProfileMode
+from pipeline.cuda_graph import make_graphable_step, time_graph_replays
 from pipeline.data import load_split
 from pipeline.errors import PipelineError
 from pipeline.model import LabNet
@@ -235,6 +237,14 @@ def operators_markdown(record: ProfileRecord) -> str:
         "| # | operator | calls | self CPU ms | total CPU ms | self GPU ms | share % | MFLOPs |",
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    graph = record.graph_metrics()
+    if graph:
+        lines[3:3] = [
+            "",
+            f"The same step replayed from a CUDA graph: {graph['graph_step_time_ms_median']:.3f} ms median. Host overhead "
+            f"(eager - graph medians): {graph['host_overhead_ms']:.3f} ms, {graph['host_overhead_pct']:.0f} % of the eager "
+            "step: launching kernels one by one from Python, which a replay leaves out.",
+        ]
     for rank, row in enumerate(rows, start=1):
         lines.append(
             f"| {rank} | `{row.operator}` | {row.calls_per_step:g} | {row.self_cpu_ms:.3f} | {row.total_cpu_ms:.3f} | "
@@ -261,6 +271,7 @@ class ProfileSetup:
     data_digest: str
     flops_per_sample: float  # the model's forward FLOPs (inference) or forward + backward FLOPs (train)
     model_digest: str  # SHA-256 of the checkpoint file: which weights were profiled, on any machine
+    graph_step: Callable[[], None] | None = None  # cuda: the same step, capturable, on a copy of the model
 
 
 def prepare_profile(combination: Combination, config: ProfileConfig, checkpoint_path: Path, data_root: Path) -> ProfileSetup:
@@ -301,6 +312,9 @@ def prepare_profile(combination: Combination, config: ProfileConfig, checkpoint_
             summary.forward_flops_per_sample if combination.mode == "inference" else summary.training_flops_per_sample
         ),
         model_digest=checkpoint_digest(checkpoint_path),
+        graph_step=(
+            make_graphable_step(copy.deepcopy(model), combination.mode, images, labels, lr) if device.type == "cuda" else None
+        ),
     )
 
 
@@ -321,6 +335,9 @@ def run_profile(setup: ProfileSetup, top_k: int, trace_path: Path) -> ProfileRec
     timing = result.timing()
     peak = measure_peak(setup.device)
     analysis = result.analysis
+    graph_times: tuple[float, ...] = ()
+    if setup.graph_step is not None:  # after the eager passes, so that graph memory pools stay out of them
+        graph_times = time_graph_replays(setup.graph_step, settings.warmup_steps, settings.active_steps)
     return ProfileRecord(
         combination=setup.combination,
         hardware=setup.hardware,
@@ -340,6 +357,7 @@ def run_profile(setup: ProfileSetup, top_k: int, trace_path: Path) -> ProfileRec
             top_kernels=analysis.kernels[:top_k],
             unattributed_device_ms=analysis.unattributed_device_ms,
         ),
+        graph_step_times_ms=graph_times,
     )
 
 

@@ -187,6 +187,7 @@ def test_stage_run_ends_with_the_status_of_what_happened(
     except (RuntimeError, KeyboardInterrupt):
         pass
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("status-test").experiment_id])
+    experiment_id = client.get_experiment_by_name("status-test").experiment_id
+    (run,) = client.search_runs([experiment_id], filter_string="tags.stage = 'train'")  # not its pipeline parent
     assert run.info.status == status
     assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")] == [(3, 1.5)]
