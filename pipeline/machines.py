@@ -88,6 +88,7 @@ MEDIAN_METRIC, CI_LOW_METRIC, CI_HIGH_METRIC, NOISY_METRIC = (
     "noisy",
 )
 MEAN_METRIC, CV_METRIC = "step_time_ms_mean", "step_time_cv"
+BUSY_METRIC = "machine_busy"  # the load average exceeded the cores while timing (pipeline.timing_statistics)
 SEARCH_PAGE = 1000
 _FIGURE_DPI = 110
 
@@ -108,6 +109,7 @@ class StepTime:
     high: float | None = None
     cv: float | None = None  # stdev / mean of the timed steps (mean estimates only)
     noisy: bool = False  # the run's own verdict: its interval missed the target width
+    busy: bool = False  # the machine was busier than its cores while timing: times inflated, interval too narrow
 
     @property
     def interval(self) -> Interval | None:
@@ -167,6 +169,7 @@ def profile_run(run: Run) -> ProfileRun | LeftOut:
             low=metrics.get(CI_LOW_METRIC),
             high=metrics.get(CI_HIGH_METRIC),
             noisy=bool(metrics.get(NOISY_METRIC, 0.0)),
+            busy=bool(metrics.get(BUSY_METRIC, 0.0)),
         )
     elif MEAN_METRIC in metrics:
         step_time = StepTime(value=metrics[MEAN_METRIC], statistic="mean", cv=metrics.get(CV_METRIC))
@@ -287,6 +290,7 @@ class MachineRow:
     per_sample_ms_ci_high: float | None
     throughput_samples_per_s: float
     noisy: bool
+    busy: bool
     model_digest: str
     run_id: str
 
@@ -316,6 +320,7 @@ def machine_row(group: int, run: ProfileRun, names: Mapping[str, str]) -> Machin
         per_sample_ms_ci_high=interval.high / batch if interval else None,
         throughput_samples_per_s=1000.0 * batch / step.value,
         noisy=step.noisy,
+        busy=step.busy,
         model_digest=run.model_digest,
         run_id=run.run_id,
     )
@@ -406,6 +411,8 @@ def _number(value: float, digits: int = 4) -> str:
 def _with_interval(value: float, low: float | None, high: float | None, digits: int = 4) -> str:
     if low is None or high is None:
         return _number(value, digits)
+    if low <= 0:  # too few timed blocks for any interval: the run recorded [0, 2 x median]
+        return f"{_number(value, digits)} (unbounded)"
     return f"{_number(value, digits)} ({_number(low, digits)}-{_number(high, digits)})"
 
 
@@ -416,13 +423,13 @@ def rows_markdown(rows: Sequence[MachineRow]) -> str:
     ]
     for row in rows:
         if row.statistic == "median":
-            estimate = "median, 95 % CI" + (" ⚠ noisy" if row.noisy else "")
+            estimate = "median, 95 % CI" + (" ⚠ noisy" if row.noisy else "") + (" ⚠ busy" if row.busy else "")
             step = _with_interval(row.step_time_ms, row.step_time_ms_ci_low, row.step_time_ms_ci_high)
             low, high = row.step_time_ms_ci_low, row.step_time_ms_ci_high
             throughput = _with_interval(
                 row.throughput_samples_per_s,
-                1000.0 * row.batch_size / high if high else None,
-                1000.0 * row.batch_size / low if low else None,
+                1000.0 * row.batch_size / high if high and low else None,
+                1000.0 * row.batch_size / low if high and low else None,
             )
         else:
             estimate = "mean, CV of steps"
@@ -434,7 +441,19 @@ def rows_markdown(rows: Sequence[MachineRow]) -> str:
             f"| {row.machine} | {row.device} | {row.mode} | {row.batch_size} | {estimate} | {step} | {per_sample} | "
             f"{throughput} | `{row.run_id[:8]}` |"
         )
-    return "\n".join(lines) + "\n"
+    notes = []
+    if any(row.noisy for row in rows):
+        notes.append(
+            "⚠ noisy: the 95 % interval missed the run's target width; rerun on a quiet machine or raise "
+            "`profile.time_budget_s`."
+        )
+    if any(row.busy for row in rows):
+        notes.append(
+            "⚠ busy: the load average exceeded the cores while timing: the times are inflated and the "
+            "interval too narrow (it assumes steady conditions), so ratios with such a row overstate "
+            "what the data show; rerun on a quiet machine."
+        )
+    return "\n".join(lines) + "\n" + "".join(f"\n{note}\n" for note in notes)
 
 
 def speedups_markdown(ratios: Sequence[Speedup], baseline: tuple[str, str]) -> str:

@@ -216,6 +216,18 @@ def test_intervals_give_ratios_with_bounds_or_no_measurable_difference(tmp_path:
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(report.figures)
 
 
+def test_noisy_busy_and_unbounded_rows_are_flagged(tmp_path: Path) -> None:
+    runs = [
+        make_run("a", 1, StepTime(5.0, "median", 0.0, 10.0, noisy=True, busy=True)),  # too few blocks: [0, 2x]
+        make_run("b", 1, median(2.0, 1.9, 2.1)),
+    ]
+    report = build_machines_report(runs, [], "test store", tmp_path, baseline="b")
+    assert "| median, 95 % CI ⚠ noisy ⚠ busy | 5 (unbounded) | 5 (unbounded) | 200 |" in report.markdown
+    assert "⚠ busy: the load average exceeded the cores" in report.markdown
+    (ratio,) = report.speedups
+    assert ratio.describe() == "no measurable difference (too few timed blocks to bound the ratio)"
+
+
 def test_means_compare_without_bounds_and_never_with_medians(tmp_path: Path) -> None:
     runs = [
         make_run("old", 16, StepTime(8.0, "mean", cv=0.2)),
