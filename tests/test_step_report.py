@@ -30,7 +30,7 @@ from pipeline.step_report import (
 )
 from pipeline.trace_analysis import KernelStats, StepAnatomy
 from tests.helpers import REPO_ROOT
-from tests.test_trace_analysis import REFERENCE
+from tests.test_trace_analysis import SHARED_REFERENCE as REFERENCE  # its timing.json files ship in ../shared
 
 GRAPH = json.loads((REPO_ROOT / "metrics" / "graph.json").read_text())
 PEAKS = {"cpu": 1500.0, "cuda": 50_000.0}  # GFLOP/s, stand-ins for the measured peaks

@@ -25,11 +25,24 @@ from pipeline.profiling import make_step, profile_combination
 from pipeline.trace_analysis import OPERATOR_NAME, analyse_trace, read_trace, short_kernel_name
 from tests.helpers import LAB_MODEL, REPO_ROOT
 
-REFERENCE = Path(
+SHARED_REFERENCE = Path(
     os.environ.get("GPU_REFERENCE") or REPO_ROOT.parent / "shared" / "gpu-reference" / "h100-2026-11-22"
 ).resolve()
-# The reference README's "kernel time / ProfilerStep span" measured beside the pipeline on the H100.
-README_BUSY_PCT = {"1-cuda-inference": 4.8, "64-cuda-inference": 24.8, "1-cuda-train": 8.3, "64-cuda-train": 14.3}
+# ../shared's copy of the reference run came without its traces (git-ignored where it was exported), so the
+# project commits the cuda traces of its own H100 run (tests/data/h100-2026-11-22/README.md says how it was made).
+COMMITTED_TRACES = REPO_ROOT / "tests" / "data" / "h100-2026-11-22"
+REFERENCE = (
+    SHARED_REFERENCE
+    if (SHARED_REFERENCE / "profiles" / "1-cuda-inference" / "trace.json.gz").is_file()
+    else COMMITTED_TRACES
+)
+# Kernel time / ProfilerStep span, measured beside the pipeline: the shared reference's README, or for the
+# committed traces the same definition computed once with `independent_kernel_share` below.
+README_BUSY_PCT = (
+    {"1-cuda-inference": 4.8, "64-cuda-inference": 24.8, "1-cuda-train": 8.3, "64-cuda-train": 14.3}
+    if REFERENCE == SHARED_REFERENCE
+    else {"1-cuda-inference": 3.8, "64-cuda-inference": 19.4, "1-cuda-train": 7.2, "64-cuda-train": 9.7}
+)
 DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 
 
@@ -52,7 +65,12 @@ def raw_events(path: Path) -> list[dict[str, Any]]:
 
 def independent_kernel_share(events: list[dict[str, Any]]) -> float:
     """The README's definition, from raw events: sum of kernel durations inside the steps / sum of step spans."""
-    steps = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    # The CPU-side step ranges: newer traces repeat them on the GPU timeline as `gpu_user_annotation`.
+    steps = [
+        e
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")
+    ]
     kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
     inside = sum(k["dur"] for k in kernels if any(s["ts"] <= k["ts"] < s["ts"] + s["dur"] for s in steps))
     return 100.0 * float(inside) / float(sum(s["dur"] for s in steps))
@@ -129,7 +147,7 @@ def test_kernel_table_names_gemms_convolutions_and_their_operators(tmp_path: Pat
 
 def test_short_kernel_names_read_the_real_h100_kernels() -> None:
     names = set()
-    for table in (REFERENCE / "profiles").glob("*-cuda-*/top_operators.csv"):
+    for table in (SHARED_REFERENCE / "profiles").glob("*-cuda-*/top_operators.csv"):  # old tables listed kernels
         names |= {row["operator"] for row in csv.DictReader(table.read_text().splitlines())}
     kernels = {name: short_kernel_name(name) for name in names if not OPERATOR_NAME.match(name) and "#" not in name}
     assert kernels, "the reference cuda tables list no kernel rows"
