@@ -12,17 +12,29 @@ with current runs; `retime=False` logs its mean and CV as an older run did.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
 from pipeline.machine_identity import IDENTITY_KEYS, identity_tags
 from pipeline.timing_statistics import Block, estimate_step_time
-from tests.helpers import REPO_PARAMS
+from tests.helpers import REPO_PARAMS, REPO_ROOT
+
+
+def gpu_reference() -> Path:
+    """The H100 reference run: `../shared/gpu-reference/h100-2026-11-22`, or $GPU_REFERENCE."""
+    path = Path(os.environ.get("GPU_REFERENCE") or REPO_ROOT.parent / "shared" / "gpu-reference" / "h100-2026-11-22")
+    if not (path / "fingerprint.json").is_file() or len(list(path.glob("profiles/*/profile.json"))) != 12:
+        pytest.fail(
+            f"GPU reference run (fingerprint.json, 12 profiles/*/profile.json) not found at {path}; set GPU_REFERENCE"
+        )
+    return path
 
 
 def copy_profiles(source: Path, target: Path) -> Path:

@@ -42,10 +42,19 @@ from pipeline.machines import (
 from pipeline.profile_record import Combination
 from pipeline.tracking import open_tracker
 from tests.helpers import REPO_ROOT, run_command, stage_environment
-from tests.profile_runs import copy_profiles, log_profile_folder, profile_run_params
+from tests.profile_runs import copy_profiles, gpu_reference, log_profile_folder, profile_run_params
 
-H100_REFERENCE = REPO_ROOT.parent / "shared" / "gpu-reference" / "h100-2026-11-22"
-H100 = json.loads((H100_REFERENCE / "fingerprint.json").read_text())
+H100 = {  # the H100 reference run's fingerprint.json
+    "cpu": "Intel(R) Xeon(R) Processor",
+    "cpu_count": "16",
+    "gpus": "NVIDIA H100 80GB HBM3",
+    "machine": "x86_64",
+    "os": "Linux 6.18.44-fc-v657-gpu",
+    "python": "3.12.3",
+    "torch": "2.11.0",
+    "torch_cuda_build": "13.0",
+    "torchvision": "0.26.0",
+}
 LAPTOP = {**H100, "cpu": "11th Gen Intel(R) Core(TM) i7-1165G7 @ 2.80GHz", "cpu_count": "8", "gpus": "none"}
 MODEL = "a" * 64
 OTHER_MODEL = "b" * 64
@@ -80,6 +89,10 @@ def test_machine_names_say_gpu_cpu_and_cores_unless_labelled() -> None:
     assert machine_name(LAPTOP) == "11th Gen Intel Core i7-1165G7 (8 vCPUs)"
     assert machine_name({**H100, "gpus": "NVIDIA A100, NVIDIA A100"}).startswith("2x NVIDIA A100 + ")
     assert machine_name(LAPTOP, "alice-laptop") == "alice-laptop"
+
+
+def test_h100_fingerprint_above_is_the_reference_runs() -> None:
+    assert json.loads((gpu_reference() / "fingerprint.json").read_text()) == H100
 
 
 def test_machine_id_is_stable_and_follows_the_fingerprint() -> None:
@@ -140,7 +153,7 @@ def test_loader_logs_the_params_the_profile_stage_logs() -> None:
     from pipeline.profile_record import ProfileSettings
     from pipeline.profiling import ProfileSetup, run_parameters
 
-    record = json.loads((H100_REFERENCE / "profiles" / "16-cuda-train" / "profile.json").read_text())
+    record = json.loads((gpu_reference() / "profiles" / "16-cuda-train" / "profile.json").read_text())
     setup = ProfileSetup(
         combination=Combination(16, "cuda", "train"),
         device=torch.device("cpu"),
@@ -291,7 +304,7 @@ def lab_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     client = MlflowClient(uri)
     experiment = client.create_experiment("mnist-lab")
     here = copy_profiles(REPO_ROOT / "profiles", project / "import" / "workspace")
-    h100 = copy_profiles(H100_REFERENCE / "profiles", project / "import" / "h100")
+    h100 = copy_profiles(gpu_reference() / "profiles", project / "import" / "h100")
     one_combination = project / "import" / "one"
     shutil.copytree(here / "64-cpu-train", one_combination / "64-cpu-train")
     now = int(time.time() * 1000)
@@ -366,7 +379,7 @@ def test_report_rows_are_the_latest_runs_and_match_their_metrics(
         for r in first_group
         if r.machine.startswith("NVIDIA H100") and r.batch_size == 64 and r.device == "cuda" and r.mode == "train"
     )
-    steps = json.loads((H100_REFERENCE / "profiles" / "64-cuda-train" / "profile.json").read_text())["step_times_ms"]
+    steps = json.loads((gpu_reference() / "profiles" / "64-cuda-train" / "profile.json").read_text())["step_times_ms"]
     assert h100_row.per_sample_ms == pytest.approx(statistics.median(steps) / 64)  # the raw steps' median
     assert h100_row.step_time_ms_ci_low < h100_row.step_time_ms < h100_row.step_time_ms_ci_high
     assert h100_row.device_name == "NVIDIA H100 80GB HBM3"

@@ -19,7 +19,6 @@ from pipeline.hardware import machine_fingerprint
 from pipeline.machine_identity import ID_TAG, NAME_TAG, identity_tags
 from pipeline.timing_statistics import Interval, ratio
 from tests.helpers import (
-    REPO_ROOT,
     TRACKED_OUTPUTS,
     copy_project,
     read_params,
@@ -29,10 +28,9 @@ from tests.helpers import (
     tiny_params,
     write_params,
 )
-from tests.profile_runs import copy_profiles, log_profile_folder
+from tests.profile_runs import copy_profiles, gpu_reference, log_profile_folder
 
 pytestmark = pytest.mark.slow
-H100_PROFILES = REPO_ROOT.parent / "shared" / "gpu-reference" / "h100-2026-11-22" / "profiles"
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +63,10 @@ def two_machines(server: str, tmp_path_factory: pytest.TempPathFactory, mnist_mi
     here = client.search_runs([experiment_id], filter_string="tags.stage = 'profile'")
     model_digest = here[0].data.tags["model.digest"]
     h100 = log_profile_folder(
-        client, experiment_id, copy_profiles(H100_PROFILES, tmp_path_factory.mktemp("h100")), model_digest
+        client,
+        experiment_id,
+        copy_profiles(gpu_reference() / "profiles", tmp_path_factory.mktemp("h100")),
+        model_digest,
     )
     return {
         "project": project,
