@@ -1,13 +1,13 @@
 """DVC stage `profile@<batch>-<device>-<mode>`: time and profile one combination of the matrix.
 
-    python -m stages.profile BATCH_SIZE DEVICE MODE
+    python -m stages.profile                       # under DVC: the combination is the stage's name
+    python -m stages.profile BATCH_SIZE DEVICE MODE  # a direct run
 
-The three arguments are the matrix item DVC expands from `profile.batch_sizes`, `profile.devices`
-and `profile.modes` in params.yaml; every other setting comes from params.yaml as usual.
+DVC's command line holds no matrix value (see pipeline/matrix.py); every other setting comes from
+params.yaml as usual.
 """
 
-import argparse
-import typing
+import sys
 from dataclasses import asdict
 
 import torch
@@ -15,9 +15,10 @@ import torch
 from pipeline.atomic import AtomicOutputs
 from pipeline.checkpoint import load_checkpoint
 from pipeline.cli import run_stage
-from pipeline.config import Device, ProfileMode, load_params
+from pipeline.config import load_params
 from pipeline.data import load_split
 from pipeline.errors import PipelineError
+from pipeline.matrix import profile_matrix_item
 from pipeline.paths import DATA_ROOT, MODEL_CHECKPOINT, profile_outputs
 from pipeline.profiling import Combination, OperatorRow, make_step, operators_markdown, profile_combination
 from pipeline.runtime import hardware_description, select_device
@@ -26,20 +27,9 @@ from pipeline.tracking import open_tracker
 from pipeline.training import MEMORY_FORMAT, normalize_images
 
 
-def parse_combination() -> Combination:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("batch_size", type=int)
-    parser.add_argument("device", choices=typing.get_args(Device))
-    parser.add_argument("mode", choices=typing.get_args(ProfileMode))
-    args = parser.parse_args()
-    if args.batch_size < 1:
-        raise PipelineError(f"batch size {args.batch_size} is not allowed; `profile.batch_sizes` entries must be >= 1.")
-    return Combination(args.batch_size, args.device, args.mode)
-
-
 def main() -> None:
-    combination = parse_combination()
     params = load_params()
+    combination = Combination(*profile_matrix_item(params.profile, sys.argv[1:]))
     config = params.profile
     device = select_device(combination.device, param="profile.devices")
     if config.threads:
