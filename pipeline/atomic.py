@@ -52,7 +52,12 @@ class AtomicOutputs:
         return temporary
 
     def write_text(self, final: Path, text: str) -> None:
-        self.staged(final).write_text(text)
+        try:
+            self.staged(final).write_text(text)
+        except OSError as error:  # disk full, quota, read-only: say which output, not just errno
+            from pipeline.resources import write_error_message  # imports config: kept off this module's import
+
+            raise PipelineError(f"{write_error_message(error, final)} Nothing was written.") from None
 
     def write_json(self, final: Path, payload: Any) -> None:
         self.write_text(final, json.dumps(payload, indent=2, sort_keys=True) + "\n")

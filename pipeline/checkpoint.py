@@ -42,14 +42,15 @@ def checkpoint_payload(model: LabNet, train_params: dict[str, Any], data_digest:
     }
 
 
-def _refuse_diverged(state: Mapping[str, torch.Tensor], metrics: Mapping[str, float], written: bool = True) -> None:
+def _refuse_diverged(
+    state: Mapping[str, torch.Tensor], metrics: Mapping[str, float], consequence: str = "so no checkpoint was written"
+) -> None:
     """A NaN/inf model is no result: say so instead of saving it (or passing it downstream)."""
     bad_metrics = sorted(key for key, value in metrics.items() if not math.isfinite(value))
     bad_weights = sorted(name for name, tensor in state.items() if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()))
     if bad_metrics or bad_weights:
-        what = "so no checkpoint was written" if written else "so the checkpoint is not used"
         raise PipelineError(
-            f"training diverged: {', '.join(bad_metrics + bad_weights)} hold NaN or infinity, {what}. "
+            f"training diverged: {', '.join(bad_metrics + bad_weights)} hold NaN or infinity, {consequence}. "
             "Lower `train.lr` (or use `train.precision: fp32`) in params.yaml and retrain (`dvc repro train`)."
         )
 
@@ -89,9 +90,12 @@ def load_checkpoint(path: Path) -> Checkpoint:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise PipelineError(f"{path} is missing: run the train stage first (`dvc repro train`).") from None
-    except pickle.UnpicklingError as error:  # includes what weights_only refuses to load
-        reason = str(error).splitlines()[0][:200]
-        raise PipelineError(f"{path} is not a checkpoint this pipeline can load safely ({reason}). {_FIX}") from None
+    except pickle.UnpicklingError as error:  # damaged bytes, or what weights_only refuses to load
+        # torch's own text suggests `weights_only=False`, advice never to follow for an untrusted
+        # file: only the unpickler's reason is shown.
+        reason = str(error.__context__ or error).split(". Please")[0].strip().splitlines()[0][:200]
+        what = "holds objects that would run code when loaded; it was refused" if "Unsupported global" in reason else "is not a readable checkpoint"
+        raise PipelineError(f"{path} {what} ({reason}). {_FIX}") from None
     except (RuntimeError, zipfile.BadZipFile, EOFError, OSError, ValueError, TypeError) as error:
         reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
         raise PipelineError(f"{path} is not a readable checkpoint ({reason}). {_FIX}") from None
@@ -103,8 +107,8 @@ def load_checkpoint(path: Path) -> Checkpoint:
     if problem:
         raise PipelineError(f"{path} is damaged or not written by this pipeline: {problem}. {_FIX}")
     description = payload["model"]
-    model_config = params_from_section(ModelConfig, description["model_config"], f"{path} model_config", _FIX)
-    check_model_fits_memory(model_config, f"{path} (model_config)")
+    model_config = params_from_section(ModelConfig, description["model_config"], f"{path}", _FIX, prefix="model_config.")
+    check_model_fits_memory(model_config, f"{path} (model_config)", _FIX)
     with torch.device("meta"):  # shapes only: no memory until the weights are assigned
         model = LabNet(model_config, input_shape=MNIST_INPUT_SHAPE)
     try:
@@ -112,7 +116,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
     except RuntimeError as error:
         detail = " ".join(str(error).split())[:400]
         raise PipelineError(f"{path} holds weights that do not fit its own model config ({detail}). {_FIX}") from None
-    _refuse_diverged(payload["state_dict"], payload["metrics"], written=False)
+    _refuse_diverged(payload["state_dict"], payload["metrics"], f"so {path} is not used")
     model.eval()
     return Checkpoint(model=model, data_digest=payload["data_digest"], train_params=payload["train_params"], metrics=payload["metrics"])
 

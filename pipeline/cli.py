@@ -48,9 +48,12 @@ def run_stage(name: str, main: Callable[[], None]) -> None:
     except OSError as error:
         if error.errno not in _WRITE_ERRNOS:
             raise
+        from pipeline.paths import STAGE_OUTPUT_FOLDERS
         from pipeline.resources import write_error_message
 
-        print(redact(f"\nerror in stage '{name}': {write_error_message(error)} No outputs were written."), file=sys.stderr)
+        folders = (*STAGE_OUTPUT_FOLDERS.get(name, ()), Path("mlartifacts"), Path("runs"))
+        message = write_error_message(error, folders=folders)
+        print(redact(f"\nerror in stage '{name}': {message} No outputs were written."), file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
     except Terminated:
         print(f"\nstage '{name}' terminated (SIGTERM); no outputs were written.", file=sys.stderr)

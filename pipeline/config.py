@@ -179,7 +179,8 @@ def load_params(path: Path = DEFAULT_PARAMS_FILE) -> Params:
     """
     raw = read_params_file(Path(path))
     params = params_from_mapping(raw, source=str(path))
-    from pipeline.resources import check_params_fit_memory  # imports this module: a cycle at import time
+    # Imported here: pipeline.resources imports this module.
+    from pipeline.resources import check_params_fit_memory
 
     check_params_fit_memory(params, source=str(path))
     return params
@@ -209,7 +210,7 @@ def read_params_file(path: Path) -> Any:
             f"Save it as UTF-8. {fix}"
         ) from None
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
     except yaml.YAMLError as error:
         raise PipelineError(f"{path} is not valid YAML ({redact(str(error))}). {fix}") from None
     except (ValueError, RecursionError) as error:  # an integer of more than 4300 digits; nesting thousands deep
@@ -226,7 +227,7 @@ class _StrictLoader(yaml.SafeLoader):
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
+            event = self.peek_event()  # type: ignore[no-untyped-call]
             raise yaml.composer.ComposerError(
                 None, None, f"aliases (*{event.anchor}) are not allowed in params; write the value out", event.start_mark
             )
@@ -259,10 +260,11 @@ def params_from_mapping(raw: Any, source: str = "params.yaml") -> Params:
     return params
 
 
-def params_from_section(cls: type[_Section], raw: Any, source: str, fix: str) -> _Section:
-    """Validate one section (e.g. a checkpoint's stored `ModelConfig`) with the same rules as params.yaml."""
+def params_from_section(cls: type[_Section], raw: Any, source: str, fix: str, prefix: str = "") -> _Section:
+    """Validate one section (e.g. a checkpoint's stored `ModelConfig`) with the same rules as params.yaml;
+    `prefix` (`model_config.`) is how its keys are named in the message."""
     problems: list[str] = []
-    section = _build(cls, raw, "", problems)
+    section = _build(cls, raw, prefix, problems)
     if problems:
         listing = "; ".join(problems)
         raise PipelineError(f"{source} is invalid: {listing}. {fix}")

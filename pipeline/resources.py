@@ -12,6 +12,7 @@ import errno
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,14 +126,14 @@ def check_params_fit_memory(params: Params, source: str = "params.yaml", limit: 
             )
 
 
-def check_model_fits_memory(model: ModelConfig, what: str, limit: int | None = None) -> None:
+def check_model_fits_memory(model: ModelConfig, what: str, fix: str, limit: int | None = None) -> None:
     """For a checkpoint's model config: refuse one whose weights alone cannot fit (before building it)."""
     limit = memory_limit_bytes() if limit is None else limit
     need = FLOAT_BYTES * parameter_count(model)
     if limit is not None and need > limit:
         raise PipelineError(
             f"{what} describes a network of {parameter_count(model):,} weights ({_size(need)}), more than this "
-            f"machine's {_size(limit)} of memory; it was not built."
+            f"machine's {_size(limit)} of memory; it was not built. {fix}"
         )
 
 
@@ -156,10 +157,23 @@ def check_output_folder(folder: Path, min_free: int = MIN_FREE_BYTES) -> None:
         )
 
 
-def write_error_message(error: OSError, path: Path | str | None = None) -> str:
-    """One paragraph for an OSError met while writing outputs: which path, what happened, the fix."""
-    where = path if path is not None else (error.filename or "an output file")
-    return f"could not write {where} ({error.strerror or error}): {_access_fix(error, Path(str(where)).parent)}"
+def write_error_message(error: OSError, path: Path | str | None = None, folders: Sequence[Path] = ()) -> str:
+    """One paragraph for an OSError met while writing outputs: which path, what happened, the fix.
+
+    A failed write() names no file; then the `folders` the stage writes into are checked, and the
+    full ones named.
+    """
+    reason = error.strerror or str(error)
+    where = path if path is not None else error.filename
+    if where is not None:
+        return f"could not write {where} ({reason}): {_access_fix(error, Path(str(where)).parent)}"
+    full = [(folder, shutil.disk_usage(folder).free) for folder in folders if folder.is_dir()]
+    full = [(folder, free) for folder, free in full if free < MIN_FREE_BYTES]
+    if full:
+        listing = "; ".join(f"{folder}/ has only {_size(free)} free" for folder, free in full)
+        return f"could not write ({reason}): {listing}. Free space there and run again."
+    shown = ", ".join(f"{folder}/" for folder in folders) or "the output folders"
+    return f"could not write an output ({reason}): check free space and permissions of {shown} and run again."
 
 
 def _access_fix(error: OSError, folder: Path) -> str:

@@ -338,9 +338,8 @@ def open_tracker(
     """
     import mlflow
     from mlflow import MlflowClient
-    from torch.utils.tensorboard import SummaryWriter
-
     from sqlalchemy.exc import SQLAlchemyError
+    from torch.utils.tensorboard import SummaryWriter
 
     root = root or project_root()
     uri = credentials_out_of_uri(tracking_uri(root))

@@ -8,6 +8,5 @@ running any other command. The output's content never changes, so valid edits re
 from pipeline.cli import run_stage
 from pipeline.validation import write_params_checked
 
-
 if __name__ == "__main__":
     run_stage("validate", write_params_checked)
