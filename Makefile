@@ -1,4 +1,4 @@
-# Two entry points for people and CI alike: `make repro` and `make test`.
+# Entry points for people and CI alike: `make repro`, `make test` (`make test-fast` for the quick subset), `make check`.
 # Both first install requirements.txt into .venv, and skip that when it is already up to date.
 
 PYTHON ?= python3
@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 # Stages run as `python -m stages.X`: put the venv first so DVC finds its python.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install repro test requirements
+.PHONY: install repro test test-fast test-browser check requirements
 
 install: $(INSTALLED)
 
@@ -24,6 +24,20 @@ repro: install
 
 test: install
 	python -m pytest
+
+# Everything but the `slow` (and browser) tests (real dvc CLI, real training): about a minute.
+test-fast: install
+	python -m pytest -m "not slow and not browser"
+
+# MLflow's web UI rendered in headless Chromium (Debian package `chromium`): not part of `make test`.
+test-browser: install
+	python -m pytest -m browser tests/browser
+
+# Lint, format and types: what CI runs before the tests.
+check: install
+	ruff check .
+	ruff format --check .
+	mypy
 
 # Re-pin after changing the ranges in pyproject.toml.
 requirements: install

@@ -25,7 +25,9 @@ from pipeline.resources import check_model_fits_memory
 CHECKPOINT_FORMAT = 1
 
 
-def checkpoint_payload(model: LabNet, train_params: dict[str, Any], data_digest: str, runtime: dict[str, Any], metrics: dict[str, float]) -> dict[str, Any]:
+def checkpoint_payload(
+    model: LabNet, train_params: dict[str, Any], data_digest: str, runtime: dict[str, Any], metrics: dict[str, float]
+) -> dict[str, Any]:
     # Weights always saved from CPU and in the default layout, so the bytes do not depend on
     # the training device or memory format.
     state = {name: tensor.detach().to("cpu").contiguous() for name, tensor in model.state_dict().items()}
@@ -47,7 +49,9 @@ def _refuse_diverged(
 ) -> None:
     """A NaN/inf model is no result: say so instead of saving it (or passing it downstream)."""
     bad_metrics = sorted(key for key, value in metrics.items() if not math.isfinite(value))
-    bad_weights = sorted(name for name, tensor in state.items() if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()))
+    bad_weights = sorted(
+        name for name, tensor in state.items() if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
+    )
     if bad_metrics or bad_weights:
         raise PipelineError(
             f"training diverged: {', '.join(bad_metrics + bad_weights)} hold NaN or infinity, {consequence}. "
@@ -61,10 +65,10 @@ def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
     except (OSError, RuntimeError) as error:  # torch reports a failed write (disk full) as RuntimeError
         free = shutil.disk_usage(path.parent).free
         reason = " ".join(str(error).split())[:200]
+        folder = path.parent.parent if path.parent.name.startswith(".partial-") else path.parent  # the output's
         raise PipelineError(
             f"could not write the checkpoint {path} ({reason}); {free / 2**20:.1f} MiB are free on its file system. "
-            f"Free space (or fix permissions) in {path.parent.parent if path.parent.name.startswith('.partial-') else path.parent}/ "
-            "and run again. Nothing was written."
+            f"Free space (or fix permissions) in {folder}/ and run again. Nothing was written."
         ) from None
 
 
@@ -94,7 +98,11 @@ def load_checkpoint(path: Path) -> Checkpoint:
         # torch's own text suggests `weights_only=False`, advice never to follow for an untrusted
         # file: only the unpickler's reason is shown.
         reason = str(error.__context__ or error).split(". Please")[0].strip().splitlines()[0][:200]
-        what = "holds objects that would run code when loaded; it was refused" if "Unsupported global" in reason else "is not a readable checkpoint"
+        what = (
+            "holds objects that would run code when loaded; it was refused"
+            if "Unsupported global" in reason
+            else "is not a readable checkpoint"
+        )
         raise PipelineError(f"{path} {what} ({reason}). {_FIX}") from None
     except (RuntimeError, zipfile.BadZipFile, EOFError, OSError, ValueError, TypeError) as error:
         reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
@@ -107,7 +115,9 @@ def load_checkpoint(path: Path) -> Checkpoint:
     if problem:
         raise PipelineError(f"{path} is damaged or not written by this pipeline: {problem}. {_FIX}")
     description = payload["model"]
-    model_config = params_from_section(ModelConfig, description["model_config"], f"{path}", _FIX, prefix="model_config.")
+    model_config = params_from_section(
+        ModelConfig, description["model_config"], f"{path}", _FIX, prefix="model_config."
+    )
     check_model_fits_memory(model_config, f"{path} (model_config)", _FIX)
     with torch.device("meta"):  # shapes only: no memory until the weights are assigned
         model = LabNet(model_config, input_shape=MNIST_INPUT_SHAPE)
@@ -118,15 +128,28 @@ def load_checkpoint(path: Path) -> Checkpoint:
         raise PipelineError(f"{path} holds weights that do not fit its own model config ({detail}). {_FIX}") from None
     _refuse_diverged(payload["state_dict"], payload["metrics"], f"so {path} is not used")
     model.eval()
-    return Checkpoint(model=model, data_digest=payload["data_digest"], train_params=payload["train_params"], metrics=payload["metrics"])
+    return Checkpoint(
+        model=model,
+        data_digest=payload["data_digest"],
+        train_params=payload["train_params"],
+        metrics=payload["metrics"],
+    )
 
 
 def _structure_problem(payload: dict[str, Any]) -> str | None:
-    expected: dict[str, type] = {"state_dict": dict, "model": dict, "data_digest": str, "train_params": dict, "metrics": dict}
+    expected: dict[str, type] = {
+        "state_dict": dict,
+        "model": dict,
+        "data_digest": str,
+        "train_params": dict,
+        "metrics": dict,
+    }
     for key, kind in expected.items():
         if not isinstance(payload.get(key), kind):
             return f"`{key}` is missing or not a {kind.__name__}"
-    if not all(isinstance(name, str) and isinstance(tensor, torch.Tensor) for name, tensor in payload["state_dict"].items()):
+    if not all(
+        isinstance(name, str) and isinstance(tensor, torch.Tensor) for name, tensor in payload["state_dict"].items()
+    ):
         return "`state_dict` holds something other than named tensors"
     if any(tensor.dtype != torch.float32 for tensor in payload["state_dict"].values()):
         return "`state_dict` holds tensors that are not float32"
@@ -134,7 +157,9 @@ def _structure_problem(payload: dict[str, Any]) -> str | None:
     if not isinstance(description.get("model_config"), dict):
         return "`model.model_config` is missing"
     if description.get("input_shape") != list(MNIST_INPUT_SHAPE):
-        return f"`model.input_shape` is {str(description.get('input_shape'))[:60]}, not MNIST's {list(MNIST_INPUT_SHAPE)}"
+        return (
+            f"`model.input_shape` is {str(description.get('input_shape'))[:60]}, not MNIST's {list(MNIST_INPUT_SHAPE)}"
+        )
     if not all(isinstance(value, (int, float)) for value in payload["metrics"].values()):
         return "`metrics` holds something other than numbers"
     return None

@@ -31,6 +31,7 @@ Device = Literal["cpu", "cuda", "mps"]
 DeviceChoice = Literal["auto", "cpu", "cuda", "mps"]
 ProfileMode = Literal["inference", "train"]
 Precision = Literal["auto", "fp32", "bf16"]
+Execution = Literal["auto", "eager", "cuda_graph"]
 
 
 def _rule(
@@ -96,10 +97,14 @@ class ModelConfig:
 class TrainConfig:
     device: DeviceChoice = _rule()
     # bf16 = autocast mixed precision for the forward pass (weights, optimizer, loss and evaluation stay
-    # fp32); auto = bf16 where the device computes it natively (AMX/AVX512-BF16 CPUs, recent GPUs).
+    # fp32); auto = bf16 where the device computes it natively (AMX/AVX512-BF16 CPUs); on CUDA, the faster
+    # of the two as measured for the execution mode (pipeline/execution.py).
     precision: Precision = _rule()
     # 0 = one thread per available CPU core; the number used is recorded with every run.
     threads: int = _rule(ge=0, le=1024)
+    # cuda_graph = each training step captured once in a CUDA graph and replayed (no per-kernel launch cost);
+    # auto = cuda_graph on a CUDA device, eager elsewhere (pipeline/execution.py).
+    execution: Execution = _rule()
     # 32 bits: the range every generator (torch, CUDA, numpy, random) accepts.
     seed: int = _rule(ge=0, le=2**32 - 1)
     # 1000 epochs of the lab's network take ~10 h on 2 CPU cores: a larger number is a typo.
@@ -132,8 +137,13 @@ class ProfileConfig:
     modes: tuple[ProfileMode, ...] = _rule(non_empty=True, unique=True)
     # Untimed steps first: oneDNN/cuDNN build kernels per shape, so a cold first step misleads.
     warmup_steps: int = _rule(ge=1, le=1000)
-    # Steps timed (without the profiler), then the same number traced by torch.profiler.
+    # Steps traced by torch.profiler for the operator table (timing is separate, see the next two keys).
     active_steps: int = _rule(ge=2, le=10_000)
+    # Step timing (pipeline/timing.py) samples blocks of steps until the 95 % confidence interval of the
+    # median step time is within ± this many % ...
+    ci_target_pct: float = _rule(gt=0, le=50)
+    # ... or this many seconds per combination have passed; the row is then flagged noisy.
+    time_budget_s: float = _rule(gt=0, le=3600)
     # CPU threads; 0 = one per core (the number used is recorded).
     threads: int = _rule(ge=0, le=1024)
     # Rows of the operator table.
@@ -198,9 +208,13 @@ def read_params_file(path: Path) -> Any:
             "as `dvc repro` does."
         ) from None
     except OSError as error:  # a directory, unreadable, ...
-        raise PipelineError(f"{path} cannot be read ({error.strerror}): it must be a readable YAML file. {fix}") from None
+        raise PipelineError(
+            f"{path} cannot be read ({error.strerror}): it must be a readable YAML file. {fix}"
+        ) from None
     if len(data) > MAX_PARAMS_BYTES:
-        raise PipelineError(f"{path} is larger than {MAX_PARAMS_BYTES // 1024} KiB; params.yaml holds a few settings. {fix}")
+        raise PipelineError(
+            f"{path} is larger than {MAX_PARAMS_BYTES // 1024} KiB; params.yaml holds a few settings. {fix}"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -228,9 +242,8 @@ class _StrictLoader(yaml.SafeLoader):
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()  # type: ignore[no-untyped-call]
-            raise yaml.composer.ComposerError(
-                None, None, f"aliases (*{event.anchor}) are not allowed in params; write the value out", event.start_mark
-            )
+            problem = f"aliases (*{event.anchor}) are not allowed in params; write the value out"
+            raise yaml.composer.ComposerError(None, None, problem, event.start_mark)
         return super().compose_node(parent, index)
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:

@@ -376,7 +376,9 @@ def load_split(root: Path, split: Split) -> tuple[np.ndarray, np.ndarray]:
         try:
             content = path.read_bytes()
         except OSError as error:  # deleted, replaced by a folder, unreadable
-            raise PipelineError(f"{path} cannot be read ({error.strerror}); the data folder was modified. {_RESTORE_DATA}") from None
+            raise PipelineError(
+                f"{path} cannot be read ({error.strerror}); the data folder was modified. {_RESTORE_DATA}"
+            ) from None
         expected = manifest["files"][name]["sha256"]  # type: ignore[index]
         if hashlib.sha256(content).hexdigest() != expected:
             raise PipelineError(

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pipeline.config import DataConfig, section_as_dict
 from pipeline.data import SPLIT_PREFIX, DownloadResult, dataset_digest
 from pipeline.tracking import Tracker
+
+if TYPE_CHECKING:
+    from mlflow.data.dataset_source import DatasetSource
 
 CLASSES = 10
 GRID_PADDING = 2  # pixels between digits, so neighbours don't merge into one blob
@@ -44,7 +48,7 @@ def log_download(tracker: Tracker, config: DataConfig, result: DownloadResult) -
         metrics[f"{split}_samples"] = images.shape[0]
         metrics[f"{split}_bytes"] = len(images_file.content) + len(labels_file.content)
         split_digest = dataset_digest({f.name: f.sha256 for f in (images_file, labels_file)})
-        dataset = MetaDataset(
+        dataset = MetaDataset(  # type: ignore[abstract]  # concrete at run time; MLflow's annotation is off
             source=_dataset_source(images_file.source),
             name=f"mnist-{split}",
             digest=split_digest[:MLFLOW_DIGEST_LENGTH],
@@ -63,7 +67,7 @@ def log_download(tracker: Tracker, config: DataConfig, result: DownloadResult) -
     tracker.log_image("mnist/train_samples_by_class", grid, "samples_by_class.png")
 
 
-def _dataset_source(location: str) -> object:
+def _dataset_source(location: str) -> DatasetSource:
     from mlflow.data.dataset_source_registry import resolve_dataset_source
 
     with warnings.catch_warnings():

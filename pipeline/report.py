@@ -2,28 +2,51 @@
 
 Every number in it is read from a stage output (nothing is re-measured), and every input that is
 missing is named in the report with the command that produces it, never silently dropped.
+Torch-free: profiles are read through `pipeline.profile_record`.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
+import shutil
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import ProfileConfig
-from pipeline.paths import profile_outputs
-from pipeline.profiling import Combination
+from pipeline.analysis_figures import cpu_vs_gpu_figure, roofline_figure
+from pipeline.config import Params, ProfileConfig
+from pipeline.paths import (
+    GRAPH_METRICS,
+    GRAPH_SVG,
+    HARDWARE_FINGERPRINT,
+    SUMMARY_MARKDOWN,
+    TRAIN_EPOCHS_PLOT,
+    TRAIN_METRICS,
+    TRAIN_SPEED,
+    TRAIN_STEPS_PLOT,
+    profile_outputs,
+)
+from pipeline.profile_record import ProfileRecord, combinations, read_record
+from pipeline.report_figures import batch_size_plot, read_csv, training_curves
+from pipeline.timing_statistics import NOISY_ADVICE, Interval, ratio
+from pipeline.step_report import (
+    StepFacts,
+    analysis_sentences,
+    anatomy_markdown,
+    cpu_vs_gpu_markdown,
+    flop_rate_markdown,
+    has_gpu_pairs,
+    kernels_markdown,
+    step_facts,
+)
 
+TITLE = "AI-System Lab 1: MNIST CNN — training, dataflow graph and operator profile"
 CONVOLUTION = re.compile(r"conv", re.IGNORECASE)
-
-
-def combinations(config: ProfileConfig) -> list[Combination]:
-    """Exactly the combinations params.yaml asks for: stale folders of removed values never count."""
-    return [Combination(b, d, m) for b in config.batch_sizes for d in config.devices for m in config.modes]
 
 
 @dataclass
@@ -33,7 +56,7 @@ class ReportInputs:
     train_speed: dict[str, float] | None
     graph_metrics: dict[str, float] | None
     model_summary: str | None
-    profiles: list[dict[str, Any]]  # profile.json records, in params order
+    profiles: list[ProfileRecord]  # in params order
     missing: list[str] = field(default_factory=list)  # one sentence per absent input
 
 
@@ -45,64 +68,159 @@ def read_json(path: Path, producer: str, missing: list[str]) -> Any:
         return None
 
 
-def read_inputs(config: ProfileConfig, hardware: Path, train_metrics: Path, train_speed: Path, graph_metrics: Path, summary: Path) -> ReportInputs:
+def read_inputs(config: ProfileConfig) -> ReportInputs:
     missing: list[str] = []
     profiles = []
     for combination in combinations(config):
-        record = read_json(profile_outputs(combination.name).record, f"profile@{combination.name}", missing)
-        if record is not None:
-            profiles.append(record)
-    model_summary = summary.read_text() if summary.exists() else None
+        path = profile_outputs(combination.name).record
+        if path.exists():
+            profiles.append(read_record(path, combination))
+        else:
+            missing.append(f"`{path}` is missing: run `dvc repro profile@{combination.name}`.")
+    model_summary = SUMMARY_MARKDOWN.read_text() if SUMMARY_MARKDOWN.exists() else None
     if model_summary is None:
-        missing.append(f"`{summary}` is missing: run `dvc repro export_graph`.")
+        missing.append(f"`{SUMMARY_MARKDOWN}` is missing: run `dvc repro export_graph`.")
     return ReportInputs(
-        hardware=read_json(hardware, "hardware", missing),
-        train_metrics=read_json(train_metrics, "train", missing),
-        train_speed=read_json(train_speed, "train", missing),
-        graph_metrics=read_json(graph_metrics, "export_graph", missing),
+        hardware=read_json(HARDWARE_FINGERPRINT, "hardware", missing),
+        train_metrics=read_json(TRAIN_METRICS, "train", missing),
+        train_speed=read_json(TRAIN_SPEED, "train", missing),
+        graph_metrics=read_json(GRAPH_METRICS, "export_graph", missing),
         model_summary=model_summary,
         profiles=profiles,
         missing=missing,
     )
 
 
-def comparison_rows(profiles: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class ComparisonRow:
+    """One profiled combination in the report's comparison table and `plots/profile_comparison.csv`."""
+
+    batch_size: int
+    device: str
+    mode: str
+    series: str  # one plotted line: "<device> <mode>"
+    step_time_ms: float  # median per-step time
+    step_time_ms_iqr: float
+    step_time_ms_ci_low: float  # its 95 % confidence interval
+    step_time_ms_ci_high: float
+    step_time_ci_pct: float
+    steps_measured: int
+    blocks_measured: int
+    per_sample_ms: float
+    throughput_samples_per_s: float
+    noisy: bool  # the interval missed profile.ci_target_pct
+    machine_busy: bool  # load average above the cores while timing
+    load_average_before: float
+    load_average_after: float
+    cores: int
+    threads: int
+    top_operator: str
+    top_operator_share_pct: float
+    convolution_share_pct: float
+
+    @property
+    def step_interval(self) -> Interval:
+        return Interval(self.step_time_ms, self.step_time_ms_ci_low, self.step_time_ms_ci_high)
+
+    @property
+    def per_sample_interval(self) -> Interval:
+        return self.step_interval.scaled(1.0 / self.batch_size)
+
+    @property
+    def flags(self) -> str:
+        return ", ".join(flag for flag, raised in (("noisy", self.noisy), ("busy", self.machine_busy)) if raised)
+
+
+# Columns of plots/profile_comparison.csv (what `dvc plots show` draws).
+COMPARISON_PLOT_FIELDS = (
+    "batch_size",
+    "series",
+    "per_sample_ms",
+    "throughput_samples_per_s",
+    "step_time_ms",
+    "step_time_ms_ci_low",
+    "step_time_ms_ci_high",
+)
+
+
+def comparison_rows(profiles: Sequence[ProfileRecord]) -> list[ComparisonRow]:
     rows = []
     for record in profiles:
-        timing, top = record["timing"], record["top_operators"]
+        combination, timing, conditions = record.combination, record.timing, record.conditions
+        top = record.top_operators
         rows.append(
-            {
-                **record["combination"],
-                "series": "{device} {mode}".format(**record["combination"]),  # one plotted line
-                "step_time_ms": timing["step_time_ms_mean"],
-                "step_time_cv": timing["step_time_cv"],
-                "per_sample_ms": timing["per_sample_ms"],
-                "throughput_samples_per_s": timing["throughput_samples_per_s"],
-                "top_operator": top[0]["operator"] if top else "",
-                "top_operator_share_pct": top[0]["share_pct"] if top else 0.0,
-                "convolution_share_pct": sum(row["share_pct"] for row in top if CONVOLUTION.search(row["operator"])),
-            }
+            ComparisonRow(
+                batch_size=combination.batch_size,
+                device=combination.device,
+                mode=combination.mode,
+                series=f"{combination.device} {combination.mode}",
+                step_time_ms=timing.step_time_ms_median,
+                step_time_ms_iqr=timing.step_time_ms_iqr,
+                step_time_ms_ci_low=timing.step_time_ms_ci_low,
+                step_time_ms_ci_high=timing.step_time_ms_ci_high,
+                step_time_ci_pct=timing.step_time_ci_pct,
+                steps_measured=timing.steps_measured,
+                blocks_measured=timing.blocks_measured,
+                per_sample_ms=timing.per_sample_ms,
+                throughput_samples_per_s=timing.throughput_samples_per_s,
+                noisy=timing.noisy,
+                machine_busy=conditions.busy,
+                load_average_before=conditions.load_average_before,
+                load_average_after=conditions.load_average_after,
+                cores=conditions.cores,
+                threads=conditions.threads,
+                top_operator=top[0].operator if top else "",
+                top_operator_share_pct=top[0].share_pct if top else 0.0,
+                convolution_share_pct=sum(row.share_pct for row in top if CONVOLUTION.search(row.operator)),
+            )
         )
     return rows
 
 
-def comparison_markdown(rows: Sequence[dict[str, Any]]) -> str:
+def comparison_markdown(rows: Sequence[ComparisonRow]) -> str:
     lines = [
-        "| batch | device | mode | step ms (CV) | per-sample ms | samples/s | top operator (share) | convolution share |",
-        "| ---: | --- | --- | ---: | ---: | ---: | --- | ---: |",
+        "| batch | device | mode | step ms (median) | IQR ms | 95 % CI | steps / blocks | per-sample ms | samples/s "
+        "| top operator (share) | convolution share | flag |",
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |",
     ]
     for row in rows:
         lines.append(
-            f"| {row['batch_size']} | {row['device']} | {row['mode']} | {row['step_time_ms']:.3f} ({row['step_time_cv']:.1%}) | "
-            f"{row['per_sample_ms']:.4f} | {row['throughput_samples_per_s']:.0f} | `{row['top_operator']}` "
-            f"({row['top_operator_share_pct']:.1f} %) | {row['convolution_share_pct']:.1f} % |"
+            f"| {row.batch_size} | {row.device} | {row.mode} | {row.step_time_ms:.3f} | {row.step_time_ms_iqr:.3f} | "
+            f"±{row.step_time_ci_pct:.1f} % | {row.steps_measured} / {row.blocks_measured} | {row.per_sample_ms:.4f} | "
+            f"{row.throughput_samples_per_s:.0f} | `{row.top_operator}` ({row.top_operator_share_pct:.1f} %) | "
+            f"{row.convolution_share_pct:.1f} % | {row.flags} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + "".join(f"\n{note}\n" for note in measurement_notes(rows))
 
 
-def environment_markdown(hardware: dict[str, str], profiles: Sequence[dict[str, Any]]) -> str:
+def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
+    """What the comparison table's numbers are, and what its flags mean where any row raised one."""
+    notes = [
+        "Step time: median of per-step block means (blocks of consecutive steps timed together), with the "
+        "half-width of its 95 % confidence interval; IQR is the spread of the blocks."
+    ]
+    noisy = [f"{row.batch_size}-{row.device}-{row.mode}" for row in rows if row.noisy]
+    if noisy:
+        notes.append(
+            f"**{NOISY_ADVICE}** ({', '.join(noisy)}): the confidence interval missed `profile.ci_target_pct` "
+            "before `profile.time_budget_s` ran out."
+        )
+    busy = [row for row in rows if row.machine_busy]
+    if busy:
+        loads = ", ".join(
+            f"{row.batch_size}-{row.device}-{row.mode} ({row.load_average_before:.2f} -> {row.load_average_after:.2f})"
+            for row in busy
+        )
+        notes.append(
+            f"**Warning: busy machine**: the load average exceeded the {busy[0].cores} cores while timing {loads}; "
+            "those step times are likely inflated and less stable: rerun on a quiet machine."
+        )
+    return notes
+
+
+def environment_markdown(hardware: dict[str, str], profiles: Sequence[ProfileRecord]) -> str:
     gpus = [name.strip() for name in hardware.get("gpus", "none").split(",") if name.strip() and name.strip() != "none"]
-    cuda_runtime = next((p["hardware"].get("cuda_runtime") for p in profiles if p["hardware"].get("cuda_runtime")), None)
+    cuda_runtime = next((p.hardware["cuda_runtime"] for p in profiles if p.hardware.get("cuda_runtime")), None)
     rows = [
         ("CPU model", hardware["cpu"]),
         ("vCPUs", hardware["cpu_count"]),
@@ -118,41 +236,144 @@ def environment_markdown(hardware: dict[str, str], profiles: Sequence[dict[str, 
     return "| item | value |\n| --- | --- |\n" + "".join(f"| {name} | {value} |\n" for name, value in rows)
 
 
-def analysis(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """Plain sentences drawn from the comparison numbers."""
+def analysis(rows: Sequence[ComparisonRow]) -> list[str]:
+    """Plain sentences drawn from the comparison numbers; every ratio with its 95 % interval."""
     sentences: list[str] = []
-    by_series: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    by_series: dict[tuple[str, str], list[ComparisonRow]] = {}
     for row in rows:
-        by_series.setdefault((row["device"], row["mode"]), []).append(row)
+        by_series.setdefault((row.device, row.mode), []).append(row)
     for (device, mode), series in sorted(by_series.items()):
-        series.sort(key=lambda row: row["batch_size"])
+        series.sort(key=lambda row: row.batch_size)
         largest, smallest = series[-1], series[0]
         sentences.append(
-            f"**{device} {mode}**: at batch {largest['batch_size']} the top operator is `{largest['top_operator']}` "
-            f"({largest['top_operator_share_pct']:.1f} % of the step) and convolution operators together take "
-            f"{largest['convolution_share_pct']:.1f} % of it."
+            f"**{device} {mode}**: at batch {largest.batch_size} the top operator is `{largest.top_operator}` "
+            f"({largest.top_operator_share_pct:.1f} % of the step) and convolution operators together take "
+            f"{largest.convolution_share_pct:.1f} % of it."
         )
         if len(series) > 1:
-            ratio = smallest["per_sample_ms"] / largest["per_sample_ms"]
-            sentences.append(
-                f"Per-sample time falls from {smallest['per_sample_ms']:.4f} ms at batch {smallest['batch_size']} to "
-                f"{largest['per_sample_ms']:.4f} ms at batch {largest['batch_size']} ({ratio:.1f}x cheaper): fixed "
-                f"per-step costs (operator dispatch, {'the optimizer update, ' if mode == 'train' else ''}kernel "
-                f"set-up) are shared by more samples, and at batch {smallest['batch_size']} the top operator is "
-                f"`{smallest['top_operator']}`."
-            )
-    cpu = {(r["batch_size"], r["mode"]): r for r in rows if r["device"] == "cpu"}
-    for row in rows:
-        if row["device"] != "cpu" and (row["batch_size"], row["mode"]) in cpu:
-            reference = cpu[(row["batch_size"], row["mode"])]
-            sentences.append(
-                f"{row['device']} vs cpu, batch {row['batch_size']} {row['mode']}: "
-                f"{reference['step_time_ms'] / row['step_time_ms']:.1f}x the CPU's speed "
-                f"({row['step_time_ms']:.3f} vs {reference['step_time_ms']:.3f} ms per step)."
-            )
-    if not any(row["device"] != "cpu" for row in rows):
-        sentences.append("Only CPU combinations were profiled: add `cuda` to `profile.devices` on a GPU machine for the CPU vs GPU comparison.")
+            sentences.append(batch_scaling_sentence(smallest, largest, mode))
     return sentences
+
+
+def batch_scaling_sentence(smallest: ComparisonRow, largest: ComparisonRow, mode: str) -> str:
+    """Per-sample time from the smallest to the largest batch, with the ratio's 95 % interval."""
+    cheaper = ratio(smallest.per_sample_interval, largest.per_sample_interval)
+    small, large = f"batch {smallest.batch_size}", f"batch {largest.batch_size}"
+    if not cheaper.measurable:
+        return (
+            f"Per-sample time at {small} ({smallest.per_sample_ms:.4f} ms) and at {large} "
+            f"({largest.per_sample_ms:.4f} ms): {cheaper.describe()}."
+        )
+    if cheaper.value < 1:
+        return (
+            f"Per-sample time rises from {smallest.per_sample_ms:.4f} ms at {small} to {largest.per_sample_ms:.4f} ms "
+            f"at {large} ({1 / cheaper.value:.1f}x dearer, 95 % CI {1 / cheaper.high:.2f}-{1 / cheaper.low:.2f}x)."
+        )
+    return (
+        f"Per-sample time falls from {smallest.per_sample_ms:.4f} ms at {small} to {largest.per_sample_ms:.4f} ms at "
+        f"{large} ({cheaper.value:.1f}x cheaper, 95 % CI {cheaper.bounds()}): fixed per-step costs (operator "
+        f"dispatch, {'the optimizer update, ' if mode == 'train' else ''}kernel set-up) are shared by more samples, "
+        f"and at {small} the top operator is `{smallest.top_operator}`."
+    )
+
+
+@dataclass(frozen=True)
+class Report:
+    markdown: str
+    rows: list[ComparisonRow]
+
+    def comparison_csv_rows(self) -> list[dict[str, Any]]:
+        return [dataclasses.asdict(row) for row in self.rows]
+
+
+def build_report(params: Params, figures: Path) -> Report:
+    """Write the figures into `figures` (a folder) and return the markdown report and the comparison rows."""
+    inputs = read_inputs(params.profile)
+    rows = comparison_rows(inputs.profiles)
+    sections = [
+        f"# {TITLE}\n",
+        "Generated by the `report` stage from the pipeline's outputs; every number below is read from them.\n",
+        "## 1. Environment\n",
+        environment_markdown(inputs.hardware, inputs.profiles)
+        if inputs.hardware
+        else "_Not available (see Missing inputs)._\n",
+        "## 2. Model and dataflow graph\n",
+    ]
+    if GRAPH_SVG.exists():
+        shutil.copy(GRAPH_SVG, figures / "model_graph.svg")
+        sections.append("![dataflow graph](figures/model_graph.svg)\n")
+    else:
+        sections.append("_Graph picture not available (see Missing inputs)._\n")
+    sections.append(inputs.model_summary or "_Model summary not available (see Missing inputs)._\n")
+    sections += training_section(params, inputs, figures)
+
+    sections.append("## 4. Top operators (and GPU kernels) per combination\n")
+    for record in inputs.profiles:
+        table = profile_outputs(record.combination.name).table_markdown.read_text()
+        sections.append(table.replace("### ", "#### ", 1))
+        if record.analysis.top_kernels:
+            sections.append(kernels_markdown(record).replace("### ", "#### ", 1))
+    if not inputs.profiles:
+        sections.append("_No profile available (see Missing inputs)._\n")
+
+    sections.append("## 5. Comparison across batch sizes and devices\n")
+    if rows:
+        sections.append(comparison_markdown(rows))
+        plotted = [dataclasses.asdict(row) for row in rows]
+        batch_size_plot(plotted, "per_sample_ms", "per-sample time (ms)", figures / "per_sample_time.png")
+        batch_size_plot(plotted, "throughput_samples_per_s", "throughput (samples/s)", figures / "throughput.png")
+        sections.append("![per-sample time](figures/per_sample_time.png)\n\n![throughput](figures/throughput.png)\n")
+
+    facts = step_facts(inputs.profiles)
+    sections += step_sections(facts, figures)
+
+    sections.append("## 9. Analysis\n")
+    sentences = analysis(rows) + analysis_sentences(facts)
+    sections.append("".join(f"- {sentence}\n" for sentence in sentences) if rows else "_No profiles to analyse._\n")
+
+    if inputs.missing:
+        sections.append("## Missing inputs\n")
+        sections.append("".join(f"- {line}\n" for line in inputs.missing))
+    return Report("\n".join(sections), rows)
+
+
+def step_sections(facts: Sequence[StepFacts], figures: Path) -> list[str]:
+    """Sections 6-8: where each step's time goes, its achieved FLOP/s against the peak, CPU vs GPU."""
+    sections = ["## 6. Step anatomy: where a step's time goes\n", anatomy_markdown(facts)]
+    sections += ["## 7. Achieved FLOP/s against the device's peak\n", flop_rate_markdown(facts)]
+    if facts:
+        peaks: dict[str, list[float]] = {}
+        for fact in facts:
+            if fact.rate is not None and fact.rate.peak_gflops_per_s > 0:
+                peaks.setdefault(fact.device, []).append(fact.rate.peak_gflops_per_s)
+        roofline_figure(facts, {device: statistics.median(v) for device, v in peaks.items()}, figures / "roofline.png")
+        sections.append("![achieved FLOP/s vs batch size](figures/roofline.png)\n")
+    sections += ["## 8. CPU vs GPU\n", cpu_vs_gpu_markdown(facts)]
+    if has_gpu_pairs(facts):
+        cpu_vs_gpu_figure(facts, figures / "cpu_vs_gpu.png")
+        sections.append("![per-sample time, CPU vs GPU](figures/cpu_vs_gpu.png)\n")
+    return sections
+
+
+def training_section(params: Params, inputs: ReportInputs, figures: Path) -> list[str]:
+    train = params.train
+    sections = [
+        "## 3. Training\n",
+        f"Adadelta (lr {train.lr:g}), StepLR gamma {train.gamma:g}, batch {train.batch_size}, {train.epochs} epoch(s), "
+        f"seed {train.seed}, device `{train.device}`, precision `{train.precision}`.\n",
+    ]
+    if inputs.train_metrics and TRAIN_EPOCHS_PLOT.exists() and TRAIN_STEPS_PLOT.exists():
+        metrics = inputs.train_metrics
+        speed = f" Training ran at {inputs.train_speed['images_per_second']:.0f} images/s." if inputs.train_speed else ""
+        sections.append(
+            f"Test accuracy **{metrics['test_accuracy']:.4f}**, test loss {metrics['test_loss']:.4f}; last-epoch train "
+            f"accuracy {metrics['train_accuracy']:.4f}, loss {metrics['train_loss']:.4f}.{speed}\n"
+        )
+        training_curves(read_csv(TRAIN_EPOCHS_PLOT), read_csv(TRAIN_STEPS_PLOT), figures / "training_curves.png")
+        sections.append("![training curves](figures/training_curves.png)\n")
+    else:
+        sections.append("_Training curves not available (see Missing inputs)._\n")
+    return sections
 
 
 def embed_images(html: str, folder: Path) -> str:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import csv
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -42,16 +43,16 @@ def training_curves(epochs: Sequence[dict[str, float]], steps: Sequence[dict[str
     plt.close(figure)
 
 
-def batch_size_plot(rows: Sequence[dict[str, object]], value: str, label: str, target: Path) -> None:
+def batch_size_plot(rows: Sequence[Mapping[str, Any]], value: str, label: str, target: Path) -> None:
     """`value` against batch size, one line per device/mode (log-log: costs scale multiplicatively)."""
     series: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for row in rows:
-        series[str(row["series"])].append((int(row["batch_size"]), float(row[value])))  # type: ignore[arg-type]
+        series[str(row["series"])].append((int(row["batch_size"]), float(row[value])))
     figure, axes = plt.subplots(figsize=(6, 4))
     for name, points in sorted(series.items()):
         points.sort()
         axes.plot([p[0] for p in points], [p[1] for p in points], "o-", label=name)
-    batch_sizes = sorted({int(row["batch_size"]) for row in rows})  # type: ignore[arg-type]
+    batch_sizes = sorted({int(row["batch_size"]) for row in rows})
     axes.set(xscale="log", yscale="log", xlabel="batch size", ylabel=label, title=f"{label} vs batch size")
     axes.set_xticks(batch_sizes, [str(size) for size in batch_sizes])
     axes.grid(alpha=0.3, which="both")

@@ -8,6 +8,7 @@ them in a fraction of a second); they refuse what surely cannot fit, not what me
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -34,7 +35,7 @@ MIN_FREE_BYTES = 64 << 20
 def parameter_count(model: ModelConfig, input_shape: tuple[int, int, int] = MNIST_IMAGE_SHAPE) -> int:
     """Weights of pipeline.model.LabNet for `model` (tests check it against the real network)."""
     channels, height, width = input_shape
-    pooled = model.conv2_channels * ((height - 4) // 2) * ((width - 4) // 2)  # two 3×3 convs, then max-pool 2
+    pooled = model.conv2_channels * ((height - 4) // 2) * ((width - 4) // 2)  # two 3x3 convs, then max-pool 2
     return (
         (channels * 9 + 1) * model.conv1_channels
         + (model.conv1_channels * 9 + 1) * model.conv2_channels
@@ -62,10 +63,8 @@ def activation_bytes_per_sample(
 def memory_limit_bytes() -> int | None:
     """Physical memory, or the container's cgroup limit when lower; None where neither is known."""
     limits = []
-    try:
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # sysconf names differ per platform
         limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        pass
     for cgroup_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
             text = Path(cgroup_file).read_text().strip()
@@ -88,14 +87,24 @@ def training_memory(params: Params) -> list[MemoryNeed]:
     samples = min(train.train_samples or MNIST_TRAIN_IMAGES, MNIST_TRAIN_IMAGES)
     per_sample = activation_bytes_per_sample(train.model)
     return [
-        MemoryNeed("train.model", "weights, gradients and optimizer state", TRAINING_COPIES * FLOAT_BYTES * parameter_count(train.model)),
-        MemoryNeed("train.batch_size", "activations of one training batch", min(train.batch_size, samples) * per_sample),
+        MemoryNeed(
+            "train.model",
+            "weights, gradients and optimizer state",
+            TRAINING_COPIES * FLOAT_BYTES * parameter_count(train.model),
+        ),
+        MemoryNeed(
+            "train.batch_size", "activations of one training batch", min(train.batch_size, samples) * per_sample
+        ),
         MemoryNeed(
             "train.test_batch_size",
             "activations of one test batch",
             min(train.test_batch_size, MNIST_TEST_IMAGES) * activation_bytes_per_sample(train.model, training=False),
         ),
-        MemoryNeed("train.train_samples", "the data set as normalized float tensors", (samples + MNIST_TEST_IMAGES) * 28 * 28 * FLOAT_BYTES),
+        MemoryNeed(
+            "train.train_samples",
+            "the data set as normalized float tensors",
+            (samples + MNIST_TEST_IMAGES) * 28 * 28 * FLOAT_BYTES,
+        ),
     ]
 
 
@@ -105,8 +114,16 @@ def profile_memory(params: Params) -> list[MemoryNeed]:
     training = "train" in params.profile.modes
     per_sample = activation_bytes_per_sample(model, training=training)
     return [
-        MemoryNeed("train.model", "weights, gradients and optimizer state", TRAINING_COPIES * FLOAT_BYTES * parameter_count(model)),
-        MemoryNeed("profile.batch_sizes", "activations of the largest profiled batch", max(params.profile.batch_sizes) * per_sample),
+        MemoryNeed(
+            "train.model",
+            "weights, gradients and optimizer state",
+            TRAINING_COPIES * FLOAT_BYTES * parameter_count(model),
+        ),
+        MemoryNeed(
+            "profile.batch_sizes",
+            "activations of the largest profiled batch",
+            max(params.profile.batch_sizes) * per_sample,
+        ),
     ]
 
 

@@ -26,10 +26,13 @@ from typing import TYPE_CHECKING, Any
 from pipeline.config import TrackingConfig
 from pipeline.credentials import basic_auth_header, redact, split_user_info
 from pipeline.errors import PipelineError
+from pipeline.lineage import current_pipeline_run, mark_current, parent_run_id
 from pipeline.processes import host_name, identity_alive, process_identity
+from pipeline.tensorboard_events import EventWriter
 
 if TYPE_CHECKING:  # imported lazily at run time: `import mlflow` alone costs ~2 s
     import numpy as np
+    import torch
     from mlflow import MlflowClient
     from torch.utils.tensorboard import SummaryWriter
 
@@ -117,7 +120,9 @@ def check_tracking_server(uri: str) -> None:
             if error.code in (401, 403)
             else ""
         )
-        raise PipelineError(redact(f"MLflow tracking server {uri} answered HTTP {error.code} on /health.{auth} {fix}")) from None
+        raise PipelineError(
+            redact(f"MLflow tracking server {uri} answered HTTP {error.code} on /health.{auth} {fix}")
+        ) from None
     except OSError as error:  # refused, DNS, timeout
         reason = getattr(error, "reason", error)
         raise PipelineError(redact(f"MLflow tracking server {uri} is unreachable ({reason}). {fix}")) from None
@@ -221,7 +226,13 @@ def prepare_experiment(uri: str, experiment: str, root: Path) -> str:
         if database is not None and database.parent == root:
             # Keep artifacts beside the default store instead of under whatever cwd created it.
             location = (root / ARTIFACTS_DIR / _slug(experiment)).as_uri()
-        return client.create_experiment(experiment, artifact_location=location)
+        description = (
+            "AI-System Lab 1: MNIST CNN training, dataflow graph and operator profiles, one run per DVC stage "
+            "(children of a `pipeline@<commit>-<params>` run per `dvc repro`). Written by this project's pipeline."
+        )
+        return client.create_experiment(
+            experiment, artifact_location=location, tags={"mlflow.note.content": description}
+        )
 
 
 @contextlib.contextmanager
@@ -246,17 +257,36 @@ def metric_name(name: str) -> str:
 
 @dataclass
 class Tracker:
-    """One stage run: an MLflow run and a TensorBoard writer, logged to together."""
+    """One stage run: an MLflow run and a TensorBoard run folder, logged to together.
+
+    Stages log only through these methods. Scalars and text go through a torch-free event writer;
+    images, graphs and HParams use torch's summary code, imported only when a stage logs them.
+    """
 
     client: MlflowClient
     run_id: str
-    writer: SummaryWriter
+    events: EventWriter
+    _torch_writer: SummaryWriter | None = None
 
-    def log_params(self, params: Mapping[str, Any]) -> None:
+    def _graph_writer(self) -> SummaryWriter:
+        if self._torch_writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._torch_writer = SummaryWriter(log_dir=str(self.events.logdir))
+        return self._torch_writer
+
+    def close(self) -> None:
+        self.events.close()
+        if self._torch_writer is not None:
+            self._torch_writer.close()
+
+    def log_params(self, params: Mapping[str, Any], prefix: str = "") -> None:
+        """MLflow params (write-once per run), each key prefixed with `prefix` (e.g. `graph.`)."""
         from mlflow.entities import Param
 
         # Values pass through `redact`: a URL with a password must not become a stored param.
-        self.client.log_batch(self.run_id, params=[Param(key, redact(str(value))) for key, value in params.items()])
+        entries = [Param(f"{prefix}{key}", redact(str(value))) for key, value in params.items()]
+        self.client.log_batch(self.run_id, params=entries)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
@@ -273,7 +303,7 @@ class Tracker:
             metrics=[Metric(metric_name(key), float(value), timestamp, step) for key, value in metrics.items()],
         )
         for key, value in metrics.items():
-            self.writer.add_scalar(key, value, step)
+            self.events.add_scalar(key, value, step)
 
     def log_series(self, name: str, values: Sequence[float]) -> None:
         """A metric history at steps 0..n-1 in one MLflow call, and the same curve in TensorBoard."""
@@ -283,12 +313,14 @@ class Tracker:
         key = metric_name(name)
         self.client.log_batch(self.run_id, metrics=[Metric(key, float(v), timestamp, i) for i, v in enumerate(values)])
         for index, value in enumerate(values):
-            self.writer.add_scalar(name, value, index)
+            self.events.add_scalar(name, value, index)
 
     def log_image(self, tag: str, image: np.ndarray, artifact_file: str) -> None:
         """`image` is HWC uint8: a PNG artifact in MLflow, an image in TensorBoard."""
         self.client.log_image(self.run_id, image, artifact_file=artifact_file)
-        self.writer.add_image(tag, image, 0, dataformats="HWC")
+        from torch.utils.tensorboard.summary import image as image_summary
+
+        self.events.add_summary(image_summary(tag, image, dataformats="HWC"))  # type: ignore[no-untyped-call]
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
@@ -298,16 +330,34 @@ class Tracker:
         would open a sub-folder, making one stage run look like two)."""
         from torch.utils.tensorboard.summary import hparams as hparams_summary
 
-        experiment, session_start, session_end = hparams_summary(dict(hparams), dict(metrics))
-        file_writer = self.writer._get_file_writer()
-        for summary in (experiment, session_start, session_end):
-            file_writer.add_summary(summary)
+        for summary in hparams_summary(dict(hparams), dict(metrics)):  # type: ignore[no-untyped-call]
+            self.events.add_summary(summary)
         for key, value in metrics.items():
-            self.writer.add_scalar(key, value, 0)
+            self.events.add_scalar(key, value, 0)
 
-    def log_text(self, tag: str, markdown: str, artifact_file: str) -> None:
-        self.client.log_text(self.run_id, markdown, artifact_file)
-        self.writer.add_text(tag, markdown, 0)
+    def add_graph(self, model: torch.nn.Module, example: torch.Tensor) -> None:
+        """TensorBoard's Graphs tab (traced with torch.jit.trace; model and example on one device)."""
+        self._graph_writer().add_graph(model, example)
+
+    def log_text(self, tag: str, markdown: str, artifact_file: str | None = None) -> None:
+        """Markdown in TensorBoard's Text tab and, with `artifact_file`, as an MLflow artifact."""
+        if artifact_file is not None:
+            self.client.log_text(self.run_id, markdown, artifact_file)
+        self.events.add_text(tag, markdown, 0)
+
+    def log_artifact_text(self, text: str, artifact_file: str) -> None:
+        """A text artifact in MLflow only (e.g. an HTML page TensorBoard would show as source)."""
+        self.client.log_text(self.run_id, text, artifact_file)
+
+
+# Shown as each run's description in the MLflow UI (the `mlflow.note.content` tag).
+STAGE_DESCRIPTIONS = {
+    "download": "Fetch the four MNIST IDX files, verify their SHA-256 digests and write data/MNIST.",
+    "train": "Train the lab CNN (Adadelta + StepLR) on in-memory MNIST; checkpoint, metrics and curves.",
+    "export_graph": "Export the trained model's dataflow graph: TensorBoard graph, torch.export .pt2, ONNX, summary.",
+    "profile": "Time one batch size x device x mode and rank its operators with torch.profiler.",
+    "report": "Build the lab report (markdown + self-contained HTML) from every stage's outputs.",
+}
 
 
 def _first_line(error: BaseException) -> str:
@@ -339,7 +389,6 @@ def open_tracker(
     import mlflow
     from mlflow import MlflowClient
     from sqlalchemy.exc import SQLAlchemyError
-    from torch.utils.tensorboard import SummaryWriter
 
     root = root or project_root()
     uri = credentials_out_of_uri(tracking_uri(root))
@@ -353,8 +402,12 @@ def open_tracker(
         mark_stale_runs(client, experiment_id)
         mlflow.set_tracking_uri(uri)
         run_name = f"{stage}@{variant}" if variant else stage
-        tags = {"stage": stage, **process_tags(), **_dvc_experiment_tags()}
-        run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags)
+        pipeline = current_pipeline_run(root)
+        tags = {"stage": stage, **pipeline.tags(), **process_tags(), **_dvc_experiment_tags()}
+        if stage in STAGE_DESCRIPTIONS:
+            tags["mlflow.note.content"] = STAGE_DESCRIPTIONS[stage]
+        parent = parent_run_id(client, experiment_id, pipeline)
+        run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags, parent_run_id=parent)
     except (mlflow.exceptions.MlflowException, SQLAlchemyError) as error:
         raise PipelineError(
             redact(
@@ -367,11 +420,11 @@ def open_tracker(
     folder = f"{variant + '-' if variant else ''}{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:8]}"
     logdir = Path(config.tensorboard_dir)
     logdir = (logdir if logdir.is_absolute() else root / logdir) / stage / folder
-    writer = SummaryWriter(log_dir=str(logdir))
+    tracker = Tracker(client=client, run_id=run_id, events=EventWriter(logdir))
     status = "FAILED"
     failure: PipelineError | None = None
     try:
-        yield Tracker(client=MlflowClient(uri), run_id=run_id, writer=writer)
+        yield tracker
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
@@ -385,8 +438,10 @@ def open_tracker(
         )
         raise failure from None
     finally:
-        writer.close()
+        tracker.close()
         try:
+            if status == "FINISHED":
+                mark_current(client, experiment_id, run_id, run_name)
             mlflow.end_run(status=status)
         except mlflow.exceptions.MlflowException as error:
             # The run stays RUNNING in the store; the next stage started on this machine marks it
@@ -399,7 +454,9 @@ def open_tracker(
                 failure.args = (failure.args[0] + redact(left),)
             elif status == "FINISHED":
                 raise PipelineError(
-                    redact(f"The stage's work finished and its outputs were written, but MLflow store {uri} failed "
-                           f"at its end.{left} Check the store, then run the stage again to log it.")
+                    redact(
+                        f"The stage's work finished and its outputs were written, but MLflow store {uri} failed "
+                        f"at its end.{left} Check the store, then run the stage again to log it."
+                    )
                 ) from None
             # else: an exception (Ctrl-C, a user error) is already propagating with its own message

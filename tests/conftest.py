@@ -1,31 +1,17 @@
-"""Shared fixtures: the offline MNIST mirror, tiny synthetic IDX data, a temp copy of the project."""
+"""Fixtures shared by every test module; plain helpers are in tests/helpers.py."""
 
 from __future__ import annotations
 
 import copy
-import gzip
-import hashlib
 import os
-import shutil
-import signal
-import socket
 import subprocess
-import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-import yaml
 
-from pipeline.config import ModelConfig
-from pipeline.idx import encode_idx
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-LAB_MODEL = ModelConfig(conv1_channels=32, conv2_channels=64, hidden_units=128, conv_dropout=0.25, hidden_dropout=0.5)
-VENV_BIN = Path(sys.executable).parent
+from tests.helpers import COMMAND_LIMIT_S, REPO_PARAMS, REPO_ROOT, copy_project, run_command, stage_environment, tiny_params
 
 
 @pytest.fixture(scope="session")
@@ -40,97 +26,18 @@ def mnist_mirror() -> Path:
 @pytest.fixture
 def repo_params() -> dict[str, Any]:
     """params.yaml of the repository as a plain mapping, to be modified by a test."""
-    return copy.deepcopy(_REPO_PARAMS)
+    return copy.deepcopy(REPO_PARAMS)
 
 
-_REPO_PARAMS = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
-
-
-def make_synthetic_mnist(folder: Path, train: int = 40, test: int = 20, gz: bool = True) -> dict[str, str]:
-    """Write four tiny IDX files shaped like MNIST's; return their SHA-256 digests (decompressed)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    generator = np.random.default_rng(0)
-    digests = {}
-    for prefix, count in (("train", train), ("t10k", test)):
-        labels = (np.arange(count) % 10).astype(np.uint8)
-        images = generator.integers(0, 256, size=(count, 28, 28), dtype=np.uint8)
-        for name, array in ((f"{prefix}-images-idx3-ubyte", images), (f"{prefix}-labels-idx1-ubyte", labels)):
-            content = encode_idx(array)
-            digests[name] = hashlib.sha256(content).hexdigest()
-            target = folder / (name + ".gz" if gz else name)
-            target.write_bytes(gzip.compress(content, mtime=0) if gz else content)
-    return digests
-
-
-def copy_project(target: Path) -> Path:
-    """The project's tracked and new files copied into a fresh git repo (no .venv, stores or data).
-
-    Like a fresh clone: dvc.lock and code, but no data, caches or tracking stores.
-    """
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO_ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    for relative in listed:
-        source = REPO_ROOT / relative
-        if source.is_file():
-            destination = target / relative
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, destination)
-    subprocess.run(["git", "init", "-q"], cwd=target, check=True)
-    subprocess.run(["git", "add", "-A"], cwd=target, check=True)
-    subprocess.run(
-        ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-qm", "copy"],
-        cwd=target,
-        check=True,
-    )
-    return target
+@pytest.fixture
+def tiny_params_mapping() -> dict[str, Any]:
+    """params.yaml with the one tiny configuration of tests/helpers.py::tiny_params, to be modified by a test."""
+    return tiny_params(copy.deepcopy(REPO_PARAMS))
 
 
 @pytest.fixture
 def project_copy(tmp_path: Path) -> Path:
     return copy_project(tmp_path / "project")
-
-
-def stage_environment(mnist_mirror: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment a user's shell has: venv first on PATH, the offline mirror, no MLflow overrides."""
-    environment = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")}
-    environment.update({"PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "MNIST_MIRROR": str(mnist_mirror)})
-    environment.update(extra or {})
-    return environment
-
-
-# No single command of the suite comes near this; it turns a hang into a failure with the output so far.
-COMMAND_LIMIT_S = 900
-
-
-def run_command(
-    command: list[str], cwd: Path, env: dict[str, str] | None = None, limit_s: float = COMMAND_LIMIT_S
-) -> subprocess.CompletedProcess[str]:
-    """`subprocess.run(capture_output=True)` that cannot hang the suite.
-
-    Output goes to temporary files, not pipes: `dvc queue start` forks daemons that keep the
-    inherited stdout open for as long as they live, and a pipe reader would wait on them. A command
-    past `limit_s` has its whole process group killed and fails the test with what it printed.
-    """
-    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
-        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=stdout, stderr=stderr, start_new_session=True)
-        try:
-            returncode = process.wait(timeout=limit_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            returncode = None
-        outputs = []
-        for handle in (stdout, stderr):
-            handle.seek(0)
-            outputs.append(handle.read().decode(errors="replace"))
-    if returncode is None:
-        pytest.fail(f"{' '.join(command)} still running after {limit_s:.0f} s; killed.\nstdout: {outputs[0][-2000:]}\nstderr: {outputs[1][-2000:]}")
-    return subprocess.CompletedProcess(command, returncode, outputs[0], outputs[1])
 
 
 @pytest.fixture
@@ -145,56 +52,3 @@ def run_in(mnist_mirror: Path) -> Callable[..., subprocess.CompletedProcess[str]
     return run
 
 
-def read_params(project: Path) -> dict[str, Any]:
-    return yaml.safe_load((project / "params.yaml").read_text())
-
-
-def write_params(project: Path, params: dict[str, Any]) -> None:
-    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-
-
-# Outputs that are committed to git (cache: false) and so present in every copy: removed before a
-# stage test, so a stale file can never pass for one the stage wrote.
-TRACKED_OUTPUTS = (
-    "metrics/train.json",
-    "metrics/train_speed.json",
-    "plots/train_steps.csv",
-    "plots/train_epochs.csv",
-    "plots/profile_comparison.csv",
-    "metrics/graph.json",
-    "graph/model_graph.svg",
-    "graph/summary.md",
-    "hardware/fingerprint.json",
-    "profiles",
-    "report",
-)
-
-
-def quick_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Training: one epoch over 6,400 images (100 steps), seconds yet well past chance.
-    Profiling: 3 warm-up and 8 measured steps per combination."""
-    params["train"].update(epochs=1, train_samples=6400, log_every_steps=20)
-    params["profile"].update(warmup_steps=3, active_steps=8)
-    return params
-
-
-def reproduced_copy(target: Path, mnist_mirror: Path, stage: str) -> Path:
-    """A fresh project copy with quick params, after a successful `dvc repro <stage>`."""
-    project = copy_project(target)
-    for relative in TRACKED_OUTPUTS:
-        path = project / relative
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-    write_params(project, quick_params(read_params(project)))
-    result = run_command(["dvc", "repro", stage], project, stage_environment(mnist_mirror))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return project
-
-
-def closed_port() -> int:
-    """A localhost port nothing listens on: connections to it are refused at once."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]  # closed again on exit

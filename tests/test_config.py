@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.config import Params, load_params, params_from_mapping, section_as_dict
 from pipeline.errors import PipelineError
-from tests.conftest import REPO_ROOT, write_params
+from tests.helpers import REPO_ROOT, write_params
 
 
 def test_repository_params_parse_into_typed_frozen_sections() -> None:
@@ -19,6 +19,7 @@ def test_repository_params_parse_into_typed_frozen_sections() -> None:
     assert params.train.batch_size == 64 and isinstance(params.train.lr, float)
     assert params.profile.batch_sizes == (1, 16, 64)
     assert params.train.model.hidden_units == 128
+    assert params.train.execution == "auto"
     with pytest.raises(AttributeError):
         params.train.lr = 2.0  # type: ignore[misc]
     assert section_as_dict(params.train)["model.conv1_channels"] == 32
@@ -37,10 +38,13 @@ def _set(raw: dict[str, Any], dotted: str, value: Any) -> None:
         ("train.batch_size", 0, "`train.batch_size` = 0 is not allowed; it must be >= 1"),
         ("train.lr", -0.5, "`train.lr` = -0.5 is not allowed; it must be > 0"),
         ("train.device", "tpu", "`train.device` = 'tpu' is not allowed; choose one of 'auto', 'cpu', 'cuda', 'mps'"),
+        ("train.execution", "graph", "`train.execution` = 'graph' is not allowed; choose one of 'auto', 'eager', 'cuda_graph'"),
         ("profile.batch_sizes", [], "`profile.batch_sizes` is an empty list"),
         ("profile.batch_sizes", [1, 0], "`profile.batch_sizes[1]` = 0 is not allowed; it must be >= 1"),
         ("profile.batch_sizes", [16, 16], "`profile.batch_sizes` = [16, 16] repeats a value"),
         ("profile.devices", ["cpu", "tpu"], "`profile.devices[1]` = 'tpu' is not allowed"),
+        ("profile.ci_target_pct", 0, "`profile.ci_target_pct` = 0 is not allowed; it must be > 0 and <= 50"),
+        ("profile.time_budget_s", "10s", "`profile.time_budget_s` = '10s' has the wrong type; expected a number"),
         ("train.epochs", "two", "`train.epochs` = 'two' has the wrong type; expected an integer"),
         ("train.epochs", 1.5, "`train.epochs` = 1.5 has the wrong type; expected an integer"),
         ("train.seed", True, "`train.seed` = True has the wrong type"),

@@ -29,7 +29,7 @@ from pipeline.data import (
 from pipeline.data_tracking import sample_grid
 from pipeline.errors import PipelineError
 from pipeline.idx import IdxFormatError, encode_idx, parse_idx
-from tests.conftest import closed_port, make_synthetic_mnist
+from tests.helpers import closed_port, make_synthetic_mnist
 
 TRAIN_IMAGES = "train-images-idx3-ubyte"
 

@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from pipeline.data import MNIST_SHA256, dataset_digest, load_split
 from pipeline.data_tracking import sample_grid
-from tests.conftest import closed_port, write_params
+from tests.helpers import closed_port, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ def _runs(project: Path, experiment: str = "mnist-lab") -> list[Any]:
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     found = client.get_experiment_by_name(experiment)
     assert found is not None, "the stage did not create its MLflow experiment"
-    return client.search_runs([found.experiment_id])
+    return client.search_runs([found.experiment_id], filter_string="tags.stage = 'download'")  # not the pipeline parent
 
 
 def test_dvc_repro_downloads_logs_and_is_idempotent(project_copy: Path, run_in: Any) -> None:

@@ -20,7 +20,7 @@ from pipeline.data import load_split
 from pipeline.model import LabNet
 from pipeline.model_summary import summarize, summary_csv, summary_markdown
 from pipeline.training import normalize_images
-from tests.conftest import LAB_MODEL, read_params, reproduced_copy, write_params
+from tests.helpers import LAB_MODEL, read_params, reproduced_copy, write_params
 
 
 def test_summary_counts_every_parameter_and_the_convolution_flops() -> None:

@@ -48,7 +48,7 @@ from pipeline.tracking import (
     credentials_out_of_uri,
     open_tracker,
 )
-from tests.conftest import (
+from tests.helpers import (
     LAB_MODEL,
     REPO_ROOT,
     closed_port,
@@ -88,8 +88,13 @@ def data_config(repo_params: dict[str, Any]) -> DataConfig:
 
 
 def test_redact_masks_user_info_of_every_url_and_nothing_else() -> None:
-    text = "tried https://alice:s3cr%40t@example.org/mnist/ and http://tok@h:5000/x, mail me@example.org at https://h/p@q"
-    assert redact(text) == "tried https://***@example.org/mnist/ and http://***@h:5000/x, mail me@example.org at https://h/p@q"
+    text = (
+        "tried https://alice:s3cr%40t@example.org/mnist/ and http://tok@h:5000/x, mail me@example.org at https://h/p@q"
+    )
+    assert (
+        redact(text)
+        == "tried https://***@example.org/mnist/ and http://***@h:5000/x, mail me@example.org at https://h/p@q"
+    )
     assert redact("postgresql://user:pw@db/mlflow") == "postgresql://***@db/mlflow"
     assert split_user_info("http://us%40er:p%3Aw@127.0.0.1:5000/x") == ("http://127.0.0.1:5000/x", "us@er", "p:w")
 
@@ -121,7 +126,9 @@ class _AuthMirror(http.server.SimpleHTTPRequestHandler):
 @pytest.fixture
 def auth_server(mnist_mirror: Path) -> Iterator[str]:
     _AuthMirror.seen = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_AuthMirror, directory=str(mnist_mirror)))
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_AuthMirror, directory=str(mnist_mirror))
+    )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"127.0.0.1:{server.server_address[1]}"
     server.shutdown()
@@ -136,7 +143,8 @@ def test_mirror_credentials_come_from_netrc_and_never_show(
     monkeypatch.setenv("NETRC", str(netrc))
     with pytest.raises(PipelineError) as caught:
         fetch_mnist(data_config, [mirror])
-    assert "HTTP 401" in str(caught.value) and "no credentials for it in ~/.netrc: add `machine 127.0.0.1" in str(caught.value)
+    assert "HTTP 401" in str(caught.value)
+    assert "no credentials for it in ~/.netrc: add `machine 127.0.0.1" in str(caught.value)
     netrc.write_text("machine 127.0.0.1 login alice password hunter2\n")
     result = fetch_mnist(data_config, [mirror])
     assert {f.name: f.sha256 for f in result.files} == dict(MNIST_SHA256)
@@ -156,7 +164,9 @@ def test_tracking_uri_password_becomes_basic_auth_and_is_never_printed(
     assert _AuthMirror.seen[-1] == _AuthMirror.expected
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong-one")  # explicit variables win, as in MLflow
     code, stderr = _stage_exit(lambda: check_tracking_server(f"http://alice:hunter2@{auth_server}"), capsys)
-    _assert_user_error(code, stderr, f"MLflow tracking server http://{auth_server} answered HTTP 401", "MLFLOW_TRACKING_PASSWORD")
+    _assert_user_error(
+        code, stderr, f"MLflow tracking server http://{auth_server} answered HTTP 401", "MLFLOW_TRACKING_PASSWORD"
+    )
     monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD")
     monkeypatch.delenv("MLFLOW_TRACKING_USERNAME")
     dead = f"http://bob:hunter2@127.0.0.1:{closed_port()}"
@@ -188,11 +198,20 @@ def synthetic_root(data_config: DataConfig, tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     ("damage", "expected"),
     [
-        (lambda root: (root / "MNIST/raw/t10k-images-idx3-ubyte").unlink(), "t10k-images-idx3-ubyte cannot be read (No such file or directory)"),
-        (lambda root: (root / "MNIST/manifest.json").write_text("{not json"), "manifest.json is not a readable JSON manifest"),
+        (
+            lambda root: (root / "MNIST/raw/t10k-images-idx3-ubyte").unlink(),
+            "t10k-images-idx3-ubyte cannot be read (No such file or directory)",
+        ),
+        (
+            lambda root: (root / "MNIST/manifest.json").write_text("{not json"),
+            "manifest.json is not a readable JSON manifest",
+        ),
         (lambda root: (root / "MNIST/manifest.json").write_text('{"dataset_digest": "x"}'), "`files` is missing"),
         (lambda root: (root / "MNIST/manifest.json").write_text("[]"), "it is not a JSON object"),
-        (lambda root: (root / "MNIST/manifest.json").write_bytes(b"\xff\xfe"), "manifest.json is not a readable JSON manifest"),
+        (
+            lambda root: (root / "MNIST/manifest.json").write_bytes(b"\xff\xfe"),
+            "manifest.json is not a readable JSON manifest",
+        ),
     ],
     ids=["deleted-raw-file", "manifest-not-json", "manifest-without-files", "manifest-a-list", "manifest-not-utf8"],
 )
@@ -200,7 +219,9 @@ def test_damaged_data_folder_is_named_with_the_restore_command(
     synthetic_root: Path, damage: Callable[[Path], None], expected: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     damage(synthetic_root)
-    code, stderr = _stage_exit(lambda: load_split(synthetic_root, "test"), capsys)  # what train, export_graph, profile call
+    code, stderr = _stage_exit(
+        lambda: load_split(synthetic_root, "test"), capsys
+    )  # what train, export_graph, profile call
     _assert_user_error(code, stderr, expected, "dvc checkout data/MNIST")
 
 
@@ -216,7 +237,9 @@ def test_gzip_bomb_in_the_mirror_stops_at_the_real_files_size(data_config: DataC
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert f"decompresses to more than {MNIST_BYTES[TRAIN_IMAGES]:,} bytes, the size of the real file" in str(caught.value)
+    assert f"decompresses to more than {MNIST_BYTES[TRAIN_IMAGES]:,} bytes, the size of the real file" in str(
+        caught.value
+    )
     assert peak < 3 * MNIST_BYTES[TRAIN_IMAGES]  # never the 256 MiB
 
 
@@ -250,24 +273,53 @@ def _nan_weights(payload: dict[str, Any]) -> None:
     payload["state_dict"]["classifier.fc2.bias"][0] = float("nan")
 
 
-CHECKPOINTS: list[tuple[str, Callable[[Path], None], str]] = [
+CHECKPOINTS: list[tuple[str, Callable[[Path], object], str]] = [
     ("random-bytes", lambda path: path.write_bytes(b"\x80\x02" + os.urandom(4094)), "is not a readable checkpoint"),
     ("zip-garbage", lambda path: path.write_bytes(b"PK\x03\x04" + os.urandom(4092)), "is not a readable checkpoint"),
-    ("pickle-reduce", lambda path: torch.save(_Payload(path.with_name("pwned")), path), "holds objects that would run code when loaded; it was refused"),
+    (
+        "pickle-reduce",
+        lambda path: torch.save(_Payload(path.with_name("pwned")), path),
+        "holds objects that would run code when loaded; it was refused",
+    ),
     ("no-state-dict", _with(lambda p: p.pop("state_dict")), "`state_dict` is missing or not a dict"),
-    ("shape-mismatch", _with(lambda p: p["state_dict"].update({"features.conv1.weight": torch.zeros(5, 1, 3, 3)})), "holds weights that do not fit its own model config"),
-    ("absurd-config", _with(lambda p: p["model"]["model_config"].update(hidden_units=10**9)), "(model_config) describes a network of 9,227,000,018,826 weights"),
-    ("unknown-config-key", _with(lambda p: p["model"]["model_config"].update(dropout=0.1)), "`model_config.dropout` is not a known key"),
-    ("negative-config", _with(lambda p: p["model"]["model_config"].update(conv1_channels=-3)), "`model_config.conv1_channels` = -3 is not allowed"),
+    (
+        "shape-mismatch",
+        _with(lambda p: p["state_dict"].update({"features.conv1.weight": torch.zeros(5, 1, 3, 3)})),
+        "holds weights that do not fit its own model config",
+    ),
+    (
+        "absurd-config",
+        _with(lambda p: p["model"]["model_config"].update(hidden_units=10**9)),
+        "(model_config) describes a network of 9,227,000,018,826 weights",
+    ),
+    (
+        "unknown-config-key",
+        _with(lambda p: p["model"]["model_config"].update(dropout=0.1)),
+        "`model_config.dropout` is not a known key",
+    ),
+    (
+        "negative-config",
+        _with(lambda p: p["model"]["model_config"].update(conv1_channels=-3)),
+        "`model_config.conv1_channels` = -3 is not allowed",
+    ),
     ("nan-weights", _with(_nan_weights), "training diverged: classifier.fc2.bias hold NaN or infinity"),
-    ("float64-weights", _with(lambda p: p["state_dict"].update({k: v.double() for k, v in p["state_dict"].items()})), "not float32"),
+    (
+        "float64-weights",
+        _with(lambda p: p["state_dict"].update({k: v.double() for k, v in p["state_dict"].items()})),
+        "not float32",
+    ),
     ("other-format", lambda path: torch.save({"format": 7}, path), "is not a checkpoint of format 1"),
 ]
 
 
 @pytest.mark.parametrize(("name", "write", "expected"), CHECKPOINTS, ids=[name for name, _, _ in CHECKPOINTS])
 def test_bad_checkpoint_is_refused_before_the_model_is_built(
-    tmp_path: Path, name: str, write: Callable[[Path], None], expected: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    name: str,
+    write: Callable[[Path], object],
+    expected: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     path = tmp_path / "model.pt"
     write(path)
@@ -281,9 +333,14 @@ def test_bad_checkpoint_is_refused_before_the_model_is_built(
 
 def test_a_diverged_training_writes_no_checkpoint() -> None:
     model = LabNet(LAB_MODEL)
+    layer = model.get_submodule("classifier.fc1")
+    assert isinstance(layer, torch.nn.Linear)
     with torch.no_grad():
-        model.classifier.fc1.weight[0, 0] = float("inf")
-    with pytest.raises(PipelineError, match=r"training diverged: test_loss, classifier.fc1.weight hold NaN or infinity, so no checkpoint was written\. Lower `train.lr`"):
+        layer.weight[0, 0] = float("inf")
+    expected = (
+        r"training diverged: test_loss, classifier\.fc1\.weight hold NaN or infinity, so no checkpoint was written"
+    )
+    with pytest.raises(PipelineError, match=expected):
         checkpoint_payload(model, {}, "digest", {}, {"test_loss": float("nan")})
 
 
@@ -300,7 +357,10 @@ def test_onnx_parity_check_never_lets_nan_through(tmp_path: Path) -> None:
         "tiny",
         [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 1, 28, 28])],
         [helper.make_tensor_value_info("log_probabilities", TensorProto.FLOAT, ["batch", 10])],
-        [helper.make_tensor(name, TensorProto.INT64, [1], [value]) for name, value in (("starts", 0), ("ends", 10), ("axes", 1))],
+        [
+            helper.make_tensor(name, TensorProto.INT64, [1], [value])
+            for name, value in (("starts", 0), ("ends", 10), ("axes", 1))
+        ],
     )
     path = tmp_path / "tiny.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9), str(path))
@@ -315,7 +375,9 @@ def test_onnx_parity_check_never_lets_nan_through(tmp_path: Path) -> None:
 
     images = torch.randn(4, 1, 28, 28)
     assert [check.max_abs_difference for check in check_onnx(path, Matching(), images, (1, 4), 1e-4)] == [0.0, 0.0]  # type: ignore[arg-type]
-    with pytest.raises(PipelineError, match=r"differs from PyTorch by nan at batch size 1, more than `graph.parity_atol`"):
+    with pytest.raises(
+        PipelineError, match=r"differs from PyTorch by nan at batch size 1, more than `graph.parity_atol`"
+    ):
         check_onnx(path, Diverged(), images, (1, 4), 1e-4)  # type: ignore[arg-type]
 
 
@@ -328,7 +390,9 @@ def healthy_store(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     root = tmp_path_factory.mktemp("store")
     saved = os.environ.pop("MLFLOW_TRACKING_URI", None)
     try:
-        with open_tracker("probe", TrackingConfig(experiment="store-test", tensorboard_dir="runs"), root=root) as tracker:
+        with open_tracker(
+            "probe", TrackingConfig(experiment="store-test", tensorboard_dir="runs"), root=root
+        ) as tracker:
             tracker.log_metrics({"x": 1.0})
     finally:
         if saved is not None:
@@ -338,7 +402,11 @@ def healthy_store(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 
 STORE_DAMAGE: list[tuple[str, Callable[[bytes], bytes], str]] = [
     ("garbage", lambda good: os.urandom(len(good)), "is not a readable SQLite database (file is not a database)"),
-    ("truncated", lambda good: good[: len(good) // 2], "is not a readable SQLite database (database disk image is malformed)"),
+    (
+        "truncated",
+        lambda good: good[: len(good) // 2],
+        "is not a readable SQLite database (database disk image is malformed)",
+    ),
     ("overwritten-pages", lambda good: good[:8192] + os.urandom(8192) + good[16384:], "MLflow store"),
     ("empty", lambda good: b"", "is empty (0 bytes): whatever runs it held are gone"),
 ]
@@ -372,9 +440,12 @@ def test_damaged_tracking_store_is_refused_and_left_as_it_is(
 # ---------------------------------------------------------------- point 9: all or nothing
 
 
-def _make_unreplaceable(path: Path) -> Callable[[], None]:
+def _make_unreplaceable(path: Path) -> Callable[[], object]:
     """Make renaming over/away `path` fail: immutable (chattr +i) where allowed, else a read-only folder."""
-    if shutil.which("chattr") and subprocess.run(["chattr", "+i", str(path)], check=False, capture_output=True).returncode == 0:
+    if (
+        shutil.which("chattr")
+        and subprocess.run(["chattr", "+i", str(path)], check=False, capture_output=True).returncode == 0
+    ):
         return lambda: subprocess.run(["chattr", "-i", str(path)], check=True)
     if os.geteuid() != 0:
         path.parent.chmod(0o555)
@@ -382,7 +453,9 @@ def _make_unreplaceable(path: Path) -> Callable[[], None]:
     pytest.skip("neither chattr +i nor a read-only folder can stop a rename here")
 
 
-def test_commit_is_all_or_nothing_when_one_rename_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_commit_is_all_or_nothing_when_one_rename_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     finals = [Path("models/model.pt"), Path("metrics/train.json"), Path("plots/train_epochs.csv")]
     for final in finals:
@@ -399,7 +472,9 @@ def test_commit_is_all_or_nothing_when_one_rename_fails(tmp_path: Path, capsys: 
         code, stderr = _stage_exit(stage, capsys, name="train")
     finally:
         restore()
-    _assert_user_error(code, stderr, "could not replace plots/train_epochs.csv", "every output of this stage was left as it was")
+    _assert_user_error(
+        code, stderr, "could not replace plots/train_epochs.csv", "every output of this stage was left as it was"
+    )
     assert [final.read_text() for final in finals] == [f"old {final}" for final in finals]
     assert list(tmp_path.rglob(".partial-*")) == []
 
@@ -414,7 +489,11 @@ def test_folders_of_killed_runs_are_removed_when_a_stage_starts(tmp_path: Path) 
         tmp_path / f"data/.MNIST.old-{dead}-x9",
         tmp_path / f"models/.partial-{dead}",
     ]
-    kept = [tmp_path / f"profiles/1-cpu-train/.partial-{alive}", tmp_path / "profiles/1-cpu-train/.hidden", tmp_path / "data/MNIST"]
+    kept = [
+        tmp_path / f"profiles/1-cpu-train/.partial-{alive}",
+        tmp_path / "profiles/1-cpu-train/.hidden",
+        tmp_path / "data/MNIST",
+    ]
     for folder in left + kept:
         (folder / "sub").mkdir(parents=True)
         (folder / "sub" / "file").write_text("x")
@@ -434,17 +513,23 @@ def _namespaces_work() -> bool:
         return False
     probe = subprocess.run(
         # /tmp only in this namespace: nothing is left behind
-        ["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /tmp"], check=False, capture_output=True
+        ["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /tmp"],
+        check=False,
+        capture_output=True,
     )
     return probe.returncode == 0
-
 
 
 FULL, READ_ONLY = "-t tmpfs -o size=1m tmpfs", "--bind -o ro {folder}"
 # name: (how the folder is mounted, the folder, the stage, what it must say).
 DISK_CASES = {
     "train-models-full": (FULL, "models", "stages.train", "models/ has only 1.0 MiB free"),
-    "train-models-read-only": (READ_ONLY, "models", "stages.train", "cannot write into models/ (Read-only file system)"),
+    "train-models-read-only": (
+        READ_ONLY,
+        "models",
+        "stages.train",
+        "cannot write into models/ (Read-only file system)",
+    ),
     "export-graph-full": (FULL, "graph", "stages.export_graph", "graph/ has only 1.0 MiB free"),
     "profile-full": (FULL, "profiles", "stages.profile", "profiles/ has only 1.0 MiB free"),
     "download-data-full": (FULL, "data", "stages.download", "data/ has only 1.0 MiB free"),
@@ -484,13 +569,14 @@ from pipeline.checkpoint import checkpoint_payload, save_checkpoint
 from pipeline.cli import run_stage
 from pipeline.errors import PipelineError
 from pipeline.model import LabNet
-from tests.conftest import LAB_MODEL
+from tests.helpers import LAB_MODEL
 
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=70m", "tmpfs", "models"], check=True)
 Path("models/filler").write_bytes(bytes(68 << 20))
 try:
     with AtomicOutputs() as outputs:
-        save_checkpoint(checkpoint_payload(LabNet(LAB_MODEL), {}, "digest", {}, {}), outputs.staged(Path("models/model.pt")))
+        payload = checkpoint_payload(LabNet(LAB_MODEL), {}, "digest", {}, {})
+        save_checkpoint(payload, outputs.staged(Path("models/model.pt")))
 except PipelineError as error:
     report["checkpoint"] = str(error)
 try:
@@ -512,7 +598,9 @@ print(json.dumps(report))
 
 
 @pytest.fixture(scope="module")
-def disk_report(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> tuple[Path, dict[str, Any], dict[str, int]]:
+def disk_report(
+    tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path
+) -> tuple[Path, dict[str, Any], dict[str, int]]:
     """Run DISK_SCRIPT in a fresh project copy; return the copy, the report and its files' mtimes before."""
     if not _namespaces_work():
         pytest.skip("needs `unshare -rm` (user and mount namespaces) to mount a small tmpfs without root")
@@ -522,7 +610,9 @@ def disk_report(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) ->
     before = _files(project)
     cases = json.dumps({name: (how, folder, module) for name, (how, folder, module, _) in DISK_CASES.items()})
     environment = stage_environment(mnist_mirror, {"PYTHONPATH": str(REPO_ROOT)})
-    result = run_command(["unshare", "-rm", sys.executable, "-c", DISK_SCRIPT, str(project), cases], project, environment)
+    result = run_command(
+        ["unshare", "-rm", sys.executable, "-c", DISK_SCRIPT, str(project), cases], project, environment
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return project, json.loads(result.stdout.strip().splitlines()[-1]), before
 
@@ -538,11 +628,14 @@ def _files(project: Path) -> dict[str, int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(DISK_CASES))
-def test_full_or_read_only_output_folder_is_named_before_any_work(case: str, disk_report: tuple[Path, dict[str, Any], dict[str, int]]) -> None:
+def test_full_or_read_only_output_folder_is_named_before_any_work(
+    case: str, disk_report: tuple[Path, dict[str, Any], dict[str, int]]
+) -> None:
     _, report, _ = disk_report
     outcome, expected = report[case], DISK_CASES[case][-1]
     assert outcome["code"] == 2, outcome
-    assert expected in outcome["stderr"] and "Nothing was run" in outcome["stderr"], outcome
+    assert expected in outcome["stderr"], outcome
+    assert "Nothing was run" in outcome["stderr"], outcome
     assert "Traceback" not in outcome["stderr"]
     assert outcome["partials"] == []
 
@@ -557,11 +650,15 @@ def test_refused_stages_changed_no_file(disk_report: tuple[Path, dict[str, Any],
 
 
 @pytest.mark.slow
-def test_disk_filling_up_during_a_write_is_a_clear_error(disk_report: tuple[Path, dict[str, Any], dict[str, int]]) -> None:
+def test_disk_filling_up_during_a_write_is_a_clear_error(
+    disk_report: tuple[Path, dict[str, Any], dict[str, int]],
+) -> None:
     _, report, _ = disk_report
     assert report["checkpoint"].startswith("could not write the checkpoint models/.partial-")
     assert "Free space (or fix permissions) in models/ and run again. Nothing was written." in report["checkpoint"]
-    assert report["text"].startswith("could not write models/log.txt (No space left on device): the file system holding models/ is full")
+    assert report["text"].startswith(
+        "could not write models/log.txt (No space left on device): the file system holding models/ is full"
+    )
     assert report["left"] == []  # nothing half-written stays
     unnamed = report["unnamed"]
     assert unnamed["code"] == 2

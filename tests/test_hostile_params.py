@@ -11,7 +11,7 @@ import hashlib
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +21,19 @@ import yaml
 from pipeline.cli import run_stage
 from pipeline.config import ModelConfig, load_params, params_from_mapping
 from pipeline.errors import PipelineError
-from pipeline.matrix import profile_matrix_item
+from pipeline.matrix import stage_combination
 from pipeline.model import LabNet
+from pipeline.profile_record import Combination
 from pipeline.resources import check_params_fit_memory, parameter_count
 from pipeline.validation import MARKER_TEXT, write_params_checked
-from tests.conftest import (
+from tests.helpers import (
     REPO_ROOT,
     TRACKED_OUTPUTS,
     copy_project,
-    quick_params,
     read_params,
     run_command,
     stage_environment,
+    tiny_params,
     write_params,
 )
 
@@ -63,7 +64,11 @@ def _stage_exit(main: Callable[[], None], capsys: pytest.CaptureFixture[str]) ->
 BAD_VALUES = [
     ("train.lr", float("inf"), "`train.lr` = inf is not allowed; it must be a finite number"),
     ("train.lr", float("nan"), "`train.lr` = nan is not allowed; it must be a finite number"),
-    ("train.gamma", 10**400, "`train.gamma` = 100000000000000000...0000000000000000000 is not allowed; it must be a finite number"),
+    (
+        "train.gamma",
+        10**400,
+        "`train.gamma` = 100000000000000000...0000000000000000000 is not allowed; it must be a finite number",
+    ),
     ("train.seed", 2**70, "`train.seed` = 1180591620717411303424 is not allowed; it must be >= 0 and <= 4294967295"),
     ("train.epochs", 10**12, "`train.epochs` = 1000000000000 is not allowed; it must be >= 1 and <= 1000"),
     ("profile.batch_sizes", [1.5], "`profile.batch_sizes[0]` = 1.5 has the wrong type; expected an integer"),
@@ -71,14 +76,28 @@ BAD_VALUES = [
     ("profile.modes", ["eval"], "`profile.modes[0]` = 'eval' is not allowed; choose one of 'inference', 'train'"),
     ("profile.devices", ["cpu$(touch pwned)"], "`profile.devices[0]` = 'cpu$(touch pwned)' is not allowed"),
     ("tracking.experiment", "x" * 5000, "is not allowed; it must be at most 256 characters long (it has 5000)"),
-    ("tracking.tensorboard_dir", "../../outside", "`tracking.tensorboard_dir` = '../../outside' is not allowed; it must be a folder inside the project"),
-    ("tracking.tensorboard_dir", "/tmp/runs", "`tracking.tensorboard_dir` = '/tmp/runs' is not allowed; it must be a folder inside the project"),
+    (
+        "tracking.tensorboard_dir",
+        "../../outside",
+        "`tracking.tensorboard_dir` = '../../outside' is not allowed; it must be a folder inside the project",
+    ),
+    (
+        "tracking.tensorboard_dir",
+        "/tmp/runs",
+        "`tracking.tensorboard_dir` = '/tmp/runs' is not allowed; it must be a folder inside the project",
+    ),
     ("report.extra", 1, "`report.extra` is not a known key (allowed in `report`: no keys yet)"),
-    ("data.mirrors", ["https://alice:hunter2@example.org/mnist/"], "`data.mirrors[0]` = 'https://***@example.org/mnist/' is not allowed; it must be a URL without user name or password"),
+    (
+        "data.mirrors",
+        ["https://alice:hunter2@example.org/mnist/"],
+        "`data.mirrors[0]` = 'https://***@example.org/mnist/' is not allowed; it must be a URL without user name",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("key", "value", "expected"), BAD_VALUES, ids=[f"{key}={str(value)[:20]}" for key, value, _ in BAD_VALUES])
+@pytest.mark.parametrize(
+    ("key", "value", "expected"), BAD_VALUES, ids=[f"{key}={str(value)[:20]}" for key, value, _ in BAD_VALUES]
+)
 def test_bad_value_is_refused_naming_the_key_and_the_fix(
     repo_params: dict[str, Any], key: str, value: Any, expected: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -88,7 +107,8 @@ def test_bad_value_is_refused_naming_the_key_and_the_fix(
         params_from_mapping(raw)
 
     code, stderr = _stage_exit(validate, capsys)
-    assert code == 2 and "Traceback" not in stderr
+    assert code == 2
+    assert "Traceback" not in stderr
     assert expected in stderr, stderr
     assert "dvc checkout" in stderr  # how to get outputs back if DVC removed them anyway
     assert "hunter2" not in stderr
@@ -96,7 +116,9 @@ def test_bad_value_is_refused_naming_the_key_and_the_fix(
 
 def test_unknown_top_level_key_is_refused(repo_params: dict[str, Any]) -> None:
     repo_params["optimiser"] = {"name": "sgd"}
-    with pytest.raises(PipelineError, match=r"`optimiser` is not a known key \(allowed in `the top level`: data, train"):
+    with pytest.raises(
+        PipelineError, match=r"`optimiser` is not a known key \(allowed in `the top level`: data, train"
+    ):
         params_from_mapping(repo_params)
 
 
@@ -105,15 +127,18 @@ def test_model_too_large_for_memory_is_refused_naming_the_key(repo_params: dict[
     with pytest.raises(PipelineError) as caught:
         check_params_fit_memory(params, limit=64 << 30)
     message = str(caught.value)
-    assert "asks the train stage for about" in message and "but this machine has 64.0 GiB" in message
+    assert "asks the train stage for about" in message
+    assert "but this machine has 64.0 GiB" in message
     assert "Lower `train.model` in params.yaml" in message
     check_params_fit_memory(params_from_mapping(_set(repo_params, "train.model.hidden_units", 128)), limit=64 << 30)
     big_batch = params_from_mapping(_set(repo_params, "train.batch_size", 60_000))
-    with pytest.raises(PipelineError, match="Lower `train.batch_size`"):
+    with pytest.raises(PipelineError, match=r"Lower `train\.batch_size`"):
         check_params_fit_memory(big_batch, limit=8 << 30)
 
 
-@pytest.mark.parametrize("model", [ModelConfig(32, 64, 128, 0.25, 0.5), ModelConfig(3, 5, 7, 0.0, 0.0), ModelConfig(1, 1, 1, 0.5, 0.5)])
+@pytest.mark.parametrize(
+    "model", [ModelConfig(32, 64, 128, 0.25, 0.5), ModelConfig(3, 5, 7, 0.0, 0.0), ModelConfig(1, 1, 1, 0.5, 0.5)]
+)
 def test_memory_estimate_counts_the_real_networks_weights(model: ModelConfig) -> None:
     assert parameter_count(model) == sum(weight.numel() for weight in LabNet(model).parameters())
 
@@ -140,7 +165,8 @@ def test_unreadable_params_file_is_refused_fast(
         load_params(path)
 
     code, stderr = _stage_exit(validate, capsys)
-    assert code == 2 and "Traceback" not in stderr
+    assert code == 2
+    assert "Traceback" not in stderr
     assert expected in stderr, stderr
     assert f"Fix {path} and run again" in stderr
 
@@ -152,7 +178,8 @@ def test_params_file_that_is_a_folder_is_refused(tmp_path: Path, capsys: pytest.
         load_params(tmp_path / "params.yaml")
 
     code, stderr = _stage_exit(validate, capsys)
-    assert code == 2 and "Traceback" not in stderr
+    assert code == 2
+    assert "Traceback" not in stderr
     assert "params.yaml cannot be read (Is a directory): it must be a readable YAML file" in stderr
 
 
@@ -170,29 +197,33 @@ def test_validation_marker_never_changes_and_is_not_rewritten(tmp_path: Path, mo
     assert marker.stat().st_mtime_ns == stamp
     params["train"]["epochs"] = 0
     write_params(tmp_path, params)
-    with pytest.raises(PipelineError, match="`train.epochs` = 0 is not allowed"):
+    with pytest.raises(PipelineError, match=r"`train\.epochs` = 0 is not allowed"):
         write_params_checked()
     assert marker.read_text() == MARKER_TEXT
 
 
 def test_validate_stage_imports_no_torch_or_mlflow() -> None:
-    code = "import sys, stages.validate, pipeline.validation; print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'mlflow', 'numpy'}))"
+    code = (
+        "import sys, stages.validate, pipeline.validation; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'mlflow', 'numpy'}))"
+    )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 
 
 def test_profile_item_comes_from_dvc_stage_name_never_from_a_command_line(repo_params: dict[str, Any]) -> None:
     config = params_from_mapping(repo_params).profile
-    assert profile_matrix_item(config, [], {"DVC_STAGE": "profile@16-cpu-train"}) == (16, "cpu", "train")
-    assert profile_matrix_item(config, [], {"DVC_STAGE": "sub/dvc.yaml:profile@1-cpu-inference"}) == (1, "cpu", "inference")
-    assert profile_matrix_item(config, ["64", "cuda", "train"], {}) == (64, "cuda", "train")
+    assert stage_combination(config, [], {"DVC_STAGE": "profile@16-cpu-train"}) == Combination(16, "cpu", "train")
+    nested = {"DVC_STAGE": "sub/dvc.yaml:profile@1-cpu-inference"}
+    assert stage_combination(config, [], nested) == Combination(1, "cpu", "inference")
+    assert stage_combination(config, ["64", "cuda", "train"], {}) == Combination(64, "cuda", "train")
     for stage in ("profile@1 cpu inference; touch pwned; #-cpu-inference", "profile@32-cpu-train", "train"):
-        with pytest.raises(PipelineError, match="none of the combinations params.yaml lists"):
-            profile_matrix_item(config, [], {"DVC_STAGE": stage})
-    with pytest.raises(PipelineError, match=r"BATCH_SIZE '1.5' must be a whole number.*MODE 'eval' must be one of"):
-        profile_matrix_item(config, ["1.5", "cpu", "eval"], {})
+        with pytest.raises(PipelineError, match=r"none of the combinations params\.yaml lists"):
+            stage_combination(config, [], {"DVC_STAGE": stage})
+    with pytest.raises(PipelineError, match=r"`profile\.batch_sizes` entry '1\.5' is not a whole number"):
+        stage_combination(config, ["1.5", "cpu", "eval"], {})
     with pytest.raises(PipelineError, match="no profile combination given"):
-        profile_matrix_item(config, [], {})
+        stage_combination(config, [], {})
 
 
 def test_no_stage_command_holds_an_interpolated_value() -> None:
@@ -208,21 +239,23 @@ def test_no_stage_command_holds_an_interpolated_value() -> None:
 
 
 @pytest.fixture(scope="module")
-def guarded(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Iterator[Path]:
+def guarded(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
     """A project copy after `dvc repro export_graph hardware` (data, model, graph files), committed to git."""
     project = copy_project(tmp_path_factory.mktemp("guarded") / "project")
     for relative in TRACKED_OUTPUTS:
         path = project / relative
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-    params = quick_params(read_params(project))
+    params = tiny_params(read_params(project))
     params["train"].update(train_samples=640)  # 10 steps: the tests need the files, not a good model
     params["profile"].update(batch_sizes=[1], modes=["inference"])
     write_params(project, params)
     result = run_command(["dvc", "repro", "export_graph", "hardware"], project, stage_environment(mnist_mirror))
     assert result.returncode == 0, result.stderr[-3000:]
     subprocess.run(["git", "add", "-A"], cwd=project, check=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "outputs"], cwd=project, check=True)
-    yield project
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "outputs"], cwd=project, check=True
+    )
+    return project
 
 
 def _workspace(project: Path) -> dict[str, str]:
@@ -241,7 +274,16 @@ def _outside(project: Path) -> list[str]:
     return sorted(path.name for path in project.parent.iterdir())
 
 
-OUTPUTS = ("data/MNIST/manifest.json", "models/model.pt", "metrics/train.json", "plots/train_epochs.csv", "graph/model.onnx", "graph/model.pt2", "graph/summary.md", "checks/params.ok")
+OUTPUTS = (
+    "data/MNIST/manifest.json",
+    "models/model.pt",
+    "metrics/train.json",
+    "plots/train_epochs.csv",
+    "graph/model.onnx",
+    "graph/model.pt2",
+    "graph/summary.md",
+    "checks/params.ok",
+)
 
 HOSTILE = {
     "profile.batch_sizes": [1, "1 cpu inference; touch pwned; #"],
@@ -274,13 +316,15 @@ def test_params_values_never_reach_a_shell(guarded: Path, run_in: Any) -> None:
         assert result.returncode != 0, command
         assert "is not allowed; choose one of 'cpu', 'cuda', 'mps'" in result.stderr, (command, result.stderr[-2000:])
         assert "Traceback" not in result.stderr
-        assert not list(guarded.rglob("pwned")) and "pwned" not in _outside(guarded), command
+        assert not list(guarded.rglob("pwned")), command
+        assert "pwned" not in _outside(guarded), command
         assert _workspace(guarded) == before, command
     write_params(guarded, clean)
     result = run_in(guarded, "dvc", "exp", "run", "-S", 'profile.devices=["cpu","cpu$(touch pwned)"]')
     assert result.returncode != 0
     assert "`profile.devices[1]` = 'cpu$(touch pwned)' is not allowed" in result.stderr
-    assert not list(guarded.rglob("pwned")) and _outside(guarded) == outside
+    assert not list(guarded.rglob("pwned"))
+    assert _outside(guarded) == outside
     assert _workspace(guarded) == before
     write_params(guarded, clean)
 
@@ -318,17 +362,31 @@ VALUE_TYPOS = {
     "  batch_sizes:\n  - 1\n": ("  batch_sizes:\n  - 1.5\n", "`profile.batch_sizes[0]` = 1.5 has the wrong type"),
     "modes:\n  - inference": ("modes:\n  - eval", "`profile.modes[0]` = 'eval' is not allowed"),
     "experiment: mnist-lab": ("experiment: " + "x" * 5000, "at most 256 characters long (it has 5000)"),
-    "tensorboard_dir: runs": ("tensorboard_dir: ../outside", "`tracking.tensorboard_dir` = '../outside' is not allowed"),
+    "tensorboard_dir: runs": (
+        "tensorboard_dir: ../outside",
+        "`tracking.tensorboard_dir` = '../outside' is not allowed",
+    ),
     "report: {}": ("report: {pages: 3}\noptimiser: {name: sgd}", "`report.pages` is not a known key"),
-    "mirrors:\n": ("mirrors:\n  - https://alice:hunter2@example.org/mnist/\n", "`data.mirrors[0]` = 'https://***@example.org/mnist/'"),
+    "mirrors:\n": (
+        "mirrors:\n  - https://alice:hunter2@example.org/mnist/\n",
+        "`data.mirrors[0]` = 'https://***@example.org/mnist/'",
+    ),
 }
 
 # (edit, text the failure must show). The first two reach the validate stage; DVC itself refuses the
 # others while it reads params.yaml, before running any stage (the alias bomb is small: DVC expands
 # aliases while it reads params for `${...}`, slowly for a large one — see dvc.yaml).
 FILE_TYPOS: list[tuple[str, Callable[[Path], None], list[str]]] = [
-    ("values", _replace_text(*((old, new) for old, (new, _) in VALUE_TYPOS.items())), [m for _, m in VALUE_TYPOS.values()] + ["`optimiser` is not a known key"]),
-    ("huge model", _replace_text(("hidden_units: 128", "hidden_units: 1000000000")), ["asks the train stage for about", "Lower `train.model` in params.yaml"]),
+    (
+        "values",
+        _replace_text(*((old, new) for old, (new, _) in VALUE_TYPOS.items())),
+        [m for _, m in VALUE_TYPOS.values()] + ["`optimiser` is not a known key"],
+    ),
+    (
+        "huge model",
+        _replace_text(("hidden_units: 128", "hidden_units: 1000000000")),
+        ["asks the train stage for about", "Lower `train.model` in params.yaml"],
+    ),
     ("small alias bomb", _append(ALIAS_BOMB.encode()), ["aliases (*a) are not allowed in params"]),
     ("duplicate key", _replace_text(("top_k: 10", "top_k: 10\n  top_k: 11")), ['found duplicate key "top_k"']),
     ("not UTF-8", _append(b"# \xff\xfe\n"), ["'params.yaml', is not valid utf-8"]),
@@ -350,14 +408,16 @@ def test_bad_params_through_dvc_repro_cost_no_output(guarded: Path, run_in: Any)
             assert result.returncode != 0, (name, shown[-2000:])
             for text in expected:
                 assert text in shown, (name, text, shown[-3000:])
-            assert "Traceback" not in shown and "hunter2" not in shown, name
+            assert "Traceback" not in shown, name
+            assert "hunter2" not in shown, name
             assert _workspace(guarded) == before, name
             assert _outside(guarded) == outside, name
         if (guarded / "params.yaml").is_dir():
             (guarded / "params.yaml").rmdir()
         (guarded / "params.yaml").write_bytes(original)
     result = run_in(guarded, "dvc", "status", "--json", "--with-deps", "export_graph")
-    assert result.returncode == 0 and result.stdout.strip() == "{}", result.stdout
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "{}", result.stdout
 
 
 @pytest.mark.slow
@@ -372,4 +432,3 @@ def test_valid_params_edit_reruns_validate_and_nothing_it_does_not_touch(guarded
         assert f"Stage '{stage}' didn't change, skipping" in result.stdout
     assert (guarded / "checks/params.ok").read_text() == MARKER_TEXT
     subprocess.run(["git", "checkout", "-q", "params.yaml", "dvc.lock"], cwd=guarded, check=True)
-

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,49 +13,127 @@ import pytest
 from mlflow import MlflowClient
 from PIL import Image
 
-from pipeline.report import analysis, comparison_rows, read_inputs
-from tests.conftest import read_params, reproduced_copy, write_params
-
-
-def _record(batch: int, device: str, mode: str, step_ms: float, top: str, share: float) -> dict[str, Any]:
-    return {
-        "combination": {"batch_size": batch, "device": device, "mode": mode},
-        "hardware": {},
-        "timing": {
-            "step_time_ms_mean": step_ms,
-            "step_time_cv": 0.02,
-            "per_sample_ms": step_ms / batch,
-            "throughput_samples_per_s": 1000 * batch / step_ms,
-        },
-        "top_operators": [{"operator": top, "share_pct": share}, {"operator": "aten::convolution_backward", "share_pct": 10.0}],
-    }
+from pipeline.config import params_from_mapping
+from pipeline.paths import profile_outputs
+from pipeline.profile_record import write_record
+from pipeline.profiling import operators_markdown
+from pipeline.report import analysis, build_report, comparison_markdown, comparison_rows, read_inputs
+from pipeline.step_report import ADD_A_GPU, analysis_sentences, step_facts
+from tests.helpers import REPO_ROOT, make_record, read_params, reproduced_copy, write_params
 
 
 def test_analysis_states_scaling_dominant_operators_and_gpu_speedup() -> None:
+    conv_backward = ("aten::convolution_backward", 10.0)
+    records = [
+        make_record(1, "cpu", "train", 6.0, (("aten::add", 20.0), conv_backward)),
+        make_record(64, "cpu", "train", 38.4, (("aten::convolution_backward", 30.0), conv_backward)),
+        make_record(64, "cuda", "train", 3.84, (("aten::cudnn_convolution", 40.0), conv_backward), busy_pct=14.3),
+    ]
+    rows = comparison_rows(records)
+    assert rows[1].convolution_share_pct == 40.0  # both conv rows of the top-k
+    sentences = analysis(rows)
+    # 6.0 / (38.4 / 64) = 10; each median is known to ±2 %: the ratio to 0.98/1.02 .. 1.02/0.98.
+    assert any(
+        "Per-sample time falls from 6.0000 ms at batch 1 to 0.6000 ms at batch 64 (10.0x cheaper, 95 % CI 9.61-10.41x)"
+        in s and "`aten::add`" in s
+        for s in sentences
+    )
+    speedup = "At batch 64 train cuda is 10.0x faster than cpu (95 % CI 9.61-10.41x; 3.840 vs 38.400 ms per step)."
+    assert speedup in analysis_sentences(step_facts(records))
+    assert ADD_A_GPU not in analysis_sentences(step_facts(records))
+    assert "On cuda train at batch 64 the GPU is busy 14 % of the step: host-bound." in analysis_sentences(
+        step_facts(records)
+    )
+    assert not any("Only CPU combinations" in s or "no measurable difference" in s for s in sentences)
+
+
+def test_overlapping_intervals_read_no_measurable_difference() -> None:
+    records = [
+        make_record(1, "cpu", "inference", 0.50, (("aten::addmm", 20.0),), ci_pct=3.0),
+        make_record(64, "cpu", "inference", 32.0, (("aten::mkldnn_convolution", 40.0),), ci_pct=1.0),
+        make_record(1, "cuda", "inference", 0.49, (("aten::addmm", 20.0),), ci_pct=2.0),
+    ]
+    rows = comparison_rows(records)
+    sentences = analysis(rows)
+    # 0.50 ms vs 32/64 = 0.50 ms per sample: the same, within both intervals.
+    assert (
+        "Per-sample time at batch 1 (0.5000 ms) and at batch 64 (0.5000 ms): no measurable difference (0.96-1.04x)."
+        in sentences
+    )
+    same = "At batch 1 inference cuda vs cpu: no measurable difference (0.97-1.07x) (0.490 vs 0.500 ms per step)."
+    assert same in analysis_sentences(step_facts(records))
+
+
+def test_comparison_table_shows_the_estimate_and_flags_noisy_and_busy_rows() -> None:
     rows = comparison_rows(
         [
-            _record(1, "cpu", "train", 6.0, "aten::add", 20.0),
-            _record(64, "cpu", "train", 38.4, "aten::convolution_backward", 30.0),
-            _record(64, "cuda", "train", 3.84, "aten::cudnn_convolution", 40.0),
+            make_record(1, "cpu", "inference", 0.5, (("aten::addmm", 20.0),)),
+            make_record(64, "cpu", "inference", 8.0, (("aten::max_pool2d", 30.0),), ci_pct=4.5, load=2.6),
         ]
     )
-    assert rows[1]["convolution_share_pct"] == 40.0  # both conv rows of the top-k
-    sentences = analysis(rows)
-    assert any("0.6000 ms at batch 64 (10.0x cheaper)" in s and "`aten::add`" in s for s in sentences)
-    assert any("cuda vs cpu, batch 64 train: 10.0x the CPU's speed" in s for s in sentences)
-    assert not any("Only CPU combinations" in s for s in sentences)
+    table = comparison_markdown(rows)
+    assert "| step ms (median) | IQR ms | 95 % CI | steps / blocks | per-sample ms | samples/s |" in table
+    quiet_row = "| 1 | cpu | inference | 0.500 | 0.050 | ±2.0 % | 400 / 100 | 0.5000 | 2000 | `aten::addmm` (20.0 %) | 0.0 % |"
+    assert quiet_row + "  |" in table  # an empty flag cell
+    assert "| 64 | cpu | inference | 8.000 | 0.800 | ±4.5 % | 400 / 100 | 0.1250 | 8000 |" in table
+    assert table.splitlines()[3].endswith("| noisy, busy |")
+    assert "**noisy: rerun on a quiet machine or raise the budget** (64-cpu-inference)" in table
+    assert "**Warning: busy machine**: the load average exceeded the 2 cores while timing" in table
+    assert "while timing 64-cpu-inference (2.60 -> 2.60); those step times are likely inflated" in table
+    quiet = comparison_markdown(rows[:1])
+    assert "noisy" not in quiet and "busy" not in quiet
 
 
-def test_missing_inputs_are_named_with_the_command_that_makes_them(repo_params: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.config import params_from_mapping
-
+def test_missing_inputs_are_named_with_the_command_that_makes_them(
+    repo_params: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)  # an empty project: nothing has run
-    config = params_from_mapping(repo_params).profile
-    absent = tmp_path / "absent.json"
-    inputs = read_inputs(config, absent, absent, absent, absent, tmp_path / "summary.md")
+    inputs = read_inputs(params_from_mapping(repo_params).profile)
     assert inputs.profiles == []
     assert "`profiles/64-cpu-train/profile.json` is missing: run `dvc repro profile@64-cpu-train`." in inputs.missing
-    assert f"`{tmp_path / 'summary.md'}` is missing: run `dvc repro export_graph`." in inputs.missing
+    assert "`graph/summary.md` is missing: run `dvc repro export_graph`." in inputs.missing
+    assert "`metrics/train.json` is missing: run `dvc repro train`." in inputs.missing
+
+
+def test_report_is_built_from_profile_records_without_running_the_pipeline(
+    repo_params: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    repo_params["profile"].update(batch_sizes=[1, 64], devices=["cpu"], modes=["inference"])
+    params = params_from_mapping(repo_params)
+    for record in (
+        make_record(1, "cpu", "inference", 0.5, (("aten::mkldnn_convolution", 40.0),)),
+        make_record(64, "cpu", "inference", 8.0, (("aten::max_pool2d", 30.0),)),
+    ):
+        paths = profile_outputs(record.combination.name)
+        paths.folder.mkdir(parents=True)
+        paths.record.write_text(write_record(record))
+        paths.table_markdown.write_text(operators_markdown(record))
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    report = build_report(params, figures)
+    assert [(row.batch_size, row.step_time_ms) for row in report.rows] == [(1, 0.5), (64, 8.0)]
+    row_64 = "| 64 | cpu | inference | 8.000 | 0.800 | ±2.0 % | 400 / 100 | 0.1250 | 8000 | `aten::max_pool2d` (30.0 %)"
+    assert row_64 in report.markdown
+    assert "#### Top 1 operators: batch 1, cpu, inference" in report.markdown
+    assert "Per-sample time falls from 0.5000 ms at batch 1 to 0.1250 ms at batch 64 (4.0x cheaper, 95 % CI" in (
+        report.markdown
+    )
+    assert sorted(p.name for p in figures.iterdir()) == ["per_sample_time.png", "roofline.png", "throughput.png"]
+    assert "`metrics/train.json` is missing: run `dvc repro train`." in report.markdown
+    # Step analysis: anatomy with a verdict per row, FLOP/s against the peak, and how to add a GPU.
+    assert "| 64 | cpu | inference | 8.000 | 16.000 | 90.0 | 10.0 | - | **device-bound** |" in report.markdown
+    assert "| 64 | cpu | inference | 64.0 | 8.000 | 8.00 | 100 | 8.00 |" in report.markdown  # 64 MFLOP in 8 ms
+    assert "cpu: a 100 GFLOP/s stand-in" in report.markdown
+    assert "## 8. CPU vs GPU\n\n" + ADD_A_GPU in report.markdown
+    assert report.markdown.count(ADD_A_GPU) == 2  # the section and the analysis
+
+
+def test_report_stage_imports_no_torch() -> None:
+    """The report only reads records: importing torch would cost every report run ~4 s."""
+    probe = "import sys, stages.report, pipeline.tracking; assert 'torch' not in sys.modules, 'torch imported'"
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -74,17 +154,25 @@ def test_report_numbers_equal_the_stage_outputs(reported: Path) -> None:
     for name in (f"{b}-cpu-{m}" for b in (1, 16, 64) for m in ("inference", "train")):
         timing = json.loads((reported / "profiles" / name / "timing.json").read_text())
         batch, _, mode = name.split("-")
-        row = re.search(rf"^\| {batch} \| cpu \| {mode} \| ([\d.]+) \(", report, re.MULTILINE)
-        assert row and row.group(1) == f"{timing['step_time_ms_mean']:.3f}", name
+        pattern = rf"^\| {batch} \| cpu \| {mode} \| ([\d.]+) \| [\d.]+ \| ±([\d.]+) % \|"
+        row = re.search(pattern, report, re.MULTILINE)
+        assert row and row.group(1) == f"{timing['step_time_ms_median']:.3f}", name
+        assert row.group(2) == f"{timing['step_time_ci_pct']:.1f}", name
         top_table = (reported / "profiles" / name / "top_operators.md").read_text().split("\n", 1)[1]
         assert top_table in report
     assert "## Missing inputs" not in report
-    assert "Only CPU combinations were profiled" in report
-    for figure in ("training_curves.png", "per_sample_time.png", "throughput.png"):
+    assert ADD_A_GPU in report
+    for name in (f"{b}-cpu-{m}" for b in (1, 16, 64) for m in ("inference", "train")):  # the step analysis
+        step = json.loads((reported / "profiles" / name / "step_analysis.json").read_text())
+        batch, _, mode = name.split("-")
+        anatomy = rf"^\| {batch} \| cpu \| {mode} \| [\d.]+ \| [\d.]+ \| {step['busy_pct']:.1f} \| "
+        assert re.search(anatomy, report, re.MULTILINE), name
+        assert f"| {step['achieved_gflops_per_s']:.2f} | {step['peak_gflops_per_s']:.0f} | {step['peak_pct']:.2f} |" in report
+    for figure in ("training_curves.png", "per_sample_time.png", "throughput.png", "roofline.png"):
         with Image.open(reported / "report" / "figures" / figure) as image:
             assert image.width > 300 and image.height > 200
     html = (reported / "report" / "report.html").read_text()
-    assert 'src="figures/' not in html and html.count("data:image/png;base64,") == 3
+    assert 'src="figures/' not in html and html.count("data:image/png;base64,") == 4
     assert "data:image/svg+xml;base64," in html and "<table>" in html
 
 
@@ -98,6 +186,25 @@ def test_dvc_plots_show_draws_curves_and_batch_comparison(reported: Path, run_in
     series = {(value["batch_size"], value["series"]) for value in content["data"]["values"]}
     assert ("64", "cpu train") in series and ("1", "cpu inference") in series
     assert content["encoding"]["color"]["field"] == "series"
+
+
+@pytest.mark.slow
+def test_dvc_plots_diff_draws_one_line_per_series_and_revision(reported: Path, run_in: Any) -> None:
+    """The copy's HEAD holds the repository's comparison CSV, its workspace the one this run wrote."""
+    result = run_in(reported, "dvc", "plots", "diff", "HEAD", "--json")
+    assert result.returncode == 0, result.stderr
+    (plot,) = json.loads(result.stdout)["data"]["Per-sample time vs batch size"]
+    content = plot["content"]
+    revisions = {value["rev"] for value in content["data"]["values"]}
+    assert revisions == {"HEAD", "workspace"}
+    encoding = content["encoding"]
+    assert encoding["color"]["field"] == "series" and encoding["strokeDash"]["field"] == "rev"
+    lines = {(value["series"], value["rev"]) for value in content["data"]["values"]}
+    assert ("cpu train", "HEAD") in lines and ("cpu train", "workspace") in lines
+    # The HTML page renders offline: Vega is inlined from .dvc/plots/offline.html, nothing loads from a CDN.
+    assert run_in(reported, "dvc", "plots", "diff", "HEAD", "-o", "dvc_plots").returncode == 0
+    page = (reported / "dvc_plots" / "index.html").read_text()
+    assert "vegaEmbed(" in page and "<script src=" not in page and "cdn.jsdelivr" not in page
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import copy_project, quick_params, read_params, reproduced_copy, run_command, stage_environment, write_params
+from tests.helpers import copy_project, tiny_params, read_params, reproduced_copy, run_command, stage_environment, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +62,7 @@ def test_fresh_clone_pulls_everything_and_has_nothing_to_rerun(pushed: tuple[Pat
 def test_two_clones_get_the_same_data_digest_and_checkpoint(pushed: tuple[Path, Path], tmp_path: Path, run_in: Any) -> None:
     first, _ = pushed
     third = copy_project(tmp_path / "third")  # trains on its own, nothing pulled
-    write_params(third, quick_params(read_params(third)))
+    write_params(third, tiny_params(read_params(third)))
     result = run_in(third, "dvc", "repro", "train")
     assert result.returncode == 0, result.stderr[-2000:]
     manifest = "data/MNIST/manifest.json"

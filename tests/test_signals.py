@@ -19,7 +19,7 @@ from mlflow import MlflowClient
 
 from pipeline.processes import host_name, process_identity
 from pipeline.tracking import HOST_TAG, PROCESS_TAG, STALE_TAG
-from tests.conftest import (
+from tests.helpers import (
     copy_project,
     read_params,
     run_command,
@@ -29,7 +29,13 @@ from tests.conftest import (
 
 pytestmark = pytest.mark.slow
 
-OUTPUTS = ("models/model.pt", "metrics/train.json", "metrics/train_speed.json", "plots/train_steps.csv", "plots/train_epochs.csv")
+OUTPUTS = (
+    "models/model.pt",
+    "metrics/train.json",
+    "metrics/train_speed.json",
+    "plots/train_steps.csv",
+    "plots/train_epochs.csv",
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +59,18 @@ def _client(project: Path) -> MlflowClient:
 def _train_runs(project: Path) -> list[Any]:
     client = _client(project)
     experiment = client.get_experiment_by_name("mnist-lab")
+    assert experiment is not None
     return client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'train'")
 
 
 def _training(project: Path, mnist_mirror: Path) -> subprocess.Popen[str]:
     """The train stage, returned once its batch progress bar shows that training has started."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "stages.train"], cwd=project, env=stage_environment(mnist_mirror), stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "stages.train"],
+        cwd=project,
+        env=stage_environment(mnist_mirror),
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert process.stderr is not None
     seen = ""
@@ -81,7 +92,8 @@ def test_sigterm_mid_training_ends_like_ctrl_c(downloaded: Path, mnist_mirror: P
     assert not any((downloaded / relative).exists() for relative in OUTPUTS)
     assert list(downloaded.rglob(".partial-*")) == []
     runs = _train_runs(downloaded)
-    assert len(runs) == runs_before + 1 and runs[0].info.status == "KILLED"
+    assert len(runs) == runs_before + 1
+    assert runs[0].info.status == "KILLED"
 
 
 def test_sigkill_leaves_a_running_run_that_the_next_stage_marks_failed(downloaded: Path, mnist_mirror: Path) -> None:
@@ -93,9 +105,15 @@ def test_sigkill_leaves_a_running_run_that_the_next_stage_marks_failed(downloade
 
     # Two RUNNING runs that must be left alone: one of a live process (this one), one from another machine.
     client = _client(downloaded)
-    experiment_id = client.get_experiment_by_name("mnist-lab").experiment_id
-    live = client.create_run(experiment_id, tags={HOST_TAG: host_name(), PROCESS_TAG: process_identity(), "stage": "train"})
-    elsewhere = client.create_run(experiment_id, tags={HOST_TAG: "another-machine", PROCESS_TAG: "boot:1:1", "stage": "train"})
+    experiment = client.get_experiment_by_name("mnist-lab")
+    assert experiment is not None
+    experiment_id = experiment.experiment_id
+    live = client.create_run(
+        experiment_id, tags={HOST_TAG: host_name(), PROCESS_TAG: process_identity(), "stage": "train"}
+    )
+    elsewhere = client.create_run(
+        experiment_id, tags={HOST_TAG: "another-machine", PROCESS_TAG: "boot:1:1", "stage": "train"}
+    )
 
     started = time.monotonic()
     result = run_command([sys.executable, "-m", "stages.download"], downloaded, stage_environment(mnist_mirror))

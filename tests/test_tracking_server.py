@@ -20,44 +20,16 @@ import pytest
 from mlflow import MlflowClient
 
 from pipeline.data import MNIST_SHA256, dataset_digest
-from tests.conftest import REPO_ROOT, VENV_BIN, closed_port
+from tests.helpers import REPO_ROOT, closed_port, running_mlflow_server
 
 pytestmark = pytest.mark.slow
-SERVER_START_LIMIT_S = 120  # measured 20-30 s on two cores; generous for a loaded CI machine
 
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`mlflow server` with its own SQLite store and artifact folder; ready once /health answers."""
-    folder = tmp_path_factory.mktemp("mlflow-server")
-    port = closed_port()
-    server = subprocess.Popen(
-        [
-            str(VENV_BIN / "mlflow"), "server",
-            "--backend-store-uri", f"sqlite:///{folder / 'server.db'}",
-            "--artifacts-destination", str(folder / "artifacts"),
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + SERVER_START_LIMIT_S
-    try:
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass  # not listening yet
-            assert server.poll() is None, "mlflow server exited during start-up"
-            assert time.monotonic() < deadline, f"mlflow server did not answer /health within {SERVER_START_LIMIT_S} s"
-            time.sleep(0.5)
+    with running_mlflow_server(tmp_path_factory.mktemp("mlflow-server")) as uri:
         yield uri
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def test_stage_logs_its_run_and_artifacts_to_the_server(mlflow_server: str, project_copy: Path, run_in: Any) -> None:

@@ -22,7 +22,7 @@ from pipeline.runtime import pin_runtime, select_device, select_precision
 from pipeline.tracking import open_tracker
 from pipeline.tables import records_csv
 from pipeline.training import StepRecord, evaluate, first_samples, to_device_data, train_model
-from tests.conftest import _REPO_PARAMS
+from tests.helpers import REPO_PARAMS
 
 CPU = torch.device("cpu")
 
@@ -30,16 +30,15 @@ CPU = torch.device("cpu")
 @pytest.fixture(scope="module")
 def mnist_root(mnist_mirror: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("data")
-    config = params_from_mapping(_REPO_PARAMS).data
+    config = params_from_mapping(REPO_PARAMS).data
     write_dataset(fetch_mnist(config, [str(mnist_mirror)]), root)
     return root
 
 
 @pytest.fixture
-def tiny_train(repo_params: dict[str, Any]) -> TrainConfig:
-    """1 epoch over 2,000 images: a few seconds on two cores."""
-    config = params_from_mapping(repo_params).train
-    return dataclasses.replace(config, epochs=1, train_samples=2000, log_every_steps=5, device="cpu")
+def tiny_train(tiny_params_mapping: dict[str, Any]) -> TrainConfig:
+    """The tests' tiny training config (tests/helpers.py::tiny_params), on the CPU."""
+    return dataclasses.replace(params_from_mapping(tiny_params_mapping).train, device="cpu")
 
 
 def _train(config: TrainConfig, root: Path) -> Any:
@@ -104,15 +103,17 @@ def test_too_many_train_samples_names_the_param() -> None:
 
 
 def test_training_learns_and_averages_over_the_right_counts(tiny_train: TrainConfig, mnist_root: Path) -> None:
-    result = _train(tiny_train, mnist_root)
+    config = dataclasses.replace(tiny_train, train_samples=6000)  # the last batch holds 48 images
+    result = _train(config, mnist_root)
     (epoch,) = result.epochs
-    assert epoch.test_accuracy > 0.80  # 2,000 images, one epoch
-    assert result.optimizer_steps == 32  # ceil(2000 / 64)
-    assert [record.step for record in result.steps] == [5, 10, 15, 20, 25, 30, 32]
+    # 6,000 images, one epoch: ~0.93 on CPUs and GPUs seen so far; 0.85 leaves room for other kernels' rounding.
+    assert epoch.test_accuracy > 0.85
+    assert result.optimizer_steps == 94  # ceil(6000 / 64)
+    assert [record.step for record in result.steps] == [20, 40, 60, 80, 94]
     # Each record averages its own window; the epoch mean is their sample-weighted mean.
-    windows = [5 * 64] * 6 + [64 + (2000 - 31 * 64)]  # steps 31 and 32 (16 images)
-    assert sum(windows) == 2000
-    weighted = sum(record.train_loss * size for record, size in zip(result.steps, windows, strict=True)) / 2000
+    windows = [20 * 64] * 4 + [13 * 64 + 48]  # steps 81..94, the last of 48 images
+    assert sum(windows) == 6000
+    weighted = sum(record.train_loss * size for record, size in zip(result.steps, windows, strict=True)) / 6000
     assert epoch.train_loss == pytest.approx(weighted, rel=1e-9)
     assert 0 < epoch.train_accuracy < 1 and epoch.lr == tiny_train.lr
 
@@ -153,7 +154,7 @@ def test_checkpoint_rebuilds_the_model_from_the_file_alone(tiny_train: TrainConf
 
 
 def test_records_csv_has_header_and_one_row_per_record(tiny_train: TrainConfig, mnist_root: Path) -> None:
-    result = _train(dataclasses.replace(tiny_train, train_samples=640), mnist_root)
+    result = _train(dataclasses.replace(tiny_train, train_samples=640, log_every_steps=5), mnist_root)
     lines = records_csv(StepRecord, result.steps).splitlines()
     assert lines[0] == "step,epoch,train_loss,train_accuracy"
     assert len(lines) == 1 + len(result.steps) and lines[1].startswith("5,1,")
@@ -186,6 +187,7 @@ def test_stage_run_ends_with_the_status_of_what_happened(
     except (RuntimeError, KeyboardInterrupt):
         pass
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("status-test").experiment_id])
+    experiment_id = client.get_experiment_by_name("status-test").experiment_id
+    (run,) = client.search_runs([experiment_id], filter_string="tags.stage = 'train'")  # not its pipeline parent
     assert run.info.status == status
     assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")] == [(3, 1.5)]

@@ -1,0 +1,99 @@
+"""Tie one `dvc repro` together in MLflow: a parent run per pipeline run, links, and which run is current.
+
+DVC runs every stage as its own process and gives them no shared id, so the pipeline run is
+identified by what makes it one: the git commit, the bytes of params.yaml and dvc.yaml, and the DVC
+experiment name when there is one. Stages that share that key are children of one parent run
+(`pipeline@<commit>-<params digest>`), which MLflow's UI shows as a tree. A forced rerun with the
+same key joins the same parent; a params edit or a new commit starts a new one.
+
+Reruns leave older runs of a stage behind; `mark_current` tags the run that produced the outputs now
+in the workspace `dvc.outputs = current` and its predecessors (same stage and DVC experiment)
+`superseded`, so a search for `tags."dvc.outputs" = 'current'` lists exactly the runs behind the
+files on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+PIPELINE_FILES = ("params.yaml", "dvc.yaml")
+KEY_TAG = "pipeline.key"
+OUTPUTS_TAG = "dvc.outputs"
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    key: str
+    commit: str  # "none" outside a git repository
+    params_digest: str  # sha256 of params.yaml + dvc.yaml, first 12 hex digits
+    experiment: str  # DVC experiment name, "" for a plain `dvc repro`
+
+    @property
+    def name(self) -> str:
+        suffix = f"-{self.experiment}" if self.experiment else ""
+        return f"pipeline@{self.commit[:8]}-{self.params_digest[:6]}{suffix}"
+
+    def tags(self) -> dict[str, str]:
+        return {
+            KEY_TAG: self.key,
+            "pipeline.commit": self.commit,
+            "pipeline.params_digest": self.params_digest,
+        }
+
+
+def current_pipeline_run(root: Path) -> PipelineRun:
+    digest = hashlib.sha256()
+    for name in PIPELINE_FILES:
+        path = root / name
+        digest.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"") + b"\0")
+    params_digest = digest.hexdigest()[:12]
+    commit = _git_commit(root)
+    experiment = os.environ.get("DVC_EXP_NAME", "")
+    key = hashlib.sha256(f"{commit}\0{params_digest}\0{experiment}".encode()).hexdigest()[:16]
+    return PipelineRun(key=key, commit=commit, params_digest=params_digest, experiment=experiment)
+
+
+def _git_commit(root: Path) -> str:
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "none"
+    return result.stdout.strip() if result.returncode == 0 else "none"
+
+
+def parent_run_id(client: MlflowClient, experiment_id: str, pipeline: PipelineRun) -> str:
+    """The parent run of this pipeline run: found by its key, or created (and ended at once: it holds
+    no work of its own, only children, so it never sits RUNNING in the UI)."""
+    query = f"tags.`{KEY_TAG}` = '{pipeline.key}' and tags.stage = 'pipeline'"  # its children carry the key too
+    found = client.search_runs([experiment_id], filter_string=query, max_results=1)
+    if found:
+        return str(found[0].info.run_id)
+    description = (
+        f"One `dvc repro` of commit {pipeline.commit[:12]} with params digest {pipeline.params_digest}"
+        + (f" (DVC experiment {pipeline.experiment})" if pipeline.experiment else "")
+        + ": its stage runs are the children below."
+    )
+    tags = {**pipeline.tags(), "stage": "pipeline", "mlflow.note.content": description}
+    run = client.create_run(experiment_id, run_name=pipeline.name, tags=tags)
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return str(run.info.run_id)
+
+
+def mark_current(client: MlflowClient, experiment_id: str, run_id: str, stage_run_name: str) -> None:
+    """Tag `run_id` as the producer of the workspace's outputs of `stage_run_name`, older ones superseded."""
+    experiment = os.environ.get("DVC_EXP_NAME", "")
+    query = f"attributes.run_name = '{stage_run_name}' and tags.`{OUTPUTS_TAG}` = 'current'"
+    for run in client.search_runs([experiment_id], filter_string=query, max_results=1000):
+        if run.info.run_id != run_id and run.data.tags.get("dvc.experiment", "") == experiment:
+            client.set_tag(run.info.run_id, OUTPUTS_TAG, "superseded")
+    client.set_tag(run_id, OUTPUTS_TAG, "current")

@@ -1,0 +1,202 @@
+"""Fast checks of the contracts between stages: the profile record, dvc.yaml deps, TensorBoard files."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from pipeline.errors import PipelineError
+from pipeline.profile_record import (
+    RECORD_FORMAT,
+    Combination,
+    ProfileRecord,
+    parse_combination,
+    read_record,
+    write_record,
+)
+from pipeline.tensorboard_events import EventWriter
+from tests.helpers import REPO_ROOT, make_record
+
+
+def test_profile_record_round_trips_through_its_json(tmp_path: Path) -> None:
+    record = make_record(16, "cpu", "train", 4.0, (("aten::mkldnn_convolution", 35.0), ("aten::add_", 5.0)))
+    path = tmp_path / "profile.json"
+    path.write_text(write_record(record))
+    assert read_record(path, record.combination) == record
+
+
+def test_committed_profile_records_match_the_code() -> None:
+    """The workspace's profile.json files are read by the report: a renamed field must fail here first."""
+    paths = sorted((REPO_ROOT / "profiles").glob("*/profile.json"))
+    assert paths, "no committed profiles: run `dvc repro`"
+    for path in paths:
+        combination = parse_combination(path.parent.name.split("-"))
+        record = read_record(path, combination)
+        assert record.timing.per_sample_ms == pytest.approx(record.timing.step_time_ms_median / combination.batch_size)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda raw: raw["timing"].pop("per_sample_ms"), "Timing.per_sample_ms is missing"),
+        (lambda raw: raw["timing"].update(per_sample_seconds=1.0), "unknown field(s) ['per_sample_seconds'] in Timing"),
+        (lambda raw: raw["combination"].update(batch_size="16"), "Combination.batch_size must be int, got str"),
+        (lambda raw: raw["combination"].update(device="tpu"), "Combination.device is 'tpu', not one of"),
+        (lambda raw: raw.update(format=0), f"is not a profile record of format {RECORD_FORMAT}"),
+        (lambda raw: raw["combination"].update(batch_size=64), "holds combination 64-cpu-train, not 16-cpu-train"),
+    ],
+)
+def test_a_record_that_does_not_match_is_refused_with_the_fix(change: Any, message: str, tmp_path: Path) -> None:
+    record = make_record(16, "cpu", "train", 4.0)
+    raw = record.as_dict()
+    change(raw)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(PipelineError, match="rerun `dvc repro -f profile@16-cpu-train`") as error:
+        read_record(path, record.combination)
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["1.5", "cpu", "train"], "`profile.batch_sizes` entry '1.5' is not a whole number >= 1"),
+        (["0", "cpu", "train"], "`profile.batch_sizes` entry '0'"),
+        (["1", "tpu", "train"], "`profile.devices` entry 'tpu' is not one of ['cpu', 'cuda', 'mps']"),
+        (["1", "cpu", "eval"], "`profile.modes` entry 'eval' is not one of ['inference', 'train']"),
+        (["1", "cpu"], "expected 3 arguments, got 2"),
+    ],
+)
+def test_profile_stage_arguments_are_checked_naming_the_param(arguments: list[str], message: str) -> None:
+    with pytest.raises(PipelineError) as error:
+        parse_combination(arguments)
+    assert message in str(error.value)
+    assert parse_combination(["64", "cuda", "inference"]) == Combination(64, "cuda", "inference")
+
+
+def test_record_fields_are_the_record_type_fields() -> None:
+    names = {field.name for field in dataclasses.fields(ProfileRecord)}
+    assert set(make_record(1, "cpu", "train", 1.0).as_dict()) == names
+
+
+# --- dvc.yaml deps follow the imports ------------------------------------------------------------
+
+
+def pipeline_imports(path: Path) -> set[str]:
+    """`pipeline.*` and `stages.*` modules a file imports at run time (TYPE_CHECKING blocks excluded)."""
+    tree = ast.parse(path.read_text())
+    type_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+        for statement in block.body
+        for node in ast.walk(statement)
+    }
+    modules = set()
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("pipeline", "stages"):
+            modules.add(node.module)
+        elif isinstance(node, ast.Import):
+            modules |= {alias.name for alias in node.names if alias.name.split(".")[0] in ("pipeline", "stages")}
+    return modules
+
+
+def import_closure(script: str) -> set[str]:
+    """Source files (as dvc.yaml spells them) a stage script runs: itself and every pipeline module it reaches."""
+    seen: set[str] = set()
+    pending = [script]
+    while pending:
+        relative = pending.pop()
+        if relative in seen:
+            continue
+        seen.add(relative)
+        for module in pipeline_imports(REPO_ROOT / relative):
+            pending.append(module.replace(".", "/") + ".py")
+    return seen
+
+
+def stage_code_deps() -> dict[str, tuple[set[str], set[str]]]:
+    """Per stage: (its declared deps under pipeline/ and stages/, the import closure of its script)."""
+    stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
+    result = {}
+    for name, stage in stages.items():
+        module = stage["cmd"].split()[2]  # python -m stages.<name> ...
+        declared = {dep for dep in stage["deps"] if isinstance(dep, str) and dep.startswith(("pipeline/", "stages/"))}
+        result[name] = (declared, import_closure(module.replace(".", "/") + ".py"))
+    return result
+
+
+@pytest.mark.parametrize("stage", sorted(yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]))
+def test_dvc_yaml_code_deps_are_exactly_the_stage_import_closure(stage: str) -> None:
+    declared, closure = stage_code_deps()[stage]
+    assert not closure - declared, f"dvc.yaml stage {stage!r} lacks deps {sorted(closure - declared)}"
+    assert not declared - closure, f"dvc.yaml stage {stage!r} declares deps it never imports {sorted(declared - closure)}"
+
+
+def test_the_closure_follows_imports_through_modules() -> None:
+    closure = import_closure("stages/train.py")
+    assert "pipeline/hardware.py" in closure  # reached only through pipeline/runtime.py
+    assert "pipeline/tracking.py" in closure and "stages/train.py" in closure
+
+
+# --- TensorBoard files written without torch ------------------------------------------------------
+
+
+def test_event_writer_scalars_and_text_read_back_with_tensorboard(tmp_path: Path) -> None:
+    writer = EventWriter(tmp_path / "run")
+    for step, value in enumerate((0.5, 0.25, 0.125)):
+        writer.add_scalar("train/loss", value, step)
+    writer.add_text("report/markdown", "| a | b |\n| - | - |\n| 1 | 2 |")
+    writer.close()
+    events = EventAccumulator(str(tmp_path / "run"))
+    events.Reload()
+    assert [(s.step, s.value) for s in events.Scalars("train/loss")] == [(0, 0.5), (1, 0.25), (2, 0.125)]
+    (text,) = events.Tensors("report/markdown/text_summary")
+    assert text.tensor_proto.string_val[0].decode() == "| a | b |\n| - | - |\n| 1 | 2 |"
+    assert events.summary_metadata["report/markdown/text_summary"].plugin_data.plugin_name == "text"
+
+
+# --- one dvc repro is one tree of runs in MLflow ----------------------------------------------------
+
+
+def test_stage_runs_of_one_pipeline_run_share_a_parent_and_the_latest_is_current(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlflow import MlflowClient
+
+    from pipeline.config import TrackingConfig
+    from pipeline.tracking import open_tracker
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    (tmp_path / "params.yaml").write_text("train: {lr: 1.0}\n")
+    config = TrackingConfig(experiment="lineage", tensorboard_dir="runs")
+    run_ids = []
+    for stage in ("train", "report", "report"):
+        with open_tracker(stage, config, root=tmp_path) as tracker:
+            run_ids.append(tracker.run_id)
+    (tmp_path / "params.yaml").write_text("train: {lr: 0.5}\n")  # an edit: a new pipeline run
+    with open_tracker("train", config, root=tmp_path) as tracker:
+        run_ids.append(tracker.run_id)
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = {run_id: client.get_run(run_id) for run_id in run_ids}
+    parents = [runs[run_id].data.tags["mlflow.parentRunId"] for run_id in run_ids]
+    assert parents[0] == parents[1] == parents[2] != parents[3]
+    parent = client.get_run(parents[0])
+    assert parent.info.run_name.startswith("pipeline@") and parent.info.status == "FINISHED"
+    assert parent.data.tags["pipeline.commit"] == "none"  # tmp_path is no git repository
+    outputs = [client.get_run(run_id).data.tags["dvc.outputs"] for run_id in run_ids]
+    assert outputs == ["superseded", "superseded", "current", "current"]  # train rerun after the edit supersedes
+    assert "Train the lab CNN" in runs[run_ids[0]].data.tags["mlflow.note.content"]
+    experiment = client.get_experiment_by_name("lineage")
+    assert "one run per DVC stage" in experiment.tags["mlflow.note.content"]

@@ -1,0 +1,135 @@
+"""Step timing with torch.utils.benchmark.Timer: block length, stopping rule, threads, quiet import."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+
+from pipeline.timing import MIN_BLOCKS, device_clock, time_steps
+from tests.conftest import REPO_ROOT
+
+CPU = torch.device("cpu")
+
+
+class VirtualClock:
+    """A clock that only steps move: block times are exact whatever else the machine is doing.
+
+    The stopping rule and the block sizing are then tested deterministically; the wall-clock budget
+    still runs on real time.
+    """
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def step_taking(self, seconds: Callable[[], float]) -> Callable[[], None]:
+        def step() -> None:
+            self.now += seconds()
+
+        return step
+
+
+@pytest.fixture
+def two_threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_stops_as_soon_as_the_median_is_pinned_down(two_threads: None) -> None:
+    clock = VirtualClock()
+    threads_seen: set[int] = set()
+    advance = clock.step_taking(lambda: 200e-6)
+
+    def step() -> None:
+        threads_seen.add(torch.get_num_threads())
+        advance()
+
+    timing = time_steps(step, CPU, batch_size=4, ci_target_pct=2.0, time_budget_s=20.0, clock=clock)
+    estimate = timing.estimate
+    assert not estimate.noisy and estimate.ci_half_width_pct == pytest.approx(0.0, abs=1e-6)
+    assert timing.seconds < 10.0  # far inside the 20 s budget: it stopped on the target after one round
+    assert estimate.blocks >= MIN_BLOCKS and len(timing.blocks) == estimate.blocks
+    assert estimate.median_ms == pytest.approx(0.2)
+    # Blocks of >= 10 ms: 50 steps of 0.2 ms (Timer alone would have timed 1-step blocks of 0.2 ms).
+    assert {block.steps for block in timing.blocks} == {50} and timing.steps_per_block == 50
+    assert all(block.seconds == pytest.approx(0.010) for block in timing.blocks)
+    assert estimate.steps == 50 * estimate.blocks
+    # The stage's thread setting, not Timer's default of 1; and it is left as it was.
+    assert threads_seen == {2} and torch.get_num_threads() == 2
+    assert timing.conditions.threads == 2
+    assert {"step_time_ms_median", "step_time_ci_pct", "noisy", "machine_busy", "timing_s"} <= set(timing.metrics())
+
+
+def test_blocks_sized_on_a_stalled_probe_are_dropped_and_resized(two_threads: None) -> None:
+    """The first steps are 100x slower (another job held the CPUs): 1-step blocks, then the steps speed up."""
+    clock = VirtualClock()
+    calls = iter(range(10**9))
+    step = clock.step_taking(lambda: 0.020 if next(calls) < 6 else 0.0002)
+    timing = time_steps(step, CPU, batch_size=1, ci_target_pct=2.0, time_budget_s=20.0, clock=clock)
+    assert timing.estimate.median_ms == pytest.approx(0.2) and not timing.estimate.noisy
+    # Every kept block was measured after the re-sizing: >= 10 ms, none of the 1-step blocks is left.
+    assert all(block.steps >= 50 and block.seconds >= 0.00999 for block in timing.blocks)
+
+
+def test_budget_ends_a_measurement_that_cannot_reach_the_target(two_threads: None) -> None:
+    rng = random.Random(0)
+    clock = VirtualClock()
+    erratic_step = clock.step_taking(lambda: rng.lognormvariate(-7.0, 0.8))  # ~1 ms, never pinned to 0.01 %
+    started = time.perf_counter()
+    timing = time_steps(erratic_step, CPU, batch_size=1, ci_target_pct=0.01, time_budget_s=1.5, clock=clock)
+    elapsed = time.perf_counter() - started
+    assert timing.estimate.noisy and timing.metrics()["noisy"] == 1.0
+    assert 1.2 <= elapsed < 3.0  # the wall-clock budget: it stops when under two blocks are left, overshoots little
+    assert timing.estimate.blocks > MIN_BLOCKS and timing.estimate.ci_half_width_pct < 100
+
+
+def test_real_steps_are_timed_with_the_real_clock(two_threads: None) -> None:
+    """A real tensor step end to end (no virtual clock): many steps per block, blocks of about 10 ms or more.
+
+    Sized from the fastest probe block, a block can come out shorter when the machine speeds up after the
+    probe (another job ends), so on a shared machine only the typical block is checked here.
+    """
+    weights = torch.randn(32, 32)  # microseconds: many steps fit a block even on a loaded machine
+    timing = time_steps(lambda: weights @ weights, CPU, batch_size=1, ci_target_pct=50.0, time_budget_s=1.0)
+    assert timing.steps_per_block > 1
+    assert statistics.median(block.seconds for block in timing.blocks) >= 0.005
+    assert timing.estimate.median_ms > 0 and timing.estimate.blocks == len(timing.blocks) >= 1
+
+
+def test_device_clock_waits_for_queued_gpu_work() -> None:
+    assert device_clock(CPU)() <= device_clock(CPU)()
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU here")
+    device = torch.device("cuda")
+    clock: Callable[[], float] = device_clock(device)
+    big = torch.randn(4096, 4096, device=device)
+    torch.cuda.synchronize(device)
+    started = clock()
+    for _ in range(20):
+        big @ big
+    assert clock() - started > 1e-3  # 20 4096^3 matmuls were waited for, not just launched
+
+
+def test_importing_the_timer_prints_nothing() -> None:
+    """torch.utils.benchmark imports cpp_extension, which logs about CUDA_HOME on toolkit-without-GPU machines."""
+    result = subprocess.run(
+        [sys.executable, "-c", "import pipeline.timing"],
+        check=False,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "" and result.stdout == ""

@@ -1,0 +1,172 @@
+"""Timing statistics on synthetic timings from known distributions, and the measurement conditions."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from pathlib import Path
+
+import pytest
+from scipy.stats import binom  # type: ignore[import-untyped]  # no stubs; an independent oracle
+
+from pipeline.timing_statistics import (
+    GOVERNOR_NOT_EXPOSED,
+    NOISY_ADVICE,
+    Block,
+    Interval,
+    MeasurementConditions,
+    available_cores,
+    cpu_governor,
+    cpu_pressure,
+    estimate_from_metrics,
+    estimate_step_time,
+    load_average,
+    measurement_conditions,
+    median_interval,
+    ratio,
+)
+
+
+def _lognormal_blocks(rng: random.Random, n: int, median_ms: float, sigma: float, steps: int = 1) -> list[Block]:
+    """`n` blocks whose per-step time is lognormal with the given median (exp(mu)) and log-spread."""
+    mu = math.log(median_ms)
+    return [Block(steps, steps * rng.lognormvariate(mu, sigma) / 1000) for _ in range(n)]
+
+
+@pytest.mark.parametrize("n", [6, 7, 10, 20, 50, 101, 1000])
+def test_median_interval_uses_the_exact_binomial_order_statistics(n: int) -> None:
+    values = [float(v) for v in range(n)]
+    low, high = median_interval(values) or (None, None)
+    # The largest j with P(Binomial(n, 1/2) <= j - 1) <= 2.5 %, from scipy as an independent oracle.
+    j = max(k for k in range(1, n // 2 + 1) if binom.cdf(k - 1, n, 0.5) <= 0.025)
+    assert (low, high) == (values[j - 1], values[n - j])
+    assert 1 - 2 * binom.cdf(j - 1, n, 0.5) >= 0.95
+
+
+def test_median_interval_needs_six_values_at_95_percent() -> None:
+    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) is None  # [min, max] of 5 covers only 93.75 %
+    assert median_interval([5.0, 1.0, 4.0, 2.0, 6.0, 3.0]) == (1.0, 6.0)  # unsorted input is fine
+    with pytest.raises(ValueError, match="confidence"):
+        median_interval([1.0] * 10, confidence=1.0)
+
+
+@pytest.mark.parametrize(("n", "sigma"), [(20, 0.3), (60, 0.1), (200, 0.5)])
+def test_interval_covers_the_true_median_at_about_the_nominal_rate(n: int, sigma: float) -> None:
+    """Skewed (lognormal) block times with a known median: the 95 % interval covers it ~95-98 % of the time."""
+    true_median = 7.0
+    trials = 1500
+    covered = 0
+    for seed in range(trials):
+        estimate = estimate_step_time(_lognormal_blocks(random.Random(seed), n, true_median, sigma), 64, 2.0)
+        covered += estimate.ci_low_ms <= true_median <= estimate.ci_high_ms
+    j = max(k for k in range(1, n // 2 + 1) if binom.cdf(k - 1, n, 0.5) <= 0.025)
+    exact = 1 - 2 * binom.cdf(j - 1, n, 0.5)  # what order statistics guarantee for continuous iid data
+    standard_error = math.sqrt(exact * (1 - exact) / trials)
+    assert abs(covered / trials - exact) < 4 * standard_error, (covered / trials, exact)
+    assert covered / trials > 0.94
+
+
+def test_noisy_flag_fires_exactly_when_the_interval_misses_the_target() -> None:
+    rng = random.Random(1)
+    tight = estimate_step_time(_lognormal_blocks(rng, 400, 5.0, 0.05), 16, 2.0)
+    assert tight.ci_half_width_pct < 2.0 and not tight.noisy and tight.metrics()["noisy"] == 0.0
+    wide = estimate_step_time(_lognormal_blocks(rng, 30, 5.0, 0.5), 16, 2.0)
+    assert wide.ci_half_width_pct > 2.0 and wide.noisy and wide.metrics()["noisy"] == 1.0
+    # The same blocks pass a looser target: the flag is about the target, not the data alone.
+    assert not estimate_step_time(_lognormal_blocks(random.Random(1), 30, 5.0, 0.5), 16, 50.0).noisy
+    # The interval narrows with more blocks (~1/sqrt(n)): 16x the blocks, about a quarter of the width.
+    few = estimate_step_time(_lognormal_blocks(random.Random(2), 100, 5.0, 0.2), 16, 2.0)
+    many = estimate_step_time(_lognormal_blocks(random.Random(2), 1600, 5.0, 0.2), 16, 2.0)
+    assert 0.15 < many.ci_half_width_pct / few.ci_half_width_pct < 0.4
+
+
+def test_too_few_blocks_give_a_finite_plus_minus_100_percent_interval_and_a_flag() -> None:
+    estimate = estimate_step_time([Block(1, 0.010), Block(1, 0.012), Block(1, 0.011)], 1, 50.0)
+    assert estimate.ci_low_ms == 0.0 and estimate.ci_high_ms == pytest.approx(22.0)
+    assert estimate.ci_half_width_pct == pytest.approx(100.0) and estimate.noisy
+    assert all(math.isfinite(value) for value in estimate.metrics().values())
+
+
+def test_estimate_fields_from_known_blocks() -> None:
+    # Per-step times 1..9 ms in blocks of 4 steps: median 5, inclusive quartiles 3 and 7.
+    blocks = [Block(4, 4 * ms / 1000) for ms in (9, 1, 8, 2, 7, 3, 6, 4, 5)]
+    estimate = estimate_step_time(blocks, 8, 2.0)
+    metrics = estimate.metrics()
+    assert metrics["step_time_ms_median"] == pytest.approx(5.0)
+    assert metrics["step_time_ms_iqr"] == pytest.approx(4.0)
+    assert metrics["step_time_ms_ci_low"] == pytest.approx(2.0) and metrics["step_time_ms_ci_high"] == pytest.approx(
+        8.0
+    )
+    assert metrics["step_time_ci_pct"] == pytest.approx(60.0)  # the larger side: (8 - 5) / 5
+    assert metrics["steps_measured"] == 36 and metrics["blocks_measured"] == 9
+    assert metrics["per_sample_ms"] == pytest.approx(5.0 / 8)
+    assert metrics["throughput_samples_per_s"] == pytest.approx(1600.0)
+    assert estimate.per_sample.low == pytest.approx(2.0 / 8)
+    rebuilt = estimate_from_metrics(metrics, 8, 2.0)
+    assert rebuilt == estimate
+    with pytest.raises(ValueError, match="no timed blocks"):
+        estimate_step_time([], 8, 2.0)
+
+
+def test_ratio_interval_and_no_measurable_difference_wording() -> None:
+    cpu, gpu = Interval(10.0, 9.5, 10.5), Interval(2.0, 1.9, 2.1)
+    speedup = ratio(cpu, gpu)
+    assert speedup.value == 5.0
+    assert speedup.low == pytest.approx(9.5 / 2.1) and speedup.high == pytest.approx(10.5 / 1.9)
+    assert speedup.measurable and speedup.describe() == "5.00x (4.52-5.53x)"
+    close = ratio(Interval(10.0, 9.6, 10.4), Interval(10.2, 10.0, 10.5))
+    assert not close.measurable
+    assert close.describe() == "no measurable difference (0.91-1.04x)"
+    unbounded = ratio(Interval(10.0, 0.0, 20.0), gpu)  # too few blocks on one side
+    assert not unbounded.measurable and "too few timed blocks" in unbounded.describe()
+
+
+def test_ratio_is_measurable_exactly_when_the_intervals_do_not_overlap() -> None:
+    rng = random.Random(3)
+    for _ in range(2000):
+        a_low, b_low = rng.uniform(1, 3), rng.uniform(1, 3)
+        a = Interval(a_low + 0.1, a_low, a_low + rng.uniform(0.2, 1))
+        b = Interval(b_low + 0.1, b_low, b_low + rng.uniform(0.2, 1))
+        assert ratio(a, b).measurable == (not a.overlaps(b))
+        assert ratio(a, b).low <= a.value / b.value <= ratio(a, b).high
+
+
+def test_per_sample_ratio_batch_1_vs_64_scales_the_intervals() -> None:
+    batch_1 = estimate_step_time(_lognormal_blocks(random.Random(4), 200, 0.5, 0.05), 1, 2.0)
+    batch_64 = estimate_step_time(_lognormal_blocks(random.Random(5), 200, 8.0, 0.05), 64, 2.0)
+    cheaper = ratio(batch_1.per_sample, batch_64.per_sample)
+    assert cheaper.value == pytest.approx((0.5 / 1) / (8.0 / 64), rel=0.05)  # ~4x cheaper per sample at 64
+    assert cheaper.measurable and cheaper.low < cheaper.value < cheaper.high
+
+
+def test_conditions_are_read_on_this_machine() -> None:
+    conditions = measurement_conditions(load_average(), threads=2)
+    assert conditions.load_average_before >= 0 and conditions.load_average_after >= 0
+    assert conditions.cores == available_cores() == len(os.sched_getaffinity(0))
+    assert conditions.threads == 2
+    governor = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
+    assert conditions.cpu_governor == (governor.read_text().strip() if governor.exists() else GOVERNOR_NOT_EXPOSED)
+    pressure = Path("/proc/pressure/cpu")
+    assert (cpu_pressure() is None) == (not pressure.exists())
+
+
+def test_governor_and_pressure_files_are_parsed_and_absence_is_none(tmp_path: Path) -> None:
+    governor = tmp_path / "scaling_governor"
+    governor.write_text("performance\n")
+    assert cpu_governor(governor) == "performance"
+    assert cpu_governor(tmp_path / "absent") is None
+    pressure = tmp_path / "cpu"
+    pressure.write_text("some avg10=12.50 avg60=3.00 avg300=1.00 total=9874533\nfull avg10=0.00 avg60=0.00\n")
+    assert cpu_pressure(pressure) == 12.5
+    assert cpu_pressure(tmp_path / "absent") is None
+
+
+def test_busy_flag_and_warning_when_load_exceeds_the_cores() -> None:
+    quiet = MeasurementConditions(1.2, 1.9, cores=2, threads=2, cpu_governor=GOVERNOR_NOT_EXPOSED)
+    assert not quiet.busy and quiet.warning() is None and quiet.metrics()["machine_busy"] == 0.0
+    busy = MeasurementConditions(1.5, 3.1, cores=2, threads=2, cpu_governor="performance")
+    assert busy.busy and busy.metrics()["machine_busy"] == 1.0
+    warning = busy.warning()
+    assert warning is not None and "load average 1.50 before, 3.10 after, on 2 cores" in warning
+    assert "rerun on a quiet machine" in warning and "rerun on a quiet machine" in NOISY_ADVICE
