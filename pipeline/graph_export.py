@@ -6,6 +6,7 @@ PyTorch model on real images at every batch size in `graph.check_batch_sizes`.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,8 +116,9 @@ def check_onnx(onnx_path: Path, model: LabNet, images: torch.Tensor, batch_sizes
             (outputs,) = session.run(None, {input_name: batch_images.numpy()})
             difference = float((torch.from_numpy(outputs) - model(batch_images)).abs().max())
             checks.append(ParityCheck("onnxruntime", batch, difference))
-    worst = max(checks, key=lambda check: check.max_abs_difference)
-    if worst.max_abs_difference > atol:
+    # `not <=`, not `>`: a NaN difference compares false with everything and must fail, not pass.
+    worst = max(checks, key=lambda check: check.max_abs_difference if check.max_abs_difference <= atol else math.inf)
+    if not worst.max_abs_difference <= atol:
         raise PipelineError(
             f"ONNX Runtime output differs from PyTorch by {worst.max_abs_difference:.3g} at batch size "
             f"{worst.batch_size}, more than `graph.parity_atol` = {atol:g}. Check the exporter and opset "

@@ -253,12 +253,12 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
 
 
 def parse_combination(arguments: list[str]) -> Combination:
-    """The profile stage's command-line item (`BATCH DEVICE MODE`, from DVC's matrix) as a Combination.
+    """The profile stage's command-line item (`BATCH DEVICE MODE`, a direct run) as a Combination.
 
     A plain check instead of argparse: a bad value gets the same one-paragraph error naming the
     params.yaml key as every other param mistake, not argparse's usage text.
     """
-    usage = "usage: python -m stages.profile BATCH_SIZE DEVICE MODE (DVC passes them from params.yaml's `profile`)"
+    usage = "usage: python -m stages.profile BATCH_SIZE DEVICE MODE (DVC runs it without them: pipeline/matrix.py)"
     if len(arguments) != 3:
         raise PipelineError(f"expected 3 arguments, got {len(arguments)}; {usage}.")
     batch, device, mode = arguments

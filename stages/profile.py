@@ -1,9 +1,10 @@
 """DVC stage `profile@<batch>-<device>-<mode>`: time and profile one combination of the matrix.
 
-    python -m stages.profile BATCH_SIZE DEVICE MODE
+    python -m stages.profile                         # under DVC: the combination is the stage's name
+    python -m stages.profile BATCH_SIZE DEVICE MODE  # a direct run
 
-The three arguments are the matrix item DVC expands from `profile.batch_sizes`, `profile.devices`
-and `profile.modes` in params.yaml; every other setting comes from params.yaml as usual.
+DVC's command line holds no matrix value (see pipeline/matrix.py); every other setting comes from
+params.yaml as usual.
 """
 
 import sys
@@ -11,16 +12,16 @@ import sys
 from pipeline.atomic import AtomicOutputs
 from pipeline.cli import run_stage
 from pipeline.config import load_params
+from pipeline.matrix import stage_combination
 from pipeline.paths import DATA_ROOT, MODEL_CHECKPOINT, profile_outputs
 from pipeline.profile_artifacts import log_profile, write_profile_outputs
-from pipeline.profile_record import parse_combination
 from pipeline.profiling import measurement_warnings, prepare_profile, run_parameters, run_profile
 from pipeline.tracking import open_tracker
 
 
 def main() -> None:
-    combination = parse_combination(sys.argv[1:])
     params = load_params()
+    combination = stage_combination(params.profile, sys.argv[1:])
     config = params.profile
     setup = prepare_profile(combination, config, MODEL_CHECKPOINT, DATA_ROOT)
     paths = profile_outputs(combination.name)

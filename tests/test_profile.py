@@ -194,7 +194,7 @@ def test_adding_a_batch_size_runs_only_the_new_combinations(profiled: Path, run_
     result = run_in(profiled, "dvc", "repro", "profile")
     assert result.returncode == 0, result.stderr[-3000:]
     ran = set(re.findall(r"Running stage '([^']+)'", result.stdout))
-    assert ran == {"hardware", "profile@32-cpu-inference", "profile@32-cpu-train"}
+    assert ran == {"validate", "hardware", "profile@32-cpu-inference", "profile@32-cpu-train"}
 
 
 @pytest.mark.slow

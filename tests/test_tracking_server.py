@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
+import json
+import os
+import socket
 import subprocess
 import sys
 import threading
@@ -16,7 +20,7 @@ import pytest
 from mlflow import MlflowClient
 
 from pipeline.data import MNIST_SHA256, dataset_digest
-from tests.helpers import closed_port, running_mlflow_server
+from tests.helpers import REPO_ROOT, closed_port, running_mlflow_server
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +57,7 @@ def test_unreachable_server_fails_fast_with_the_fix(project_copy: Path, run_in: 
 
 
 class _Failing(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:
         self.send_response(503)
         self.end_headers()
 
@@ -75,3 +79,116 @@ def test_failing_server_is_reported_not_retried_for_minutes(project_copy: Path, 
     assert result.returncode == 2
     assert f"MLflow tracking server {uri} answered HTTP 503 on /health" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# ---------------------------------------------------------------- issue 17: credentials, a server that dies or stalls
+
+PROBE = """
+import sys
+from pipeline.cli import run_stage
+from pipeline.config import TrackingConfig
+from pipeline.tracking import open_tracker
+
+def main() -> None:
+    with open_tracker("probe", TrackingConfig(experiment="server-faults", tensorboard_dir="runs")) as tracker:
+        tracker.log_metrics({"x": 1.0})
+        print(tracker.run_id, flush=True)
+        sys.stdin.readline()  # the test breaks the connection to the server here
+        tracker.log_metrics({"x": 2.0})
+
+run_stage("probe", main)
+"""
+
+
+class _Proxy:
+    """A TCP relay in front of the real server that can stop answering: `down()` refuses and drops every
+    connection (a dead server), `stall()` accepts and never answers (a hung one)."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.removeprefix("http://").split(":")
+        self.upstream = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.uri = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.mode = "forward"
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed by down()
+            self.sockets.append(client)
+            if self.mode == "forward":
+                server = socket.create_connection(self.upstream)
+                self.sockets.append(server)
+                for source, target in ((client, server), (server, client)):
+                    threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
+
+    def _pump(self, source: socket.socket, target: socket.socket) -> None:
+        try:
+            while self.mode == "forward" and (data := source.recv(65536)):
+                target.sendall(data)
+        except OSError:
+            pass
+
+    def down(self) -> None:
+        self.mode = "down"
+        self.listener.close()
+        for connection in self.sockets:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+                connection.close()
+
+    def stall(self) -> None:
+        self.mode = "stall"  # existing relays stop forwarding; new connections are accepted and ignored
+
+
+def _probe(uri: str, cwd: Path, extra: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")}
+    environment.update(
+        {"MLFLOW_TRACKING_URI": uri, "MLFLOW_HTTP_REQUEST_TIMEOUT": "3", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "PYTHONPATH": str(REPO_ROOT)}
+    )
+    environment.update(extra or {})
+    return subprocess.Popen(
+        [sys.executable, "-c", PROBE], cwd=cwd, env=environment, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+@pytest.mark.parametrize("fault", ["down", "stall"])
+def test_server_failing_mid_stage_is_reported_and_its_run_marked_failed_later(
+    mlflow_server: str, tmp_path: Path, fault: str
+) -> None:
+    proxy = _Proxy(mlflow_server)
+    process = _probe(proxy.uri, tmp_path)
+    assert process.stdout is not None and process.stdin is not None
+    run_id = process.stdout.readline().strip()
+    assert run_id, process.communicate(timeout=60)[1][-3000:]
+    getattr(proxy, fault)()
+    _, stderr = process.communicate("\n", timeout=120)
+    if fault == "stall":
+        proxy.down()
+    assert process.returncode == 2, stderr[-3000:]
+    assert f"MLflow tracking store {proxy.uri} failed during the stage" in stderr and "No outputs were written" in stderr
+    assert f"Its MLflow run {run_id} could not be ended" in stderr and "marks it FAILED" in stderr
+    assert "Traceback" not in stderr
+    client = MlflowClient(mlflow_server)
+    assert client.get_run(run_id).info.status == "RUNNING"  # the store was unreachable at the end
+
+    again = _probe(mlflow_server, tmp_path)  # the next stage, with the server reachable again
+    _, stderr = again.communicate("\n", timeout=120)
+    assert again.returncode == 0, stderr[-3000:]
+    assert client.get_run(run_id).info.status == "FAILED"
+    assert "ended without closing the run" in client.get_run(run_id).data.tags["pipeline.ended_by"]
+
+
+def test_password_in_tracking_uri_is_sent_as_basic_auth_and_never_shown(mlflow_server: str, tmp_path: Path) -> None:
+    uri = mlflow_server.replace("http://", "http://alice:hunter2@")
+    process = _probe(uri, tmp_path)
+    stdout, stderr = process.communicate("\n", timeout=120)
+    assert process.returncode == 0, stderr[-3000:]
+    assert "hunter2" not in stdout + stderr
+    run = MlflowClient(mlflow_server).get_run(stdout.splitlines()[0].strip())  # then MLflow's "View run" lines
+    assert run.info.status == "FINISHED"
+    assert "hunter2" not in json.dumps([run.data.params, run.data.tags, run.info.artifact_uri])
