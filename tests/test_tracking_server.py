@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -148,11 +147,22 @@ class _Proxy:
 def _probe(uri: str, cwd: Path, extra: dict[str, str] | None = None) -> subprocess.Popen[str]:
     environment = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")}
     environment.update(
-        {"MLFLOW_TRACKING_URI": uri, "MLFLOW_HTTP_REQUEST_TIMEOUT": "3", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "PYTHONPATH": str(REPO_ROOT)}
+        {
+            "MLFLOW_TRACKING_URI": uri,
+            "MLFLOW_HTTP_REQUEST_TIMEOUT": "3",
+            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+            "PYTHONPATH": str(REPO_ROOT),
+        }
     )
     environment.update(extra or {})
     return subprocess.Popen(
-        [sys.executable, "-c", PROBE], cwd=cwd, env=environment, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", PROBE],
+        cwd=cwd,
+        env=environment,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -170,7 +180,9 @@ def test_server_failing_mid_stage_is_reported_and_its_run_marked_failed_later(
     if fault == "stall":
         proxy.down()
     assert process.returncode == 2, stderr[-3000:]
-    assert f"MLflow tracking store {proxy.uri} failed during the stage" in stderr and "No outputs were written" in stderr
+    assert (
+        f"MLflow tracking store {proxy.uri} failed during the stage" in stderr and "No outputs were written" in stderr
+    )
     assert f"Its MLflow run {run_id} could not be ended" in stderr and "marks it FAILED" in stderr
     assert "Traceback" not in stderr
     client = MlflowClient(mlflow_server)
