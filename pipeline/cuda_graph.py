@@ -26,6 +26,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from pipeline.steps import inference_step
+
 # Eager steps per input shape before capture: the PyTorch docs' whole-network example uses 3.
 WARMUP_STEPS = 3
 
@@ -139,13 +141,7 @@ def make_graphable_step(
     """The profile stage's step (pipeline.profiling.make_step) in a form that can be captured: the same
     forward, loss, backward and Adadelta update, with a capturable optimizer reading a device lr."""
     if mode == "inference":
-        model.eval()
-
-        def inference_step() -> None:
-            with torch.inference_mode():
-                model(images)
-
-        return inference_step
+        return inference_step(model, images)  # nothing to make capturable: no optimizer state
     model.train()
     optimizer = capturable_adadelta(model, lr)
     graph_lr = GraphLearningRate(optimizer, images.device)

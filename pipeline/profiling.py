@@ -45,6 +45,7 @@ from pipeline.profile_record import (
     flop_rate,
 )
 from pipeline.runtime import hardware_description, select_device
+from pipeline.steps import inference_step
 from pipeline.timing import StepTiming, time_steps
 from pipeline.timing_statistics import NOISY_ADVICE
 from pipeline.trace_analysis import TraceAnalysis, analyse_trace, read_trace
@@ -91,13 +92,7 @@ def make_step(
 ) -> Callable[[], None]:
     """One inference forward (eval, no autograd) or one training step (forward, backward, Adadelta at `lr`)."""
     if mode == "inference":
-        model.eval()
-
-        def inference_step() -> None:
-            with torch.inference_mode():
-                model(images)
-
-        return inference_step
+        return inference_step(model, images)
     model.train()
     optimizer = torch.optim.Adadelta(model.parameters(), lr=lr)  # the lab's optimizer: its update is profiled too
 

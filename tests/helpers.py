@@ -165,8 +165,8 @@ def tiny_params(params: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def reproduced_copy(target: Path, mnist_mirror: Path, stage: str) -> Path:
-    """A fresh project copy with quick params, after a successful `dvc repro <stage>`."""
+def copy_without_outputs(target: Path) -> Path:
+    """A fresh project copy without the committed outputs, so no stale file can pass for a new one."""
     project = copy_project(target)
     for relative in TRACKED_OUTPUTS:
         path = project / relative
@@ -174,6 +174,30 @@ def reproduced_copy(target: Path, mnist_mirror: Path, stage: str) -> Path:
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
+    return project
+
+
+def started_training(project: Path, mnist_mirror: Path) -> subprocess.Popen[str]:
+    """The train stage of `project`, returned once its batch progress bar shows that training has started."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "stages.train"],
+        cwd=project,
+        env=stage_environment(mnist_mirror),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stderr is not None
+    seen = ""
+    while "epoch 1:" not in seen:
+        chunk = process.stderr.read(64)
+        assert chunk, f"stage ended before training started: {seen[-2000:]}"
+        seen += chunk
+    return process
+
+
+def reproduced_copy(target: Path, mnist_mirror: Path, stage: str) -> Path:
+    """A fresh project copy with quick params, after a successful `dvc repro <stage>`."""
+    project = copy_without_outputs(target)
     write_params(project, tiny_params(read_params(project)))
     result = run_command(["dvc", "repro", stage], project, stage_environment(mnist_mirror))
     assert result.returncode == 0, result.stderr[-3000:]

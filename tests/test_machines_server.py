@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +18,7 @@ from pipeline.hardware import machine_fingerprint
 from pipeline.machine_identity import ID_TAG, NAME_TAG, identity_tags
 from pipeline.timing_statistics import Interval, ratio
 from tests.helpers import (
-    TRACKED_OUTPUTS,
-    copy_project,
+    copy_without_outputs,
     read_params,
     run_command,
     running_mlflow_server,
@@ -43,13 +41,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def two_machines(server: str, tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> dict[str, Any]:
     """This machine profiles batch 1 and 64 inference on the CPU through the real stages (same warm-up and
     timed steps as the H100 reference); then the H100's results are logged for the same checkpoint."""
-    project = copy_project(tmp_path_factory.mktemp("here") / "project")
-    for relative in TRACKED_OUTPUTS:
-        path = project / relative
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
+    project = copy_without_outputs(tmp_path_factory.mktemp("here") / "project")
     params = tiny_params(read_params(project))
     params["profile"].update(batch_sizes=[1, 64], modes=["inference"], warmup_steps=10, active_steps=30)
     write_params(project, params)

@@ -8,7 +8,6 @@ RUNNING is marked FAILED by the next stage started on this machine, once its pro
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from tests.helpers import (
     read_params,
     run_command,
     stage_environment,
+    started_training,
     write_params,
 )
 
@@ -63,27 +63,9 @@ def _train_runs(project: Path) -> list[Any]:
     return client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'train'")
 
 
-def _training(project: Path, mnist_mirror: Path) -> subprocess.Popen[str]:
-    """The train stage, returned once its batch progress bar shows that training has started."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "stages.train"],
-        cwd=project,
-        env=stage_environment(mnist_mirror),
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stderr is not None
-    seen = ""
-    while "epoch 1:" not in seen:
-        chunk = process.stderr.read(64)
-        assert chunk, f"stage ended before training started: {seen[-2000:]}"
-        seen += chunk
-    return process
-
-
 def test_sigterm_mid_training_ends_like_ctrl_c(downloaded: Path, mnist_mirror: Path) -> None:
     runs_before = len(_train_runs(downloaded)) if (downloaded / "mlflow.db").exists() else 0
-    process = _training(downloaded, mnist_mirror)
+    process = started_training(downloaded, mnist_mirror)
     process.send_signal(signal.SIGTERM)
     rest = process.communicate(timeout=120)[1]
     assert process.returncode == 143, rest[-2000:]
@@ -97,7 +79,7 @@ def test_sigterm_mid_training_ends_like_ctrl_c(downloaded: Path, mnist_mirror: P
 
 
 def test_sigkill_leaves_a_running_run_that_the_next_stage_marks_failed(downloaded: Path, mnist_mirror: Path) -> None:
-    process = _training(downloaded, mnist_mirror)
+    process = started_training(downloaded, mnist_mirror)
     process.kill()
     process.wait(timeout=60)
     (killed,) = [run for run in _train_runs(downloaded) if run.info.status == "RUNNING"]

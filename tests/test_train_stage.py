@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from pipeline.checkpoint import load_checkpoint
 from pipeline.data import MNIST_SHA256, dataset_digest, load_split
 from pipeline.training import evaluate, to_device_data
-from tests.helpers import read_params, reproduced_copy, stage_environment, write_params
+from tests.helpers import read_params, reproduced_copy, started_training, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -139,19 +138,7 @@ def test_ctrl_c_mid_training_writes_nothing_and_marks_the_run_killed(
     write_params(trained, params)
     for relative in OUTPUTS:
         (trained / relative).unlink(missing_ok=True)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "stages.train"],
-        cwd=trained,
-        env=stage_environment(mnist_mirror),
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stderr is not None
-    seen = ""
-    while "epoch 1:" not in seen:  # the batch progress bar: training has started
-        chunk = process.stderr.read(64)
-        assert chunk, f"stage ended before training started: {seen[-2000:]}"
-        seen += chunk
+    process = started_training(trained, mnist_mirror)
     process.send_signal(signal.SIGINT)
     rest = process.communicate(timeout=60)[1]
     assert process.returncode == 130
