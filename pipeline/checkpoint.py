@@ -6,6 +6,7 @@ arbitrary unpickling) reads them, and a later stage rebuilds the model from the 
 
 from __future__ import annotations
 
+import hashlib
 import math
 import pickle
 import shutil
@@ -70,6 +71,15 @@ def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
             f"could not write the checkpoint {path} ({reason}); {free / 2**20:.1f} MiB are free on its file system. "
             f"Free space (or fix permissions) in {folder}/ and run again. Nothing was written."
         ) from None
+
+
+def checkpoint_digest(path: Path) -> str:
+    """SHA-256 of the checkpoint file: the model's identity across machines (tag `model.digest`).
+
+    The bytes are reproducible for the same params, data and CPU, and identical wherever the file
+    came from through `dvc pull`, so equal digests mean the very same weights were profiled.
+    """
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 @dataclass(frozen=True)

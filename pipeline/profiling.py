@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from pipeline.checkpoint import load_checkpoint
+from pipeline.checkpoint import checkpoint_digest, load_checkpoint
 from pipeline.config import ProfileConfig, ProfileMode
 from pipeline.cuda_graph import make_graphable_step, time_graph_replays
 from pipeline.data import load_split
@@ -270,6 +270,7 @@ class ProfileSetup:
     settings: ProfileSettings
     data_digest: str
     flops_per_sample: float  # the model's forward FLOPs (inference) or forward + backward FLOPs (train)
+    model_digest: str  # SHA-256 of the checkpoint file: which weights were profiled, on any machine
     graph_step: Callable[[], None] | None = None  # cuda: the same step, capturable, on a copy of the model
 
 
@@ -310,6 +311,7 @@ def prepare_profile(combination: Combination, config: ProfileConfig, checkpoint_
         flops_per_sample=float(
             summary.forward_flops_per_sample if combination.mode == "inference" else summary.training_flops_per_sample
         ),
+        model_digest=checkpoint_digest(checkpoint_path),
         graph_step=(
             make_graphable_step(copy.deepcopy(model), combination.mode, images, labels, lr) if device.type == "cuda" else None
         ),

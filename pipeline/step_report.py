@@ -246,10 +246,10 @@ def _flop_rate_sentence(device: str, mode: str, first: StepFacts, last: StepFact
         return sentence + ": far below the ceiling."
     if last.anatomy.verdict == "host-bound":
         return sentence + ": far below the ceiling because the device waits for the host (see the anatomy)."
+    light = "element-wise, pooling and optimizer" if mode == "train" else "element-wise and pooling"
     return (
-        sentence + ": far below the ceiling although the step is spent inside operators: element-wise, pooling "
-        "and optimizer operators do little arithmetic per byte they move, and matrices this small keep the "
-        "matrix units from full speed."
+        sentence + f": far below the ceiling although the step is spent inside operators: {light} operators do "
+        "little arithmetic per byte they move, and matrices this small keep the matrix units from full speed."
     )
 
 

@@ -27,6 +27,7 @@ from pipeline.config import TrackingConfig
 from pipeline.credentials import basic_auth_header, redact, split_user_info
 from pipeline.errors import PipelineError
 from pipeline.lineage import current_pipeline_run, mark_current, parent_run_id
+from pipeline.machine_identity import ID_TAG, machine_tags
 from pipeline.processes import host_name, identity_alive, process_identity
 from pipeline.tensorboard_events import EventWriter
 
@@ -384,7 +385,8 @@ def open_tracker(
     TensorBoard folder `<stage>/<variant>-<time>-<run id>`, one per combination.
 
     The run is also the active fluent run while open, for the MLflow APIs that only exist in fluent
-    form (`mlflow.log_input`, `mlflow.pytorch.log_model`).
+    form (`mlflow.log_input`, `mlflow.pytorch.log_model`). Every run is tagged with its stage, its DVC
+    experiment (if any) and the machine it ran on (`machine.name`, `machine.id`).
     """
     import mlflow
     from mlflow import MlflowClient
@@ -395,6 +397,7 @@ def open_tracker(
     if os.environ.get("MLFLOW_TRACKING_URI", "").strip():
         os.environ["MLFLOW_TRACKING_URI"] = uri  # MLflow code reading the variable sees no password either
     check_tracking_server(uri)
+    machine = machine_tags()
     try:
         experiment_id = prepare_experiment(uri, config.experiment, root)
         client = MlflowClient(uri)
@@ -402,7 +405,7 @@ def open_tracker(
         mark_stale_runs(client, experiment_id)
         mlflow.set_tracking_uri(uri)
         run_name = f"{stage}@{variant}" if variant else stage
-        pipeline = current_pipeline_run(root)
+        pipeline = current_pipeline_run(root, machine)
         tags = {"stage": stage, **pipeline.tags(), **process_tags(), **_dvc_experiment_tags()}
         if stage in STAGE_DESCRIPTIONS:
             tags["mlflow.note.content"] = STAGE_DESCRIPTIONS[stage]
@@ -441,7 +444,7 @@ def open_tracker(
         tracker.close()
         try:
             if status == "FINISHED":
-                mark_current(client, experiment_id, run_id, run_name)
+                mark_current(client, experiment_id, run_id, run_name, machine[ID_TAG])
             mlflow.end_run(status=status)
         except mlflow.exceptions.MlflowException as error:
             # The run stays RUNNING in the store; the next stage started on this machine marks it

@@ -1,7 +1,7 @@
 """DVC stage `train`: train the lab CNN on in-memory MNIST, log it, write checkpoint + metrics atomically."""
 
 from pipeline.atomic import AtomicOutputs
-from pipeline.checkpoint import checkpoint_payload, save_checkpoint
+from pipeline.checkpoint import checkpoint_digest, checkpoint_payload, save_checkpoint
 from pipeline.cli import run_stage
 from pipeline.config import load_params, section_as_dict
 from pipeline.data import load_split, read_manifest
@@ -44,7 +44,9 @@ def main() -> None:
 
         metrics = quality_metrics(result)
         payload = checkpoint_payload(result.model, train_params, data_digest, runtime_record, metrics)
-        save_checkpoint(payload, outputs.staged(MODEL_CHECKPOINT))
+        checkpoint = outputs.staged(MODEL_CHECKPOINT)
+        save_checkpoint(payload, checkpoint)
+        tracker.set_tags({"model.digest": checkpoint_digest(checkpoint)})  # the profile runs of it carry the same tag
         outputs.write_json(TRAIN_METRICS, metrics)
         outputs.write_json(TRAIN_SPEED, speed_metrics(result))
         outputs.write_text(TRAIN_STEPS_PLOT, records_csv(StepRecord, result.steps))
