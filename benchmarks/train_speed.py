@@ -71,7 +71,13 @@ def reference_epoch(model_config, samples: int, seed: int, device: torch.device 
 
 
 def pipeline_epoch(
-    train_config, samples: int, precision: str, tracked: bool, seed: int, device: torch.device = CPU, execution: str = "eager"
+    train_config,
+    samples: int,
+    precision: str,
+    tracked: bool,
+    seed: int,
+    device: torch.device = CPU,
+    execution: str = "eager",
 ) -> tuple[float, float]:
     """This pipeline's loop, one epoch; returns (images per second, test accuracy).
 
@@ -89,7 +95,9 @@ def pipeline_epoch(
             os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{scratch}/mlflow.db"
             tracking = TrackingConfig(experiment="benchmark", tensorboard_dir=f"{scratch}/runs")
             with open_tracker("benchmark", tracking, root=Path(scratch)) as tracker:
-                result = train_model(config, train, test, device, precision, tracker=tracker, progress=False, execution=execution)
+                result = train_model(
+                    config, train, test, device, precision, tracker=tracker, progress=False, execution=execution
+                )
             del os.environ["MLFLOW_TRACKING_URI"]
     _, accuracy = evaluate(result.model, test, config.test_batch_size)
     return result.images_per_second, accuracy
@@ -103,7 +111,12 @@ def synchronize(device: torch.device) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=60_000, help="training images per epoch (default: all)")
-    parser.add_argument("--repeats", type=int, default=1, help="runs of each variant, seeds train.seed + 0, 1, ...; medians are reported")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of each variant, seeds train.seed + 0, 1, ...; medians are reported",
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to train (default: cpu)")
     args = parser.parse_args()
     train_config = load_params().train
@@ -120,11 +133,15 @@ def main() -> None:
         "reference": lambda seed: reference_epoch(train_config.model, args.samples, seed),
         "pipeline fp32": lambda seed: pipeline_epoch(train_config, args.samples, "fp32", tracked=False, seed=seed),
         "pipeline": lambda seed: pipeline_epoch(train_config, args.samples, precision, tracked=False, seed=seed),
-        "pipeline+tracking": lambda seed: pipeline_epoch(train_config, args.samples, precision, tracked=True, seed=seed),
+        "pipeline+tracking": lambda seed: pipeline_epoch(
+            train_config, args.samples, precision, tracked=True, seed=seed
+        ),
     }
     speed = run_variants(variants, args.repeats, train_config.seed, ratio_of="pipeline")
-    print(f"\nspeed-up vs reference: {speed['pipeline'] / speed['reference']:.2f}x (goal >= 2.5x); "
-          f"fp32 only: {speed['pipeline fp32'] / speed['reference']:.2f}x")
+    print(
+        f"\nspeed-up vs reference: {speed['pipeline'] / speed['reference']:.2f}x (goal >= 2.5x); "
+        f"fp32 only: {speed['pipeline fp32'] / speed['reference']:.2f}x"
+    )
     overhead = (speed["pipeline"] / speed["pipeline+tracking"] - 1) * 100
     print(f"tracking overhead (MLflow + TensorBoard on vs off): {overhead:+.1f} % (goal <= 3 %)")
 
@@ -139,14 +156,22 @@ def run_variants(variants, repeats: int, first_seed: int, ratio_of: str) -> dict
         for name, variant in variants.items():
             results[name].append(variant(first_seed + repeat))
         ratio = results[ratio_of][-1][0] / results["reference"][-1][0]
-        print(f"  repeat {repeat + 1} (seed {first_seed + repeat}): " + ", ".join(f"{name} {runs[-1][0]:.0f} img/s" for name, runs in results.items()) + f" -> {ratio:.2f}x", flush=True)
+        print(
+            f"  repeat {repeat + 1} (seed {first_seed + repeat}): "
+            + ", ".join(f"{name} {runs[-1][0]:.0f} img/s" for name, runs in results.items())
+            + f" -> {ratio:.2f}x",
+            flush=True,
+        )
 
     speed = {name: statistics.median(run[0] for run in runs) for name, runs in results.items()}
     accuracy = {name: statistics.median(run[1] for run in runs) for name, runs in results.items()}
     print(f"\n{'variant':<24} {'images/s':>10} {'vs ref':>7} {'test acc':>9} {'acc min-max':>15}")
     for name, runs in results.items():
         accuracies = [run[1] for run in runs]
-        print(f"{name:<24} {speed[name]:>10.0f} {speed[name] / speed['reference']:>6.2f}x {accuracy[name]:>9.4f} {min(accuracies):>7.4f}-{max(accuracies):.4f}")
+        print(
+            f"{name:<24} {speed[name]:>10.0f} {speed[name] / speed['reference']:>6.2f}x {accuracy[name]:>9.4f} "
+            f"{min(accuracies):>7.4f}-{max(accuracies):.4f}"
+        )
     return speed
 
 
@@ -168,8 +193,8 @@ def cuda_benchmark(train_config, samples: int, repeats: int, device: torch.devic
     variants = {"reference": lambda seed: reference_epoch(train_config.model, samples, seed, device)}
     for execution in ("eager", "cuda_graph"):
         for precision in ("fp32", "bf16"):
-            variants[f"{execution} {precision}"] = (
-                lambda seed, e=execution, p=precision: pipeline_epoch(train_config, samples, p, False, seed, device, e)
+            variants[f"{execution} {precision}"] = lambda seed, e=execution, p=precision: pipeline_epoch(
+                train_config, samples, p, False, seed, device, e
             )
     auto = f"cuda_graph {choices['cuda_graph'].precision}"
     variants["cuda_graph auto+tracking"] = lambda seed: pipeline_epoch(

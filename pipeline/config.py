@@ -12,7 +12,6 @@ import dataclasses
 import math
 import os
 import reprlib
-import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -47,7 +46,12 @@ def _rule(
     """A dataclass field with validation metadata (and deliberately no default)."""
     return field(
         metadata={
-            "ge": ge, "gt": gt, "le": le, "non_empty": non_empty, "unique": unique, "max_length": max_length,
+            "ge": ge,
+            "gt": gt,
+            "le": le,
+            "non_empty": non_empty,
+            "unique": unique,
+            "max_length": max_length,
             "check": check,
         }
     )
@@ -204,8 +208,7 @@ def read_params_file(path: Path) -> Any:
             data = stream.read(MAX_PARAMS_BYTES + 1)
     except FileNotFoundError:
         raise PipelineError(
-            f"{path} not found. Run the stage from the project root (where params.yaml lives), "
-            "as `dvc repro` does."
+            f"{path} not found. Run the stage from the project root (where params.yaml lives), as `dvc repro` does."
         ) from None
     except OSError as error:  # a directory, unreadable, ...
         raise PipelineError(
@@ -262,7 +265,7 @@ class _StrictLoader(yaml.SafeLoader):
 
 def params_from_mapping(raw: Any, source: str = "params.yaml") -> Params:
     problems: list[str] = []
-    params = _build(Params, raw, "", problems)
+    params: Params | None = _build(Params, raw, "", problems)
     if problems:
         listing = "\n".join(f"  - {problem}" for problem in problems)
         raise PipelineError(
@@ -332,7 +335,7 @@ _INVALID = object()
 
 def _convert(hint: Any, value: Any, key: str, rule: Mapping[str, Any], problems: list[str]) -> Any:
     origin = typing.get_origin(hint)
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         built = _build(hint, value, f"{key}.", problems)
         return _INVALID if built is None else built
     if origin is tuple:
@@ -415,7 +418,7 @@ def _number(bound: float) -> str:
 def _type_name(hint: Any) -> str:
     if typing.get_origin(hint) is Literal:
         return "one of " + ", ".join(map(repr, typing.get_args(hint)))
-    if isinstance(hint, type) and not isinstance(hint, types.GenericAlias):
+    if isinstance(hint, type):
         return {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}.get(
             hint.__name__, hint.__name__
         )

@@ -183,7 +183,11 @@ def _join(mirror: str, filename: str) -> str:
 def _read_location(location: str, label: str, config: DataConfig, limit: int) -> bytes:
     if location.startswith(("http://", "https://")):
         return _download(location, label, config, limit)
-    path = Path(urllib.request.url2pathname(location[len("file://") :])) if location.startswith("file://") else Path(location)
+    path = (
+        Path(urllib.request.url2pathname(location[len("file://") :]))
+        if location.startswith("file://")
+        else Path(location)
+    )
     if not path.is_file():
         raise FileNotFoundError(path)
     with path.open("rb") as stream:

@@ -50,5 +50,3 @@ def log_profile(
     tracker.log_text("profile/top_kernels", texts.kernels, "top_kernels.md")
     for path in (paths.table_csv, paths.kernel_table_csv, paths.record, paths.trace):
         tracker.log_artifact(outputs.staged(path))
-
-

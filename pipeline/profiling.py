@@ -241,9 +241,10 @@ def operators_markdown(record: ProfileRecord) -> str:
     if graph:
         lines[3:3] = [
             "",
-            f"The same step replayed from a CUDA graph: {graph['graph_step_time_ms_median']:.3f} ms median. Host overhead "
-            f"(eager - graph medians): {graph['host_overhead_ms']:.3f} ms, {graph['host_overhead_pct']:.0f} % of the eager "
-            "step: launching kernels one by one from Python, which a replay leaves out.",
+            f"The same step replayed from a CUDA graph: {graph['graph_step_time_ms_median']:.3f} ms median. "
+            f"Host overhead (eager - graph medians): {graph['host_overhead_ms']:.3f} ms, "
+            f"{graph['host_overhead_pct']:.0f} % of the eager step: launching kernels one by one from Python, "
+            "which a replay leaves out.",
         ]
     for rank, row in enumerate(rows, start=1):
         lines.append(
@@ -274,7 +275,9 @@ class ProfileSetup:
     graph_step: Callable[[], None] | None = None  # cuda: the same step, capturable, on a copy of the model
 
 
-def prepare_profile(combination: Combination, config: ProfileConfig, checkpoint_path: Path, data_root: Path) -> ProfileSetup:
+def prepare_profile(
+    combination: Combination, config: ProfileConfig, checkpoint_path: Path, data_root: Path
+) -> ProfileSetup:
     """Pick the device and threads, load the trained model and one batch of test images onto it."""
     device = select_device(combination.device, param="profile.devices")
     if config.threads:
@@ -313,7 +316,9 @@ def prepare_profile(combination: Combination, config: ProfileConfig, checkpoint_
         ),
         model_digest=checkpoint_digest(checkpoint_path),
         graph_step=(
-            make_graphable_step(copy.deepcopy(model), combination.mode, images, labels, lr) if device.type == "cuda" else None
+            make_graphable_step(copy.deepcopy(model), combination.mode, images, labels, lr)
+            if device.type == "cuda"
+            else None
         ),
     )
 

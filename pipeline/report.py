@@ -33,7 +33,6 @@ from pipeline.paths import (
 )
 from pipeline.profile_record import ProfileRecord, combinations, read_record
 from pipeline.report_figures import batch_size_plot, read_csv, training_curves
-from pipeline.timing_statistics import NOISY_ADVICE, Interval, ratio
 from pipeline.step_report import (
     StepFacts,
     analysis_sentences,
@@ -44,6 +43,7 @@ from pipeline.step_report import (
     kernels_markdown,
     step_facts,
 )
+from pipeline.timing_statistics import NOISY_ADVICE, Interval, ratio
 
 TITLE = "AI-System Lab 1: MNIST CNN — training, dataflow graph and operator profile"
 CONVOLUTION = re.compile(r"conv", re.IGNORECASE)
@@ -364,7 +364,9 @@ def training_section(params: Params, inputs: ReportInputs, figures: Path) -> lis
     ]
     if inputs.train_metrics and TRAIN_EPOCHS_PLOT.exists() and TRAIN_STEPS_PLOT.exists():
         metrics = inputs.train_metrics
-        speed = f" Training ran at {inputs.train_speed['images_per_second']:.0f} images/s." if inputs.train_speed else ""
+        speed = (
+            f" Training ran at {inputs.train_speed['images_per_second']:.0f} images/s." if inputs.train_speed else ""
+        )
         sections.append(
             f"Test accuracy **{metrics['test_accuracy']:.4f}**, test loss {metrics['test_loss']:.4f}; last-epoch train "
             f"accuracy {metrics['train_accuracy']:.4f}, loss {metrics['train_loss']:.4f}.{speed}\n"

@@ -52,7 +52,9 @@ def log_training_setup(
 
 def log_training_result(tracker: Tracker, result: TrainingResult, train_params: Mapping[str, Any]) -> None:
     final = quality_metrics(result)
-    tracker.log_metrics({**{f"final/{k}": v for k, v in final.items()}, **speed_metrics(result)}, step=len(result.epochs))
+    tracker.log_metrics(
+        {**{f"final/{k}": v for k, v in final.items()}, **speed_metrics(result)}, step=len(result.epochs)
+    )
     tracker.log_hparams(
         {key: value for key, value in train_params.items() if isinstance(value, (int, float, str, bool))},
         {"hparam/test_accuracy": final["test_accuracy"], "hparam/test_loss": final["test_loss"]},

@@ -99,7 +99,7 @@ class TrainingResult:
 
 
 def build_model(config: TrainConfig, device: torch.device) -> LabNet:
-    return LabNet(config.model).to(device=device, memory_format=MEMORY_FORMAT)
+    return LabNet(config.model).to(device).to(memory_format=MEMORY_FORMAT)
 
 
 def train_model(
@@ -120,14 +120,17 @@ def train_model(
     """
     model = build_model(config, device)
     graphed = execution == "cuda_graph"
-    optimizer = capturable_adadelta(model, config.lr) if graphed else torch.optim.Adadelta(model.parameters(), lr=config.lr)
+    optimizer = (
+        capturable_adadelta(model, config.lr) if graphed else torch.optim.Adadelta(model.parameters(), lr=config.lr)
+    )
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=config.gamma)
     shuffler = torch.Generator().manual_seed(config.seed)
     result = TrainingResult(model=model)
     # Sums stay on the device between records: reading them every step would force a GPU sync. One pair
     # for the whole run: a captured step adds into these very tensors.
     window = _Window(
-        loss=torch.zeros((), device=device, dtype=torch.float64), correct=torch.zeros((), device=device, dtype=torch.int64)
+        loss=torch.zeros((), device=device, dtype=torch.float64),
+        correct=torch.zeros((), device=device, dtype=torch.int64),
     )
     step = _step_function(model, optimizer, precision, window, graphed)
     epochs = tqdm(range(1, config.epochs + 1), desc="epochs", unit="epoch", disable=not progress)
@@ -180,7 +183,9 @@ def _step_function(
     def step(images: torch.Tensor, labels: torch.Tensor) -> None:
         optimizer.zero_grad(set_to_none=True)
         # Autocast's weight-cast cache must be off while capturing (PyTorch CUDA Graphs docs).
-        with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=precision == "bf16", cache_enabled=not graphed):
+        with torch.autocast(
+            images.device.type, dtype=torch.bfloat16, enabled=precision == "bf16", cache_enabled=not graphed
+        ):
             log_probabilities = model(images)
         loss = F.nll_loss(log_probabilities.float(), labels)  # mean over the batch, in fp32
         loss.backward()  # type: ignore[no-untyped-call]
@@ -205,7 +210,9 @@ def _step_function(
     return replayed_step
 
 
-def _batches(data: DeviceData, batch_size: int, order: torch.Tensor | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _batches(
+    data: DeviceData, batch_size: int, order: torch.Tensor | None = None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     images, labels = data.images, data.labels
     if order is not None:
         # One gather per epoch, then contiguous slices: cheaper than gathering every batch.
@@ -230,7 +237,15 @@ def _train_epoch(
     window_samples = epoch_samples = 0
     epoch_loss = epoch_correct = 0.0
     steps = (len(data) + config.batch_size - 1) // config.batch_size
-    bar = tqdm(_batches(data, config.batch_size, order), total=steps, desc=f"epoch {epoch}", unit="batch", leave=False, disable=not progress, mininterval=1.0)
+    bar = tqdm(
+        _batches(data, config.batch_size, order),
+        total=steps,
+        desc=f"epoch {epoch}",
+        unit="batch",
+        leave=False,
+        disable=not progress,
+        mininterval=1.0,
+    )
     for index, (images, labels) in enumerate(bar, start=1):
         step(images, labels)
         result.optimizer_steps += 1
@@ -243,7 +258,9 @@ def _train_epoch(
             epoch_correct += correct
             epoch_samples += window_samples
             if tracker is not None:
-                tracker.log_metrics({"train/loss": record.train_loss, "train/accuracy": record.train_accuracy}, step=record.step)
+                tracker.log_metrics(
+                    {"train/loss": record.train_loss, "train/accuracy": record.train_accuracy}, step=record.step
+                )
             bar.set_postfix(loss=f"{record.train_loss:.4f}")
             window.loss.zero_()
             window.correct.zero_()

@@ -8,6 +8,7 @@ from pipeline.data import load_split, read_manifest
 from pipeline.execution import choose_precision, measure_step_ms, resolve_execution
 from pipeline.paths import DATA_ROOT, MODEL_CHECKPOINT, TRAIN_EPOCHS_PLOT, TRAIN_METRICS, TRAIN_SPEED, TRAIN_STEPS_PLOT
 from pipeline.runtime import hardware_description, pin_runtime, select_device, select_precision
+from pipeline.tables import records_csv
 from pipeline.tracking import open_tracker
 from pipeline.train_artifacts import (
     log_model,
@@ -16,7 +17,6 @@ from pipeline.train_artifacts import (
     quality_metrics,
     speed_metrics,
 )
-from pipeline.tables import records_csv
 from pipeline.training import EpochRecord, StepRecord, first_samples, to_device_data, train_model
 
 
@@ -37,7 +37,9 @@ def main() -> None:
     runtime_record = {**runtime.as_params(), "execution": execution}
 
     with open_tracker("train", params.tracking) as tracker, AtomicOutputs() as outputs:
-        log_training_setup(tracker, train_params, {**runtime_record, **choice.as_params()}, hardware_description(device), data_digest)
+        log_training_setup(
+            tracker, train_params, {**runtime_record, **choice.as_params()}, hardware_description(device), data_digest
+        )
         result = train_model(config, train, test, device, runtime.precision, tracker, execution=execution)
         log_training_result(tracker, result, train_params)
         log_model(tracker, result.model)

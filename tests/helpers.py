@@ -123,7 +123,10 @@ def run_command(
             handle.seek(0)
             outputs.append(handle.read().decode(errors="replace"))
     if returncode is None:
-        pytest.fail(f"{' '.join(command)} still running after {limit_s:.0f} s; killed.\nstdout: {outputs[0][-2000:]}\nstderr: {outputs[1][-2000:]}")
+        pytest.fail(
+            f"{' '.join(command)} still running after {limit_s:.0f} s; killed.\n"
+            f"stdout: {outputs[0][-2000:]}\nstderr: {outputs[1][-2000:]}"
+        )
     return subprocess.CompletedProcess(command, returncode, outputs[0], outputs[1])
 
 
@@ -226,11 +229,14 @@ def make_record(
     conditions = MeasurementConditions(load, load, cores=2, threads=2, cpu_governor=GOVERNOR_NOT_EXPOSED)
     hardware = {"cpu": "Test CPU", "cpu_count": "2", "gpus": "none", "torch": "2.x"}
     verdict = "host-bound" if busy_pct < 50 else "device-bound"
-    anatomy = StepAnatomy(device, 8, 2 * step_ms, 2 * step_ms * busy_pct / 100, busy_pct, 100 - busy_pct, 0, 0, 0, verdict, "")
+    anatomy = StepAnatomy(
+        device, 8, 2 * step_ms, 2 * step_ms * busy_pct / 100, busy_pct, 100 - busy_pct, 0, 0, 0, verdict, ""
+    )
     analysis = StepAnalysis(anatomy, flop_rate(1e6, batch, step_ms, 100.0), "a 100 GFLOP/s stand-in", (), (), 0.0)
     return ProfileRecord(
         combination, hardware, settings, timing, conditions, (step_ms,) * 100, rows, "abc123", analysis
     )
+
 
 SERVER_START_LIMIT_S = 120  # measured 20-30 s on two cores; generous for a loaded CI machine
 
@@ -261,4 +267,3 @@ def running_mlflow_server(folder: Path, backend_store_uri: str | None = None) ->
     finally:
         server.terminate()
         server.wait(timeout=30)
-

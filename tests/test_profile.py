@@ -171,11 +171,16 @@ def test_one_mlflow_run_and_tensorboard_folder_per_combination(profiled: Path) -
     for run in runs:
         assert run.info.status == "FINISHED"
         assert {"batch_size", "device", "mode", "threads", "hardware.cpu", "hardware.torch"} <= set(run.data.params)
-        assert run.info.run_name == f"profile@{run.data.params['batch_size']}-{run.data.params['device']}-{run.data.params['mode']}"
+        assert (
+            run.info.run_name
+            == f"profile@{run.data.params['batch_size']}-{run.data.params['device']}-{run.data.params['mode']}"
+        )
         blocks = run.data.metrics["blocks_measured"]
         assert len(client.get_metric_history(run.info.run_id, "block_step_time_ms")) == blocks
         assert {"profile.ci_target_pct", "profile.time_budget_s"} <= set(run.data.params)
-        assert {"trace.json.gz", "top_operators.csv", "profile.json"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"trace.json.gz", "top_operators.csv", "profile.json"} <= {
+            a.path for a in client.list_artifacts(run.info.run_id)
+        }
     folders = sorted((profiled / "runs" / "profile").iterdir())
     assert [folder.name.rsplit("-", 3)[0] for folder in folders] == sorted(COMBINATIONS)
     events = EventAccumulator(str(folders[0]))

@@ -35,7 +35,8 @@ def test_analysis_states_scaling_dominant_operators_and_gpu_speedup() -> None:
     # 6.0 / (38.4 / 64) = 10; each median is known to ±2 %: the ratio to 0.98/1.02 .. 1.02/0.98.
     assert any(
         "Per-sample time falls from 6.0000 ms at batch 1 to 0.6000 ms at batch 64 (10.0x cheaper, 95 % CI 9.61-10.41x)"
-        in s and "`aten::add`" in s
+        in s
+        and "`aten::add`" in s
         for s in sentences
     )
     speedup = "At batch 64 train cuda is 10.0x faster than cpu (95 % CI 9.61-10.41x; 3.840 vs 38.400 ms per step)."
@@ -73,7 +74,9 @@ def test_comparison_table_shows_the_estimate_and_flags_noisy_and_busy_rows() -> 
     )
     table = comparison_markdown(rows)
     assert "| step ms (median) | IQR ms | 95 % CI | steps / blocks | per-sample ms | samples/s |" in table
-    quiet_row = "| 1 | cpu | inference | 0.500 | 0.050 | ±2.0 % | 400 / 100 | 0.5000 | 2000 | `aten::addmm` (20.0 %) | 0.0 % |"
+    quiet_row = (
+        "| 1 | cpu | inference | 0.500 | 0.050 | ±2.0 % | 400 / 100 | 0.5000 | 2000 | `aten::addmm` (20.0 %) | 0.0 % |"
+    )
     assert quiet_row + "  |" in table  # an empty flag cell
     assert "| 64 | cpu | inference | 8.000 | 0.800 | ±4.5 % | 400 / 100 | 0.1250 | 8000 |" in table
     assert table.splitlines()[3].endswith("| noisy, busy |")
@@ -167,7 +170,10 @@ def test_report_numbers_equal_the_stage_outputs(reported: Path) -> None:
         batch, _, mode = name.split("-")
         anatomy = rf"^\| {batch} \| cpu \| {mode} \| [\d.]+ \| [\d.]+ \| {step['busy_pct']:.1f} \| "
         assert re.search(anatomy, report, re.MULTILINE), name
-        assert f"| {step['achieved_gflops_per_s']:.2f} | {step['peak_gflops_per_s']:.0f} | {step['peak_pct']:.2f} |" in report
+        assert (
+            f"| {step['achieved_gflops_per_s']:.2f} | {step['peak_gflops_per_s']:.0f} | {step['peak_pct']:.2f} |"
+            in report
+        )
     for figure in ("training_curves.png", "per_sample_time.png", "throughput.png", "roofline.png"):
         with Image.open(reported / "report" / "figures" / figure) as image:
             assert image.width > 300 and image.height > 200
@@ -181,7 +187,9 @@ def test_dvc_plots_show_draws_curves_and_batch_comparison(reported: Path, run_in
     result = run_in(reported, "dvc", "plots", "show", "--json")
     assert result.returncode == 0, result.stderr
     plots = json.loads(result.stdout)["data"]
-    assert {"Loss per epoch", "Accuracy per epoch", "Per-sample time vs batch size", "Throughput vs batch size"} <= set(plots)
+    assert {"Loss per epoch", "Accuracy per epoch", "Per-sample time vs batch size", "Throughput vs batch size"} <= set(
+        plots
+    )
     content = plots["Per-sample time vs batch size"][0]["content"]
     series = {(value["batch_size"], value["series"]) for value in content["data"]["values"]}
     assert ("64", "cpu train") in series and ("1", "cpu inference") in series
@@ -228,5 +236,9 @@ def test_removed_batch_size_leaves_no_trace_and_unrun_ones_are_named(reported: P
     assert result.returncode == 0, result.stderr[-3000:]
     report = (reported / "report" / "report.md").read_text()
     assert (reported / "profiles" / "64-cpu-train").is_dir()
-    assert not re.search(r"^\| 64 \|", report, re.MULTILINE) and "batch 64, cpu" not in report and "at batch 64" not in report
+    assert (
+        not re.search(r"^\| 64 \|", report, re.MULTILINE)
+        and "batch 64, cpu" not in report
+        and "at batch 64" not in report
+    )
     assert "`profiles/32-cpu-inference/profile.json` is missing: run `dvc repro profile@32-cpu-inference`." in report

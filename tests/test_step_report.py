@@ -17,7 +17,6 @@ from PIL import Image
 from pipeline.analysis_figures import cpu_vs_gpu_figure, roofline_figure
 from pipeline.peak import measure_peak
 from pipeline.profile_record import StepAnalysis, flop_rate
-from pipeline.timing_statistics import Interval, ratio
 from pipeline.step_report import (
     ADD_A_GPU,
     StepFacts,
@@ -28,6 +27,7 @@ from pipeline.step_report import (
     kernel_table_markdown,
     step_metrics,
 )
+from pipeline.timing_statistics import Interval, ratio
 from pipeline.trace_analysis import KernelStats, StepAnatomy
 from tests.helpers import REPO_ROOT
 from tests.test_trace_analysis import SHARED_REFERENCE as REFERENCE  # its timing.json files ship in ../shared

@@ -69,7 +69,9 @@ def independent_kernel_share(events: list[dict[str, Any]]) -> float:
     steps = [
         e
         for e in events
-        if e.get("ph") == "X" and e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")
+        if e.get("ph") == "X"
+        and e.get("cat") == "user_annotation"
+        and str(e.get("name", "")).startswith("ProfilerStep#")
     ]
     kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
     inside = sum(k["dur"] for k in kernels if any(s["ts"] <= k["ts"] < s["ts"] + s["dur"] for s in steps))
@@ -192,7 +194,14 @@ def test_cpu_trace_ranks_operators_and_measures_time_inside_them(tmp_path: Path)
     trace_path = tmp_path / "trace.json.gz"
     step = make_step(model, "train", images, labels, lr=1.0)
     profile_combination(
-        Combination(16, "cpu", "train"), step, torch.device("cpu"), 2, 3, trace_path, ci_target_pct=50.0, time_budget_s=0.5
+        Combination(16, "cpu", "train"),
+        step,
+        torch.device("cpu"),
+        2,
+        3,
+        trace_path,
+        ci_target_pct=50.0,
+        time_budget_s=0.5,
     )
 
     analysis = analyse_trace(read_trace(trace_path), "cpu", {"aten::addmm": 3e6})

@@ -131,14 +131,20 @@ def test_cuda_on_a_machine_without_it_fails_before_work(trained: Path, run_in: A
     write_params(trained, params)
 
 
-def test_ctrl_c_mid_training_writes_nothing_and_marks_the_run_killed(trained: Path, run_in: Any, mnist_mirror: Path) -> None:
+def test_ctrl_c_mid_training_writes_nothing_and_marks_the_run_killed(
+    trained: Path, run_in: Any, mnist_mirror: Path
+) -> None:
     params = read_params(trained)
     params["train"].update(epochs=5, train_samples=0)
     write_params(trained, params)
     for relative in OUTPUTS:
         (trained / relative).unlink(missing_ok=True)
     process = subprocess.Popen(
-        [sys.executable, "-m", "stages.train"], cwd=trained, env=stage_environment(mnist_mirror), stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "stages.train"],
+        cwd=trained,
+        env=stage_environment(mnist_mirror),
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert process.stderr is not None
     seen = ""

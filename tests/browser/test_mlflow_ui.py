@@ -52,7 +52,9 @@ def rendered_text(url: str, screenshot: Path) -> str:
     """The page's visible text after its scripts ran, and a screenshot of it."""
     flags = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=20000"]
     dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=180, check=True).stdout
-    subprocess.run([*flags, "--window-size=1400,900", f"--screenshot={screenshot}", url], capture_output=True, timeout=180)
+    subprocess.run(
+        [*flags, "--window-size=1400,900", f"--screenshot={screenshot}", url], capture_output=True, timeout=180
+    )
     text = re.sub(r"<script.*?</script>|<style.*?</style>", " ", dom, flags=re.DOTALL)
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", text))
 
