@@ -6,6 +6,7 @@ import contextlib
 import http.server
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 from mlflow import MlflowClient
@@ -144,7 +145,19 @@ class _Proxy:
         self.mode = "stall"  # existing relays stop forwarding; new connections are accepted and ignored
 
 
-def _probe(uri: str, cwd: Path, extra: dict[str, str] | None = None) -> subprocess.Popen[str]:
+RUN_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def _run_id_line(stdout: IO[str]) -> str:
+    """The probe's run id: the first stdout line that is one (MLflow prints "View run" lines too)."""
+    for line in stdout:
+        if RUN_ID.fullmatch(line.strip()):
+            return line.strip()
+    pytest.fail("the probe ended before its run started")
+
+
+def _probe(uri: str, cwd: Path) -> subprocess.Popen[str]:
+    """PROBE against `uri`; a 3 s HTTP timeout and no retry, so a stalled server fails it in seconds."""
     environment = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")}
     environment.update(
         {
@@ -154,15 +167,9 @@ def _probe(uri: str, cwd: Path, extra: dict[str, str] | None = None) -> subproce
             "PYTHONPATH": str(REPO_ROOT),
         }
     )
-    environment.update(extra or {})
+    pipe = subprocess.PIPE
     return subprocess.Popen(
-        [sys.executable, "-c", PROBE],
-        cwd=cwd,
-        env=environment,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        [sys.executable, "-c", PROBE], cwd=cwd, env=environment, text=True, stdin=pipe, stdout=pipe, stderr=pipe
     )
 
 
@@ -172,18 +179,17 @@ def test_server_failing_mid_stage_is_reported_and_its_run_marked_failed_later(
 ) -> None:
     proxy = _Proxy(mlflow_server)
     process = _probe(proxy.uri, tmp_path)
-    assert process.stdout is not None and process.stdin is not None
-    run_id = process.stdout.readline().strip()
-    assert run_id, process.communicate(timeout=60)[1][-3000:]
+    assert process.stdout is not None
+    run_id = _run_id_line(process.stdout)  # the stage is now inside its run
     getattr(proxy, fault)()
     _, stderr = process.communicate("\n", timeout=120)
     if fault == "stall":
         proxy.down()
     assert process.returncode == 2, stderr[-3000:]
-    assert (
-        f"MLflow tracking store {proxy.uri} failed during the stage" in stderr and "No outputs were written" in stderr
-    )
-    assert f"Its MLflow run {run_id} could not be ended" in stderr and "marks it FAILED" in stderr
+    assert f"MLflow tracking store {proxy.uri} failed during the stage" in stderr
+    assert "No outputs were written" in stderr
+    assert f"Its MLflow run {run_id} could not be ended" in stderr
+    assert "marks it FAILED" in stderr
     assert "Traceback" not in stderr
     client = MlflowClient(mlflow_server)
     assert client.get_run(run_id).info.status == "RUNNING"  # the store was unreachable at the end
@@ -201,6 +207,7 @@ def test_password_in_tracking_uri_is_sent_as_basic_auth_and_never_shown(mlflow_s
     stdout, stderr = process.communicate("\n", timeout=120)
     assert process.returncode == 0, stderr[-3000:]
     assert "hunter2" not in stdout + stderr
-    run = MlflowClient(mlflow_server).get_run(stdout.splitlines()[0].strip())  # then MLflow's "View run" lines
+    (run_id,) = [line for line in stdout.splitlines() if RUN_ID.fullmatch(line)]  # among MLflow's "View run" lines
+    run = MlflowClient(mlflow_server).get_run(run_id)
     assert run.info.status == "FINISHED"
     assert "hunter2" not in json.dumps([run.data.params, run.data.tags, run.info.artifact_uri])
