@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 # Stages run as `python -m stages.X`: put the venv first so DVC finds its python.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install repro test test-fast check requirements
+.PHONY: install repro test test-fast test-browser check requirements
 
 install: $(INSTALLED)
 
@@ -25,9 +25,13 @@ repro: install
 test: install
 	python -m pytest
 
-# Everything but the `slow` tests (real dvc CLI, real training): about a minute.
+# Everything but the `slow` (and browser) tests (real dvc CLI, real training): about a minute.
 test-fast: install
-	python -m pytest -m "not slow"
+	python -m pytest -m "not slow and not browser"
+
+# MLflow's web UI rendered in headless Chromium (Debian package `chromium`): not part of `make test`.
+test-browser: install
+	python -m pytest -m browser tests/browser
 
 # Lint, format and types: what CI runs before the tests.
 check: install

@@ -1,17 +1,35 @@
 """All-or-nothing outputs: write every file of a stage to a temp folder, rename them all at the end.
 
 A stage that fails or is interrupted before `commit()` leaves none of its outputs behind, so DVC
-never sees a half-written checkpoint or a metrics file from a run that did not finish.
+never sees a half-written checkpoint or a metrics file from a run that did not finish. `commit()`
+itself is all-or-nothing too: if one rename fails (a file made immutable, a read-only mount), the
+files already replaced are put back, so the outputs are either all new or all as before.
+
+A process killed with SIGKILL cannot clean up: `sweep_stale_partials` removes the temp folders of
+dead processes when a later stage starts (pipeline.cli does it for each stage's output folders).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from pipeline.errors import PipelineError
+from pipeline.processes import pid_alive
+
+PARTIAL_PREFIX = ".partial-"
+# `.partial-<pid>` (AtomicOutputs) and `.<name>.partial-<pid>-<random>` / `.<name>.old-<pid>-<random>`
+# (whole folders replaced at once, pipeline.data): the pid says whose it is.
+_STALE_NAME = re.compile(r"^(?:\.partial-|\.[^/]+\.(?:partial|old)-)(?P<pid>\d+)(?:-[^/]*)?$")
+
+
+def partial_folder(final: Path, pid: int | None = None) -> Path:
+    return Path(final).parent / f"{PARTIAL_PREFIX}{os.getpid() if pid is None else pid}"
 
 
 class AtomicOutputs:
@@ -27,22 +45,29 @@ class AtomicOutputs:
 
     def staged(self, final: Path) -> Path:
         final = Path(final)
-        folder = final.parent / f".partial-{os.getpid()}"
+        folder = partial_folder(final)
         folder.mkdir(parents=True, exist_ok=True)
         temporary = folder / final.name
         self._staged[final] = temporary
         return temporary
 
     def write_text(self, final: Path, text: str) -> None:
-        self.staged(final).write_text(text)
+        try:
+            self.staged(final).write_text(text)
+        except OSError as error:  # disk full, quota, read-only: say which output, not just errno
+            from pipeline.resources import write_error_message  # imports config: kept off this module's import
+
+            raise PipelineError(f"{write_error_message(error, final)} Nothing was written.") from None
 
     def write_json(self, final: Path, payload: Any) -> None:
         self.write_text(final, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
     def commit(self) -> None:
-        for final, temporary in self._staged.items():
-            os.replace(temporary, final)
-        self._remove_folders()
+        """Rename every staged file into place; on any failure restore what was there before."""
+        try:
+            _replace_all(self._staged)
+        finally:
+            self._remove_folders()
 
     def discard(self) -> None:
         self._remove_folders()
@@ -62,3 +87,51 @@ class AtomicOutputs:
             self.commit()
         else:
             self.discard()
+
+
+def _replace_all(staged: dict[Path, Path]) -> None:
+    """Two phases, each undone on failure: move the old finals aside, then the new files in.
+
+    Moving an old file aside is the step an immutable file or a read-only mount refuses, so most
+    failures happen before any output changed; a failure in the second phase moves the new files
+    out again and the old ones back.
+    """
+    retired: list[tuple[Path, Path]] = []  # (final, where its old version waits)
+    placed: list[Path] = []
+    current: Path | None = None
+    try:
+        for index, (final, temporary) in enumerate(staged.items()):
+            current = final
+            if final.exists() or final.is_symlink():
+                backup = temporary.parent / f".old-{index}-{final.name}"
+                os.replace(final, backup)
+                retired.append((final, backup))
+        for final, temporary in staged.items():
+            current = final
+            os.replace(temporary, final)
+            placed.append(final)
+    except OSError as error:
+        for final in placed:
+            final.unlink(missing_ok=True)
+        for final, backup in reversed(retired):
+            os.replace(backup, final)
+        raise PipelineError(
+            f"could not replace {current} ({error.strerror}); every output of this stage was left as it was "
+            f"before. Make {current} replaceable (`lsattr`/`chattr -i`, a read-only mount, permissions) and run again."
+        ) from None
+
+
+def sweep_stale_partials(folder: Path) -> list[Path]:
+    """Remove the temp folders that dead processes left in `folder` and its sub-folders; return them.
+
+    One level of sub-folders is searched too, for outputs like `profiles/<combination>/`.
+    """
+    if not folder.is_dir():
+        return []
+    removed = []
+    for candidate in [*folder.glob(".*"), *folder.glob("*/.*")]:
+        match = _STALE_NAME.match(candidate.name)
+        if match and candidate.is_dir() and not candidate.is_symlink() and not pid_alive(int(match["pid"])):
+            shutil.rmtree(candidate, ignore_errors=True)
+            removed.append(candidate)
+    return removed

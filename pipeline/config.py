@@ -9,7 +9,9 @@ what is allowed, before any stage does work.
 from __future__ import annotations
 
 import dataclasses
-import types
+import math
+import os
+import reprlib
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,14 +20,17 @@ from typing import Any, Literal
 
 import yaml
 
+from pipeline.credentials import has_user_info, redact
 from pipeline.errors import PipelineError
 
 DEFAULT_PARAMS_FILE = Path("params.yaml")
+_Section = typing.TypeVar("_Section")
 
 Device = Literal["cpu", "cuda", "mps"]
 DeviceChoice = Literal["auto", "cpu", "cuda", "mps"]
 ProfileMode = Literal["inference", "train"]
 Precision = Literal["auto", "fp32", "bf16"]
+Execution = Literal["auto", "eager", "cuda_graph"]
 
 
 def _rule(
@@ -35,15 +40,41 @@ def _rule(
     le: float | None = None,
     non_empty: bool = False,
     unique: bool = False,
+    max_length: int | None = None,
     check: Callable[[Any], str | None] | None = None,
 ) -> Any:
     """A dataclass field with validation metadata (and deliberately no default)."""
-    return field(metadata={"ge": ge, "gt": gt, "le": le, "non_empty": non_empty, "unique": unique, "check": check})
+    return field(
+        metadata={
+            "ge": ge,
+            "gt": gt,
+            "le": le,
+            "non_empty": non_empty,
+            "unique": unique,
+            "max_length": max_length,
+            "check": check,
+        }
+    )
 
 
 def _mirror_problem(mirror: str) -> str | None:
     if "://" in mirror and not mirror.startswith(("https://", "http://", "file://")):
         return "an https://, http:// or file:// URL, or a local folder path"
+    if has_user_info(mirror):
+        # params.yaml is committed to git and DVC copies this param into dvc.lock: a secret here leaks.
+        return (
+            "a URL without user name or password (params.yaml and dvc.lock are committed to git). "
+            "Put the credentials in ~/.netrc (`machine <host> login <user> password <password>`, "
+            "or a file named by $NETRC): the download stage sends them from there"
+        )
+    return None
+
+
+def _inside_project_problem(folder: str) -> str | None:
+    """Stages write into this folder: it must stay inside the project (relative, no `..` out of it)."""
+    normal = os.path.normpath(folder)
+    if os.path.isabs(folder) or normal == ".." or normal.startswith(".." + os.sep):
+        return "a folder inside the project, given relative to it (e.g. `runs`); symlink it to keep logs elsewhere"
     return None
 
 
@@ -70,12 +101,18 @@ class ModelConfig:
 class TrainConfig:
     device: DeviceChoice = _rule()
     # bf16 = autocast mixed precision for the forward pass (weights, optimizer, loss and evaluation stay
-    # fp32); auto = bf16 where the device computes it natively (AMX/AVX512-BF16 CPUs, recent GPUs).
+    # fp32); auto = bf16 where the device computes it natively (AMX/AVX512-BF16 CPUs); on CUDA, the faster
+    # of the two as measured for the execution mode (pipeline/execution.py).
     precision: Precision = _rule()
     # 0 = one thread per available CPU core; the number used is recorded with every run.
     threads: int = _rule(ge=0, le=1024)
-    seed: int = _rule(ge=0)
-    epochs: int = _rule(ge=1)
+    # cuda_graph = each training step captured once in a CUDA graph and replayed (no per-kernel launch cost);
+    # auto = cuda_graph on a CUDA device, eager elsewhere (pipeline/execution.py).
+    execution: Execution = _rule()
+    # 32 bits: the range every generator (torch, CUDA, numpy, random) accepts.
+    seed: int = _rule(ge=0, le=2**32 - 1)
+    # 1000 epochs of the lab's network take ~10 h on 2 CPU cores: a larger number is a typo.
+    epochs: int = _rule(ge=1, le=1000)
     # Train on the first N training images (0 = all 60,000): quick experiments and smoke tests.
     train_samples: int = _rule(ge=0)
     batch_size: int = _rule(ge=1)
@@ -91,7 +128,7 @@ class GraphConfig:
     # ONNX opset of the exported file (the torch.export-based exporter writes opset 18 or newer).
     onnx_opset: int = _rule(ge=18, le=23)
     # Batch sizes both exported programs must accept, checked against PyTorch on real test images.
-    check_batch_sizes: tuple[int, ...] = _rule(non_empty=True, unique=True, ge=1)
+    check_batch_sizes: tuple[int, ...] = _rule(non_empty=True, unique=True, ge=1, le=10_000)  # of 10,000 test images
     # Largest allowed |ONNX Runtime − PyTorch| difference of the log-probabilities.
     parity_atol: float = _rule(gt=0, le=1)
 
@@ -99,7 +136,7 @@ class GraphConfig:
 @dataclass(frozen=True)
 class ProfileConfig:
     # The DVC matrix: one profile stage per batch size × device × mode.
-    batch_sizes: tuple[int, ...] = _rule(non_empty=True, unique=True, ge=1)
+    batch_sizes: tuple[int, ...] = _rule(non_empty=True, unique=True, ge=1, le=10_000)  # of 10,000 test images
     devices: tuple[Device, ...] = _rule(non_empty=True, unique=True)
     modes: tuple[ProfileMode, ...] = _rule(non_empty=True, unique=True)
     # Untimed steps first: oneDNN/cuDNN build kernels per shape, so a cold first step misleads.
@@ -125,9 +162,10 @@ class ReportConfig:
 @dataclass(frozen=True)
 class TrackingConfig:
     # MLflow experiment that every stage logs its runs into.
-    experiment: str = _rule(non_empty=True)
-    # Root of the TensorBoard logs; each stage run writes its own sub-folder.
-    tensorboard_dir: str = _rule(non_empty=True)
+    # MLflow stores experiment names in a 256-character column.
+    experiment: str = _rule(non_empty=True, max_length=256)
+    # Root of the TensorBoard logs, inside the project; each stage run writes its own sub-folder.
+    tensorboard_dir: str = _rule(non_empty=True, max_length=1024, check=_inside_project_problem)
 
 
 @dataclass(frozen=True)
@@ -140,33 +178,132 @@ class Params:
     tracking: TrackingConfig = _rule()
 
 
+# Said with every params error: `dvc repro -s <stage>` (and a direct run) skips the validate stage,
+# and DVC deletes a stage's outputs before running its command.
+RESTORE_HINT = "Outputs DVC removed before running a stage are still in its cache: `dvc checkout` restores them."
+# params.yaml is a few kB; a file this large is a mistake (or an attack), and parsing it would be slow.
+MAX_PARAMS_BYTES = 1 << 20
+
+
 def load_params(path: Path = DEFAULT_PARAMS_FILE) -> Params:
-    """Read and validate `path`; raise PipelineError listing every problem found."""
+    """Read and validate `path`; raise PipelineError listing every problem found.
+
+    Beyond the value checks, the parsed params must fit this machine (`pipeline.resources`): a model
+    or batch too large for its memory is refused here, naming the key, not by a failed allocation.
+    """
+    raw = read_params_file(Path(path))
+    params = params_from_mapping(raw, source=str(path))
+    # Imported here: pipeline.resources imports this module.
+    from pipeline.resources import check_params_fit_memory
+
+    check_params_fit_memory(params, source=str(path))
+    return params
+
+
+def read_params_file(path: Path) -> Any:
+    """The YAML in `path` as plain data: strict (no aliases, no duplicate keys), size-bounded, UTF-8."""
+    fix = f"Fix {path} and run again. {RESTORE_HINT}"
     try:
-        text = Path(path).read_text()
+        with path.open("rb") as stream:
+            data = stream.read(MAX_PARAMS_BYTES + 1)
     except FileNotFoundError:
         raise PipelineError(
-            f"{path} not found. Run the stage from the project root (where params.yaml lives), "
-            "as `dvc repro` does."
+            f"{path} not found. Run the stage from the project root (where params.yaml lives), as `dvc repro` does."
+        ) from None
+    except OSError as error:  # a directory, unreadable, ...
+        raise PipelineError(
+            f"{path} cannot be read ({error.strerror}): it must be a readable YAML file. {fix}"
+        ) from None
+    if len(data) > MAX_PARAMS_BYTES:
+        raise PipelineError(
+            f"{path} is larger than {MAX_PARAMS_BYTES // 1024} KiB; params.yaml holds a few settings. {fix}"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise PipelineError(
+            f"{path} is not UTF-8 text: byte {data[error.start]:#04x} on line {line} is not valid UTF-8. "
+            f"Save it as UTF-8. {fix}"
         ) from None
     try:
-        raw = yaml.safe_load(text)
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
     except yaml.YAMLError as error:
-        raise PipelineError(f"{path} is not valid YAML ({error}). Fix the syntax and run again.") from None
-    return params_from_mapping(raw, source=str(path))
+        raise PipelineError(f"{path} is not valid YAML ({redact(str(error))}). {fix}") from None
+    except (ValueError, RecursionError) as error:  # an integer of more than 4300 digits; nesting thousands deep
+        raise PipelineError(f"{path} holds a value this pipeline cannot read ({_show(str(error))}). {fix}") from None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases and duplicate keys.
+
+    Aliases let a few hundred bytes expand to gigabytes once traversed (the "billion laughs"); params
+    need none. A duplicate key is almost always an edit gone wrong, and YAML loaders disagree on it:
+    PyYAML keeps the last value while DVC's loader refuses the file.
+    """
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            problem = f"aliases (*{event.anchor}) are not allowed in params; write the value out"
+            raise yaml.composer.ComposerError(None, None, problem, event.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, typing.Hashable):
+                continue  # SafeLoader itself refuses an unhashable key, with its own message
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {_show(key)} appears twice in one mapping; keep one", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def params_from_mapping(raw: Any, source: str = "params.yaml") -> Params:
     problems: list[str] = []
-    params = _build(Params, raw, "", problems)
+    params: Params | None = _build(Params, raw, "", problems)
     if problems:
         listing = "\n".join(f"  - {problem}" for problem in problems)
         raise PipelineError(
             f"{source} has {len(problems)} invalid value(s):\n{listing}\n"
-            f"Fix them in {source} (or in the `-S key=value` of `dvc exp run`) and run again."
+            f"Fix them in {source} (or in the `-S key=value` of `dvc exp run`) and run again. {RESTORE_HINT}"
         )
     assert params is not None
     return params
+
+
+def params_from_section(cls: type[_Section], raw: Any, source: str, fix: str, prefix: str = "") -> _Section:
+    """Validate one section (e.g. a checkpoint's stored `ModelConfig`) with the same rules as params.yaml;
+    `prefix` (`model_config.`) is how its keys are named in the message."""
+    problems: list[str] = []
+    section = _build(cls, raw, prefix, problems)
+    if problems:
+        listing = "; ".join(problems)
+        raise PipelineError(f"{source} is invalid: {listing}. {fix}")
+    return section  # type: ignore[no-any-return]
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict = 3, 6, 6
+
+
+def _show(value: Any) -> str:
+    """A bounded, secret-free repr for messages: a value may be megabytes long or hold a password."""
+    try:
+        shown = _SHORT.repr(value)
+    except ValueError:  # int too large to convert to decimal
+        shown = f"<{type(value).__name__} too large to show>"
+    return redact(shown)
+
+
+def _key_text(key: Any) -> str:
+    text = key if isinstance(key, str) else _show(key)
+    return redact(text if len(text) <= 80 else text[:77] + "...")
 
 
 def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
@@ -174,13 +311,13 @@ def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
     if raw is None:
         raw = {}  # an empty section (`graph:`) is an empty mapping
     if not isinstance(raw, Mapping):
-        problems.append(f"`{where}` must be a mapping of keys, got {raw!r}")
+        problems.append(f"`{where}` must be a mapping of keys, got {_show(raw)}")
         return None
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
-    for unknown in sorted(set(raw) - set(fields)):
+    for unknown in sorted((key for key in raw if key not in fields), key=str):
         allowed = ", ".join(fields) or "no keys yet"
-        problems.append(f"`{prefix}{unknown}` is not a known key (allowed in `{where}`: {allowed})")
+        problems.append(f"`{prefix}{_key_text(unknown)}` is not a known key (allowed in `{where}`: {allowed})")
     values = {}
     for name, spec in fields.items():
         key = f"{prefix}{name}"
@@ -198,7 +335,7 @@ _INVALID = object()
 
 def _convert(hint: Any, value: Any, key: str, rule: Mapping[str, Any], problems: list[str]) -> Any:
     origin = typing.get_origin(hint)
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         built = _build(hint, value, f"{key}.", problems)
         return _INVALID if built is None else built
     if origin is tuple:
@@ -206,23 +343,23 @@ def _convert(hint: Any, value: Any, key: str, rule: Mapping[str, Any], problems:
     if origin is Literal:
         choices = typing.get_args(hint)
         if value not in choices:
-            problems.append(f"`{key}` = {value!r} is not allowed; choose one of {', '.join(map(repr, choices))}")
+            problems.append(f"`{key}` = {_show(value)} is not allowed; choose one of {', '.join(map(repr, choices))}")
             return _INVALID
         return value
     converted = _convert_scalar(hint, value)
     if converted is _INVALID:
-        problems.append(f"`{key}` = {value!r} has the wrong type; expected {_type_name(hint)}")
+        problems.append(f"`{key}` = {_show(value)} has the wrong type; expected {_type_name(hint)}")
         return _INVALID
     problem = _range_problem(converted, rule)
     if problem:
-        problems.append(f"`{key}` = {value!r} is not allowed; it must be {problem}")
+        problems.append(f"`{key}` = {_show(value)} is not allowed; it must be {problem}")
         return _INVALID
     return converted
 
 
 def _convert_list(item_hint: Any, value: Any, key: str, rule: Mapping[str, Any], problems: list[str]) -> Any:
     if not isinstance(value, list):
-        problems.append(f"`{key}` = {value!r} has the wrong type; expected a list of {_type_name(item_hint)}")
+        problems.append(f"`{key}` = {_show(value)} has the wrong type; expected a list of {_type_name(item_hint)}")
         return _INVALID
     if rule.get("non_empty") and not value:
         problems.append(f"`{key}` is an empty list; give at least one value ({_type_name(item_hint)})")
@@ -232,7 +369,7 @@ def _convert_list(item_hint: Any, value: Any, key: str, rule: Mapping[str, Any],
     if any(item is _INVALID for item in items):
         return _INVALID
     if rule.get("unique") and len(set(items)) != len(items):
-        problems.append(f"`{key}` = {value!r} repeats a value; list each one once")
+        problems.append(f"`{key}` = {_show(value)} repeats a value; list each one once")
         return _INVALID
     return tuple(items)
 
@@ -241,7 +378,10 @@ def _convert_scalar(hint: Any, value: Any) -> Any:
     if isinstance(value, bool) and hint is not bool:
         return _INVALID  # YAML `yes`/`true` must not pass as the number 1
     if hint is float and isinstance(value, (int, float)):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond float range
+            return math.inf  # refused as non-finite by _range_problem
     if hint in (int, str, bool) and isinstance(value, hint):
         return value
     return _INVALID
@@ -250,11 +390,13 @@ def _convert_scalar(hint: Any, value: Any) -> Any:
 def _range_problem(value: Any, rule: Mapping[str, Any]) -> str | None:
     bounds = []
     if rule.get("ge") is not None:
-        bounds.append(f">= {rule['ge']:g}")
+        bounds.append(f">= {_number(rule['ge'])}")
     if rule.get("gt") is not None:
-        bounds.append(f"> {rule['gt']:g}")
+        bounds.append(f"> {_number(rule['gt'])}")
     if rule.get("le") is not None:
-        bounds.append(f"<= {rule['le']:g}")
+        bounds.append(f"<= {_number(rule['le'])}")
+    if isinstance(value, float) and not math.isfinite(value):
+        return "a finite number (not .inf or .nan)"
     if isinstance(value, (int, float)) and (
         (rule.get("ge") is not None and value < rule["ge"])
         or (rule.get("gt") is not None and not value > rule["gt"])
@@ -263,14 +405,20 @@ def _range_problem(value: Any, rule: Mapping[str, Any]) -> str | None:
         return " and ".join(bounds)
     if rule.get("non_empty") and isinstance(value, str) and not value.strip():
         return "a non-empty string"
+    if rule.get("max_length") is not None and isinstance(value, str) and len(value) > rule["max_length"]:
+        return f"at most {rule['max_length']} characters long (it has {len(value)})"
     check = rule.get("check")
     return check(value) if check else None
+
+
+def _number(bound: float) -> str:
+    return str(bound) if isinstance(bound, int) else f"{bound:g}"
 
 
 def _type_name(hint: Any) -> str:
     if typing.get_origin(hint) is Literal:
         return "one of " + ", ".join(map(repr, typing.get_args(hint)))
-    if isinstance(hint, type) and not isinstance(hint, types.GenericAlias):
+    if isinstance(hint, type):
         return {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}.get(
             hint.__name__, hint.__name__
         )

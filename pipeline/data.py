@@ -11,7 +11,6 @@ clone that downloads MNIST gets byte-identical outputs and DVC sees the same has
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import json
@@ -19,6 +18,7 @@ import os
 import shutil
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
 import zlib
 from collections.abc import Mapping
@@ -30,6 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from pipeline.config import DataConfig
+from pipeline.credentials import basic_auth_header, netrc_credentials, redact
 from pipeline.errors import PipelineError
 from pipeline.idx import IdxFormatError, parse_idx
 
@@ -45,6 +46,15 @@ MNIST_SHA256: Mapping[str, str] = {
     "t10k-images-idx3-ubyte": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
     "t10k-labels-idx1-ubyte": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
 }
+# Decompressed sizes of the official files: nothing longer is read or inflated, so a decompression
+# bomb or an endless response stops at these sizes instead of filling memory.
+MNIST_BYTES: Mapping[str, int] = {
+    "train-images-idx3-ubyte": 47_040_016,
+    "train-labels-idx1-ubyte": 60_008,
+    "t10k-images-idx3-ubyte": 7_840_016,
+    "t10k-labels-idx1-ubyte": 10_008,
+}
+_DEFAULT_MAX_BYTES = 64 << 20  # a file name not in MNIST_BYTES
 SPLIT_PREFIX: Mapping[str, str] = {"train": "train", "test": "t10k"}
 Split = Literal["train", "test"]
 
@@ -136,18 +146,20 @@ def fetch_mnist(
 def _fetch_from_mirror(mirror: str, name: str, expected: str, config: DataConfig, attempts: list[str]) -> VerifiedFile:
     """Try `<name>.gz` then `<name>` on one mirror; record every failed attempt in `attempts`."""
     last_failure = _MirrorFailure("no attempt made")
+    limit = MNIST_BYTES.get(name, _DEFAULT_MAX_BYTES)
     for candidate in (f"{name}.gz", name):
         location = _join(mirror, candidate)
         try:
-            payload = _read_location(location, candidate, config)
-            content = _decompress(payload, location)
+            # A gzip of incompressible data is a little larger than the data itself.
+            payload = _read_location(location, candidate, config, limit + limit // 100 + 1024)
+            content = _decompress(payload, limit)
             digest = hashlib.sha256(content).hexdigest()
             if digest != expected:
                 raise _MirrorFailure(
                     f"corrupt or truncated: SHA-256 of the decompressed content is {digest}, expected {expected}"
                 )
             parse_idx(content)
-            return VerifiedFile(name=name, content=content, sha256=digest, source=location)
+            return VerifiedFile(name=name, content=content, sha256=digest, source=redact(location))
         except FileNotFoundError:
             attempts.append(f"{location}: not found")
             last_failure = _MirrorFailure("not found")
@@ -168,24 +180,32 @@ def _join(mirror: str, filename: str) -> str:
     return str(Path(mirror) / filename)
 
 
-def _read_location(location: str, label: str, config: DataConfig) -> bytes:
+def _read_location(location: str, label: str, config: DataConfig, limit: int) -> bytes:
     if location.startswith(("http://", "https://")):
-        return _download(location, label, config)
-    path = Path(urllib.request.url2pathname(location[len("file://") :])) if location.startswith("file://") else Path(location)
+        return _download(location, label, config, limit)
+    path = (
+        Path(urllib.request.url2pathname(location[len("file://") :]))
+        if location.startswith("file://")
+        else Path(location)
+    )
     if not path.is_file():
         raise FileNotFoundError(path)
     with path.open("rb") as stream:
-        return _read_with_progress(stream, path.stat().st_size, label)
+        return _read_with_progress(stream, path.stat().st_size, label, limit)
 
 
-def _download(url: str, label: str, config: DataConfig) -> bytes:
+def _download(url: str, label: str, config: DataConfig, limit: int) -> bytes:
     request = urllib.request.Request(url, headers={"User-Agent": "mnist-lab-pipeline/1.0"})
+    credentials = netrc_credentials(url)
+    if credentials:
+        # Unredirected: urllib would otherwise send it on to whatever host a redirect names.
+        request.add_unredirected_header("Authorization", basic_auth_header(*credentials))
     error_text = ""
     for _ in range(config.retries + 1):
         try:
             with urllib.request.urlopen(request, timeout=config.timeout_s) as response:
                 total = int(response.headers.get("Content-Length") or 0) or None
-                payload = _read_with_progress(response, total, label)
+                payload = _read_with_progress(response, total, label, limit)
             if total is not None and len(payload) != total:
                 raise _MirrorFailure(f"truncated download: {len(payload)} of {total} bytes")
             return payload
@@ -193,27 +213,61 @@ def _download(url: str, label: str, config: DataConfig) -> bytes:
             if error.code in (403, 404, 410):
                 raise FileNotFoundError(url) from None  # this mirror lacks the file: try the next name
             error_text = f"HTTP {error.code} {error.reason}"
+            if error.code == 401:
+                host = urllib.parse.urlsplit(url).hostname
+                hint = "wrong credentials in" if credentials else "no credentials for it in"
+                error_text += f" ({hint} ~/.netrc: add `machine {host} login <user> password <password>`)"
         except OSError as error:  # URLError, timeouts and refused connections are all OSErrors
             error_text = f"unreachable ({getattr(error, 'reason', error)})"
     raise _MirrorFailure(error_text, unreachable=True)
 
 
-def _read_with_progress(stream: BinaryIO, total: int | None, label: str) -> bytes:
+def _read_with_progress(stream: BinaryIO, total: int | None, label: str, limit: int) -> bytes:
+    """Everything `stream` holds, refusing more than `limit` bytes (checked before reading, when announced)."""
+    if total is not None and total > limit:
+        raise _MirrorFailure(_too_large(total, limit))
     buffer = io.BytesIO()
     with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=label, leave=False) as bar:
         while chunk := stream.read(_CHUNK):
             buffer.write(chunk)
             bar.update(len(chunk))
+            if buffer.tell() > limit:
+                raise _MirrorFailure(_too_large(buffer.tell(), limit))
     return buffer.getvalue()
 
 
-def _decompress(payload: bytes, location: str) -> bytes:
+def _too_large(size: int, limit: int) -> str:
+    return f"corrupt: more than {limit:,} bytes ({size:,}+), larger than the real file can be"
+
+
+def _decompress(payload: bytes, limit: int) -> bytes:
+    """Inflate a gzip payload (raw IDX passes through), stopping past `limit` output bytes.
+
+    `gzip.decompress` would inflate all of it first: 12 GiB of zeros compress to 12 MB.
+    """
     if payload[:2] != b"\x1f\x8b":  # not gzip: a raw IDX file
         return payload
+    output = bytearray()
+    pending = payload
     try:
-        return gzip.decompress(payload)
-    except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+        while pending:
+            member = zlib.decompressobj(wbits=31)  # one gzip member; a file may hold several
+            while True:
+                output += member.decompress(pending, limit + 1 - len(output))
+                if len(output) > limit:
+                    raise _MirrorFailure(
+                        f"corrupt: decompresses to more than {limit:,} bytes, the size of the real file "
+                        "(a damaged file or a decompression bomb)"
+                    )
+                pending = member.unconsumed_tail
+                if member.eof:
+                    pending = member.unused_data
+                    break
+                if not pending:
+                    raise _MirrorFailure("corrupt or truncated gzip (the compressed stream ends early)")
+    except zlib.error as error:
         raise _MirrorFailure(f"corrupt or truncated gzip ({error})") from None
+    return bytes(output)
 
 
 def _no_copy_message(name: str, attempts: list[str]) -> str:
@@ -230,10 +284,27 @@ def _no_copy_message(name: str, attempts: list[str]) -> str:
 
 
 def write_dataset(result: DownloadResult, root: Path) -> Path:
-    """Write the verified files under `root/MNIST` atomically: complete or not at all."""
+    """Write the verified files under `root/MNIST` atomically: complete or not at all.
+
+    The temp folders carry this process's pid, so a later run can remove what a killed one left
+    (pipeline.atomic.sweep_stale_partials).
+    """
+    try:
+        return _write_dataset(result, root)
+    except OSError as error:
+        from pipeline.resources import write_error_message
+
+        need = sum(len(f.content) for f in result.files)
+        raise PipelineError(
+            f"{write_error_message(error)} The data set needs {need / 2**20:.0f} MiB in {root}/. "
+            f"Nothing was written; {root / DATASET_DIR} is as it was."
+        ) from None
+
+
+def _write_dataset(result: DownloadResult, root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     final = root / DATASET_DIR
-    staging = Path(tempfile.mkdtemp(prefix=f".{DATASET_DIR}.partial-", dir=root))
+    staging = Path(tempfile.mkdtemp(prefix=f".{DATASET_DIR}.partial-{os.getpid()}-", dir=root))
     try:
         raw = staging / RAW_DIR
         raw.mkdir()
@@ -242,7 +313,7 @@ def write_dataset(result: DownloadResult, root: Path) -> Path:
         (staging / MANIFEST_FILE).write_text(json.dumps(build_manifest(result), indent=2, sort_keys=True) + "\n")
         staging.chmod(0o755)  # mkdtemp makes it private; the data set is not a secret
         if final.exists():
-            retired = Path(tempfile.mkdtemp(prefix=f".{DATASET_DIR}.old-", dir=root))
+            retired = Path(tempfile.mkdtemp(prefix=f".{DATASET_DIR}.old-{os.getpid()}-", dir=root))
             os.replace(final, retired / DATASET_DIR)
             os.replace(staging, final)
             shutil.rmtree(retired)
@@ -264,13 +335,38 @@ def build_manifest(result: DownloadResult) -> dict[str, object]:
     }
 
 
+_RESTORE_DATA = "Run `dvc checkout data/MNIST` to restore it from the DVC cache, or `dvc repro -f download`."
+
+
 def read_manifest(root: Path) -> dict[str, object]:
-    """The manifest of a data set written by `write_dataset`; clear error if the download stage never ran."""
+    """The manifest of a data set written by `write_dataset`; clear error if the download stage never ran
+    or the file was damaged (its structure is checked: `dataset_digest`, and a SHA-256 per file)."""
     path = root / DATASET_DIR / MANIFEST_FILE
     try:
-        return json.loads(path.read_text())
+        manifest = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise PipelineError(f"{path} is missing: run the download stage first (`dvc repro download`).") from None
+    except (OSError, ValueError) as error:  # unreadable, not UTF-8, not JSON
+        raise PipelineError(f"{path} is not a readable JSON manifest ({error}). {_RESTORE_DATA}") from None
+    problem = _manifest_problem(manifest)
+    if problem:
+        raise PipelineError(f"{path} is not a manifest written by the download stage: {problem}. {_RESTORE_DATA}")
+    return manifest  # type: ignore[no-any-return]
+
+
+def _manifest_problem(manifest: object) -> str | None:
+    if not isinstance(manifest, dict):
+        return "it is not a JSON object"
+    if not isinstance(manifest.get("dataset_digest"), str):
+        return "`dataset_digest` is missing"
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return "`files` is missing"
+    for name in MNIST_SHA256:
+        entry = files.get(name)
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+            return f"`files` has no SHA-256 for {name}"
+    return None
 
 
 def load_split(root: Path, split: Split) -> tuple[np.ndarray, np.ndarray]:
@@ -281,7 +377,12 @@ def load_split(root: Path, split: Split) -> tuple[np.ndarray, np.ndarray]:
     for kind in ("images-idx3", "labels-idx1"):
         name = f"{prefix}-{kind}-ubyte"
         path = root / DATASET_DIR / RAW_DIR / name
-        content = path.read_bytes()
+        try:
+            content = path.read_bytes()
+        except OSError as error:  # deleted, replaced by a folder, unreadable
+            raise PipelineError(
+                f"{path} cannot be read ({error.strerror}); the data folder was modified. {_RESTORE_DATA}"
+            ) from None
         expected = manifest["files"][name]["sha256"]  # type: ignore[index]
         if hashlib.sha256(content).hexdigest() != expected:
             raise PipelineError(

@@ -44,7 +44,7 @@ def log_download(tracker: Tracker, config: DataConfig, result: DownloadResult) -
     for split, prefix in SPLIT_PREFIX.items():
         images_file = result.file(f"{prefix}-images-idx3-ubyte")
         labels_file = result.file(f"{prefix}-labels-idx1-ubyte")
-        images, labels = result.split(split)  # type: ignore[arg-type]
+        images, _labels = result.split(split)  # type: ignore[arg-type]
         metrics[f"{split}_samples"] = images.shape[0]
         metrics[f"{split}_bytes"] = len(images_file.content) + len(labels_file.content)
         split_digest = dataset_digest({f.name: f.sha256 for f in (images_file, labels_file)})

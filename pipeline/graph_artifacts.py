@@ -51,7 +51,9 @@ class GraphExport:
             "forward_flops_per_sample": self.summary.forward_flops_per_sample,
             "training_flops_per_sample": self.summary.training_flops_per_sample,
             **{
-                f"{check.runtime.replace('.', '_')}_max_abs_difference_batch{check.batch_size}": check.max_abs_difference
+                f"{check.runtime.replace('.', '_')}_max_abs_difference_batch{check.batch_size}": (
+                    check.max_abs_difference
+                )
                 for check in self.parity
             },
         }
@@ -83,7 +85,9 @@ def export_graph(model: LabNet, images: torch.Tensor, config: GraphConfig, outpu
     return result
 
 
-def log_graph_export(tracker: Tracker, model: LabNet, example: torch.Tensor, result: GraphExport, outputs: AtomicOutputs) -> None:
+def log_graph_export(
+    tracker: Tracker, model: LabNet, example: torch.Tensor, result: GraphExport, outputs: AtomicOutputs
+) -> None:
     add_tensorboard_graph(tracker, model, example)
     tracker.log_metrics(result.metrics())
     tracker.log_text("model/summary", result.summary_markdown, "summary.md")

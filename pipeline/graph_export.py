@@ -6,6 +6,7 @@ PyTorch model on real images at every batch size in `graph.check_batch_sizes`.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +33,12 @@ def add_tensorboard_graph(tracker: Tracker, model: LabNet, example: torch.Tensor
     the tracer itself is reported as a clear error, not swallowed.
     """
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.trace(_method)?` is deprecated", category=FutureWarning)
+        warnings.filterwarnings(
+            "ignore", message=r"`torch\.jit\.trace(_method)?` is deprecated", category=FutureWarning
+        )
         try:
             tracker.add_graph(model, example)
-        except Exception as error:  # noqa: BLE001 — any tracer failure is reported with its cause
+        except Exception as error:
             raise PipelineError(
                 f"TensorBoard graph export failed: torch.jit.trace could not trace {type(model).__name__} "
                 f"({type(error).__name__}: {error}). The .pt2 and ONNX exports are the supported graph formats; "
@@ -65,9 +68,8 @@ def program_text(program: torch.export.ExportedProgram) -> str:
     kept = [line for line in code.splitlines() if not line.strip().startswith("# File:")]
     return (
         f"# torch {torch.__version__} torch.export program of LabNet\n"
-        f"# inputs: {list(program.graph_signature.user_inputs)}; range constraints: {dict(program.range_constraints)}\n\n"
-        + "\n".join(kept)
-        + "\n"
+        f"# inputs: {list(program.graph_signature.user_inputs)}; "
+        f"range constraints: {dict(program.range_constraints)}\n\n" + "\n".join(kept) + "\n"
     )
 
 
@@ -92,7 +94,9 @@ class ParityCheck:
     max_abs_difference: float  # vs the PyTorch model's log-probabilities
 
 
-def check_exported_program(pt2_path: Path, model: LabNet, images: torch.Tensor, batch_sizes: tuple[int, ...]) -> list[ParityCheck]:
+def check_exported_program(
+    pt2_path: Path, model: LabNet, images: torch.Tensor, batch_sizes: tuple[int, ...]
+) -> list[ParityCheck]:
     """Reload the .pt2 archive and compare it with `model` at each batch size."""
     reloaded = torch.export.load(pt2_path).module()
     checks = []
@@ -103,9 +107,12 @@ def check_exported_program(pt2_path: Path, model: LabNet, images: torch.Tensor, 
     return checks
 
 
-def check_onnx(onnx_path: Path, model: LabNet, images: torch.Tensor, batch_sizes: tuple[int, ...], atol: float) -> list[ParityCheck]:
+def check_onnx(
+    onnx_path: Path, model: LabNet, images: torch.Tensor, batch_sizes: tuple[int, ...], atol: float
+) -> list[ParityCheck]:
     """Run the ONNX file in ONNX Runtime (a pinned dependency) and compare with `model` at each batch size."""
     import onnxruntime
+
     session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     input_name = session.get_inputs()[0].name
     checks = []
@@ -115,8 +122,9 @@ def check_onnx(onnx_path: Path, model: LabNet, images: torch.Tensor, batch_sizes
             (outputs,) = session.run(None, {input_name: batch_images.numpy()})
             difference = float((torch.from_numpy(outputs) - model(batch_images)).abs().max())
             checks.append(ParityCheck("onnxruntime", batch, difference))
-    worst = max(checks, key=lambda check: check.max_abs_difference)
-    if worst.max_abs_difference > atol:
+    # `not <=`, not `>`: a NaN difference compares false with everything and must fail, not pass.
+    worst = max(checks, key=lambda check: check.max_abs_difference if check.max_abs_difference <= atol else math.inf)
+    if not worst.max_abs_difference <= atol:
         raise PipelineError(
             f"ONNX Runtime output differs from PyTorch by {worst.max_abs_difference:.3g} at batch size "
             f"{worst.batch_size}, more than `graph.parity_atol` = {atol:g}. Check the exporter and opset "

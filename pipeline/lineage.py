@@ -1,15 +1,16 @@
 """Tie one `dvc repro` together in MLflow: a parent run per pipeline run, links, and which run is current.
 
 DVC runs every stage as its own process and gives them no shared id, so the pipeline run is
-identified by what makes it one: the git commit, the bytes of params.yaml and dvc.yaml, and the DVC
-experiment name when there is one. Stages that share that key are children of one parent run
-(`pipeline@<commit>-<params digest>`), which MLflow's UI shows as a tree. A forced rerun with the
-same key joins the same parent; a params edit or a new commit starts a new one.
+identified by what makes it one: the git commit, the bytes of params.yaml and dvc.yaml, the DVC
+experiment name when there is one, and the machine (`machine.id`: on a shared tracking server, two
+machines running the same commit are two pipeline runs). Stages that share that key are children of
+one parent run (`pipeline@<commit>-<params digest>`), which MLflow's UI shows as a tree. A forced
+rerun with the same key joins the same parent; a params edit or a new commit starts a new one.
 
 Reruns leave older runs of a stage behind; `mark_current` tags the run that produced the outputs now
-in the workspace `dvc.outputs = current` and its predecessors (same stage and DVC experiment)
-`superseded`, so a search for `tags."dvc.outputs" = 'current'` lists exactly the runs behind the
-files on disk.
+in the workspace `dvc.outputs = current` and its predecessors (same stage, DVC experiment and
+machine: each machine has its own workspace) `superseded`, so a search for
+`tags."dvc.outputs" = 'current'` lists exactly the runs behind the files on disk.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from pipeline.machine_identity import ID_TAG
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -35,6 +39,7 @@ class PipelineRun:
     commit: str  # "none" outside a git repository
     params_digest: str  # sha256 of params.yaml + dvc.yaml, first 12 hex digits
     experiment: str  # DVC experiment name, "" for a plain `dvc repro`
+    machine: dict[str, str] = field(default_factory=dict)  # the machine.* tags of the machine it runs on
 
     @property
     def name(self) -> str:
@@ -46,10 +51,11 @@ class PipelineRun:
             KEY_TAG: self.key,
             "pipeline.commit": self.commit,
             "pipeline.params_digest": self.params_digest,
+            **self.machine,
         }
 
 
-def current_pipeline_run(root: Path) -> PipelineRun:
+def current_pipeline_run(root: Path, machine: Mapping[str, str] | None = None) -> PipelineRun:
     digest = hashlib.sha256()
     for name in PIPELINE_FILES:
         path = root / name
@@ -57,8 +63,10 @@ def current_pipeline_run(root: Path) -> PipelineRun:
     params_digest = digest.hexdigest()[:12]
     commit = _git_commit(root)
     experiment = os.environ.get("DVC_EXP_NAME", "")
-    key = hashlib.sha256(f"{commit}\0{params_digest}\0{experiment}".encode()).hexdigest()[:16]
-    return PipelineRun(key=key, commit=commit, params_digest=params_digest, experiment=experiment)
+    machine = dict(machine or {})
+    identity = f"{commit}\0{params_digest}\0{experiment}\0{machine.get(ID_TAG, '')}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    return PipelineRun(key=key, commit=commit, params_digest=params_digest, experiment=experiment, machine=machine)
 
 
 def _git_commit(root: Path) -> str:
@@ -89,11 +97,15 @@ def parent_run_id(client: MlflowClient, experiment_id: str, pipeline: PipelineRu
     return str(run.info.run_id)
 
 
-def mark_current(client: MlflowClient, experiment_id: str, run_id: str, stage_run_name: str) -> None:
-    """Tag `run_id` as the producer of the workspace's outputs of `stage_run_name`, older ones superseded."""
+def mark_current(
+    client: MlflowClient, experiment_id: str, run_id: str, stage_run_name: str, machine_id: str = ""
+) -> None:
+    """Tag `run_id` as the producer of the workspace's outputs of `stage_run_name`, older ones of the same
+    machine (`machine_id`; runs without the tag count as this machine's) superseded."""
     experiment = os.environ.get("DVC_EXP_NAME", "")
     query = f"attributes.run_name = '{stage_run_name}' and tags.`{OUTPUTS_TAG}` = 'current'"
     for run in client.search_runs([experiment_id], filter_string=query, max_results=1000):
-        if run.info.run_id != run_id and run.data.tags.get("dvc.experiment", "") == experiment:
+        same_machine = run.data.tags.get(ID_TAG, machine_id) == machine_id
+        if run.info.run_id != run_id and same_machine and run.data.tags.get("dvc.experiment", "") == experiment:
             client.set_tag(run.info.run_id, OUTPUTS_TAG, "superseded")
     client.set_tag(run_id, OUTPUTS_TAG, "current")

@@ -55,7 +55,9 @@ class LabNet(nn.Module):
                 conv2=nn.Conv2d(config.conv1_channels, config.conv2_channels, kernel_size=3, stride=1),
                 relu2=nn.ReLU(),
                 pool=nn.MaxPool2d(kernel_size=2),
-                dropout1=Dropout(config.conv_dropout),  # element-wise, as upstream: Dropout2d on 2-D input is deprecated
+                dropout1=Dropout(
+                    config.conv_dropout
+                ),  # element-wise, as upstream: Dropout2d on 2-D input is deprecated
             )
         )
         self.classifier = nn.Sequential(

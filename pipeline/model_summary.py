@@ -97,10 +97,10 @@ def summary_markdown(summary: ModelSummary) -> str:
         "| --- | --- | --- | ---: | ---: |",
     ]
     for row in summary.rows:
-        lines.append(f"| {row.layer} | {row.kind} | {row.output_shape} | {row.parameters:,} | {row.flops_per_sample:,} |")
-    lines.append(
-        f"| **total** | | | **{summary.total_parameters:,}** | **{summary.forward_flops_per_sample:,}** |"
-    )
+        lines.append(
+            f"| {row.layer} | {row.kind} | {row.output_shape} | {row.parameters:,} | {row.flops_per_sample:,} |"
+        )
+    lines.append(f"| **total** | | | **{summary.total_parameters:,}** | **{summary.forward_flops_per_sample:,}** |")
     lines += [
         "",
         f"Trainable parameters: {summary.trainable_parameters:,}. One training sample (forward + backward) costs "

@@ -24,7 +24,8 @@ from collections.abc import Iterator
 
 # Kineto's progress markers, and the no-driver message on a machine without a GPU driver.
 KINETO_NOISE = re.compile(
-    rb"^(USDT|STAGE):\S* \S+ \d+:\d+ \S+\] |^ERROR:\S* \S+ \d+:\d+ DeviceProperties\.cpp:\d+\] gpuGetDeviceCount failed with code 35"
+    rb"^(USDT|STAGE):\S* \S+ \d+:\d+ \S+\] "
+    rb"|^ERROR:\S* \S+ \d+:\d+ DeviceProperties\.cpp:\d+\] gpuGetDeviceCount failed with code 35"
 )
 
 

@@ -42,6 +42,18 @@ class ProfileOutputs:
         return self.folder / "top_operators.csv"
 
     @property
+    def kernel_table_markdown(self) -> Path:
+        return self.folder / "top_kernels.md"  # GPU kernels (a one-line note on the CPU)
+
+    @property
+    def kernel_table_csv(self) -> Path:
+        return self.folder / "top_kernels.csv"  # with each kernel's full name
+
+    @property
+    def step_analysis(self) -> Path:
+        return self.folder / "step_analysis.json"  # numbers only: DVC metrics (busy %, achieved FLOP/s)
+
+    @property
     def record(self) -> Path:
         return self.folder / "profile.json"  # combination, hardware, settings, timing, top operators
 
@@ -59,3 +71,20 @@ REPORT_MARKDOWN = REPORT_DIR / "report.md"
 REPORT_HTML = REPORT_DIR / "report.html"  # self-contained: figures embedded
 REPORT_FIGURES = REPORT_DIR / "figures"
 PROFILE_COMPARISON_PLOT = Path("plots/profile_comparison.csv")  # for `dvc plots show`
+
+# Written by the `validate` stage, which every other stage depends on, so that DVC checks params.yaml
+# before it deletes (and reruns) any other stage's outputs. Its content never changes.
+PARAMS_CHECKED = Path("checks/params.ok")
+
+# The folders each stage writes its outputs into (dvc.yaml's outs; tests keep the two in step).
+# Before a stage starts, pipeline.cli checks them (writable, room left) and removes temp folders
+# that killed runs left there.
+STAGE_OUTPUT_FOLDERS: dict[str, tuple[Path, ...]] = {
+    "validate": (PARAMS_CHECKED.parent,),
+    "download": (DATA_ROOT,),
+    "train": (MODEL_CHECKPOINT.parent, TRAIN_METRICS.parent, TRAIN_STEPS_PLOT.parent),
+    "export_graph": (GRAPH_DIR, GRAPH_METRICS.parent),
+    "hardware": (HARDWARE_FINGERPRINT.parent,),
+    "profile": (PROFILES_DIR,),
+    "report": (REPORT_DIR, PROFILE_COMPARISON_PLOT.parent),
+}

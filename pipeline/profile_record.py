@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import types
 import typing
 from collections.abc import Mapping
@@ -21,11 +22,14 @@ from typing import Any, TypeVar
 from pipeline.config import Device, ProfileConfig, ProfileMode
 from pipeline.errors import PipelineError
 from pipeline.timing_statistics import Interval, MeasurementConditions
+from pipeline.trace_analysis import KernelStats, RangeStats, StepAnatomy
 
 # Profiling runs the trained weights in fp32 whatever precision training used: the lab compares
 # operators and batch sizes, and a mixed-precision step would be a different program.
 PROFILE_PRECISION = "fp32"
-RECORD_FORMAT = 2  # 2: median step time with its confidence interval, measurement conditions
+# 2: median step time with its confidence interval, measurement conditions, and the step analysis
+# (anatomy, kernels, achieved FLOP/s).
+RECORD_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,41 @@ class ProfileSettings:
 
 
 @dataclass(frozen=True)
+class FlopRate:
+    """Arithmetic the step does ÷ the time it takes, against what the device can do."""
+
+    flops_per_step: float  # model FLOPs per sample (forward; forward + backward in training) x batch
+    step_ms: float  # the median timed step
+    achieved_gflops_per_s: float
+    peak_gflops_per_s: float  # measured on the same device by pipeline.peak; 0 if unknown
+    peak_pct: float  # achieved / peak; 0 if the peak is unknown
+
+
+def flop_rate(flops_per_sample: float, batch_size: int, step_ms: float, peak_gflops_per_s: float) -> FlopRate:
+    flops = flops_per_sample * batch_size
+    achieved = flops / (step_ms / 1000) / 1e9 if step_ms > 0 else 0.0
+    return FlopRate(
+        flops_per_step=flops,
+        step_ms=step_ms,
+        achieved_gflops_per_s=achieved,
+        peak_gflops_per_s=peak_gflops_per_s,
+        peak_pct=100.0 * achieved / peak_gflops_per_s if peak_gflops_per_s > 0 else 0.0,
+    )
+
+
+@dataclass(frozen=True)
+class StepAnalysis:
+    """Why the step costs what it costs, from its trace (pipeline.trace_analysis) and the measured peak."""
+
+    anatomy: StepAnatomy
+    flop_rate: FlopRate
+    peak_method: str  # how the peak was measured, for the report
+    ranges: tuple[RangeStats, ...]  # profiler ranges, listed apart from the operators
+    top_kernels: tuple[KernelStats, ...]  # empty on the CPU
+    unattributed_device_ms: float  # device time per step launched outside any operator
+
+
+@dataclass(frozen=True)
 class ProfileRecord:
     combination: Combination
     hardware: dict[str, str]
@@ -110,16 +149,36 @@ class ProfileRecord:
     timing: Timing
     conditions: MeasurementConditions  # load, cores, threads, governor around the timing
     block_times_ms: tuple[float, ...]  # per-step time of each timed block, in order (5 significant digits)
-    top_operators: tuple[OperatorRow, ...]
+    top_operators: tuple[OperatorRow, ...]  # ATen operators only: no profiler ranges, no raw kernels
     data_digest: str
+    analysis: StepAnalysis
     format: int = RECORD_FORMAT
+    # cuda only: the same step replayed from a CUDA graph, timed on the same clock (empty elsewhere).
+    graph_step_times_ms: tuple[float, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def metrics(self) -> dict[str, float]:
-        """timing.json, MLflow and TensorBoard: the same names for every combination."""
-        return {**self.timing.as_metrics(), **self.conditions.metrics()}
+        """timing.json, MLflow and TensorBoard: the same names for every combination (graph replay: cuda only)."""
+        return {**self.timing.as_metrics(), **self.conditions.metrics(), **self.graph_metrics()}
+
+    def graph_metrics(self) -> dict[str, float]:
+        """Where a graph replay was timed: its median step and the host overhead of an eager step.
+
+        Host overhead = eager median - graph median: what launching the step's kernels one by one from Python
+        costs beyond the GPU's own work, which a replay leaves out. Empty on other devices.
+        """
+        if not self.graph_step_times_ms:
+            return {}
+        graph = statistics.median(self.graph_step_times_ms)
+        eager = self.timing.step_time_ms_median
+        overhead = eager - graph
+        return {
+            "graph_step_time_ms_median": graph,
+            "host_overhead_ms": overhead,
+            "host_overhead_pct": 100.0 * overhead / eager if eager else 0.0,
+        }
 
 
 def write_record(record: ProfileRecord) -> str:
@@ -194,12 +253,12 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
 
 
 def parse_combination(arguments: list[str]) -> Combination:
-    """The profile stage's command-line item (`BATCH DEVICE MODE`, from DVC's matrix) as a Combination.
+    """The profile stage's command-line item (`BATCH DEVICE MODE`, a direct run) as a Combination.
 
     A plain check instead of argparse: a bad value gets the same one-paragraph error naming the
     params.yaml key as every other param mistake, not argparse's usage text.
     """
-    usage = "usage: python -m stages.profile BATCH_SIZE DEVICE MODE (DVC passes them from params.yaml's `profile`)"
+    usage = "usage: python -m stages.profile BATCH_SIZE DEVICE MODE (DVC runs it without them: pipeline/matrix.py)"
     if len(arguments) != 3:
         raise PipelineError(f"expected 3 arguments, got {len(arguments)}; {usage}.")
     batch, device, mode = arguments

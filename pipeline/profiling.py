@@ -3,12 +3,16 @@
 Two phases after an untimed warm-up (oneDNN/cuDNN create kernels per input shape, so a cold first
 step can cost 20x a warm one): first the step is timed with no profiler attached (profiler hooks would
 inflate the times) until the median step time is known to `ci_target_pct` or `time_budget_s` runs out
-(pipeline.timing), then `active_steps` steps are traced by torch.profiler for the per-operator table,
-the FLOPs and the Chrome/Perfetto trace.
+(pipeline.timing), then `active_steps` steps are traced by torch.profiler for the Chrome/Perfetto trace.
+The operator table, kernel table and step anatomy are read from that trace (pipeline.trace_analysis:
+each microsecond counted once, profiler ranges kept apart); the profiler's `key_averages()` only adds
+the FLOPs it counts per operator. Last, a short matmul benchmark measures the device's attainable
+FLOP/s (pipeline.peak), the ceiling the step's achieved FLOP/s is compared with.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gzip
 import json
@@ -21,25 +25,32 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from pipeline.checkpoint import load_checkpoint
+from pipeline.checkpoint import checkpoint_digest, load_checkpoint
 from pipeline.config import ProfileConfig, ProfileMode
+from pipeline.cuda_graph import make_graphable_step, time_graph_replays
 from pipeline.data import load_split
 from pipeline.errors import PipelineError
 from pipeline.model import LabNet
+from pipeline.model_summary import summarize
+from pipeline.native_stderr import filtered_native_stderr
+from pipeline.peak import measure_peak
 from pipeline.profile_record import (
     PROFILE_PRECISION,
     Combination,
     OperatorRow,
     ProfileRecord,
     ProfileSettings,
+    StepAnalysis,
     Timing,
+    flop_rate,
 )
 from pipeline.runtime import hardware_description, select_device
+from pipeline.steps import inference_step
 from pipeline.timing import StepTiming, time_steps
 from pipeline.timing_statistics import NOISY_ADVICE
+from pipeline.trace_analysis import TraceAnalysis, analyse_trace, read_trace
 from pipeline.training import MEMORY_FORMAT, normalize_images
 
-BOOKKEEPING_PREFIXES = ("ProfilerStep",)  # the profiler's own per-step ranges, not operators
 _MEGABYTE = 1 << 20
 
 
@@ -47,8 +58,9 @@ _MEGABYTE = 1 << 20
 class ProfileResult:
     combination: Combination
     step_timing: StepTiming
-    operators: tuple[OperatorRow, ...]  # every operator, most expensive first
+    operators: tuple[OperatorRow, ...]  # every ATen operator, most expensive first
     peak_memory_mb: float  # most memory torch had allocated on the device during the measured steps
+    analysis: TraceAnalysis  # what the trace says: operators, ranges, kernels, step anatomy
 
     def timing(self) -> Timing:
         estimate = self.step_timing.estimate
@@ -80,13 +92,7 @@ def make_step(
 ) -> Callable[[], None]:
     """One inference forward (eval, no autograd) or one training step (forward, backward, Adadelta at `lr`)."""
     if mode == "inference":
-        model.eval()
-
-        def inference_step() -> None:
-            with torch.inference_mode():
-                model(images)
-
-        return inference_step
+        return inference_step(model, images)
     model.train()
     optimizer = torch.optim.Adadelta(model.parameters(), lr=lr)  # the lab's optimizer: its update is profiled too
 
@@ -132,51 +138,41 @@ def profile_combination(
     # so keeping its events (acc_events) changes nothing; saying so also silences torch 2.10-2.11, which
     # warned "Profiler clears events at the end of each cycle" on every profiler start, cycles or not
     # (pytorch/pytorch#180348, fixed in 2.12 by #180387): a warning no user of this stage could act on.
-    with profile(
-        activities=activities,
-        schedule=schedule(wait=1, warmup=1, active=active_steps, repeat=1),
-        profile_memory=True,
-        with_flops=True,
-        acc_events=True,
-    ) as profiler:
-        for _ in range(2 + active_steps):
-            step()
-            sync()
-            profiler.step()
-    profiler.export_chrome_trace(str(trace_path))
-    operators = operator_table(profiler.key_averages(), active_steps, on_gpu)
+    # Kineto's progress lines and its no-GPU-driver message stay out of the console (pipeline.native_stderr).
+    with filtered_native_stderr():
+        with profile(
+            activities=activities,
+            schedule=schedule(wait=1, warmup=1, active=active_steps, repeat=1),
+            profile_memory=True,
+            with_flops=True,
+            acc_events=True,
+        ) as profiler:
+            for _ in range(2 + active_steps):
+                step()
+                sync()
+                profiler.step()
+        profiler.export_chrome_trace(str(trace_path))
+    analysis = analyse_trace(read_trace(trace_path), device.type, operator_flops(profiler.key_averages()))
     peak = torch.cuda.max_memory_allocated(device) if on_gpu else _peak_cpu_memory(trace_path)
     return ProfileResult(
         combination=combination,
         step_timing=step_timing,
-        operators=operators,
+        operators=tuple(OperatorRow(**dataclasses.asdict(row)) for row in analysis.operators),
         peak_memory_mb=peak / _MEGABYTE,
+        analysis=analysis,
     )
 
 
-def operator_table(averages: list[Any], steps: int, on_gpu: bool) -> tuple[OperatorRow, ...]:
-    """Per-step rows of every operator, sorted by self device time on GPU and self CPU time on CPU."""
-    events = [event for event in averages if not event.key.startswith(BOOKKEEPING_PREFIXES)]
-    time_field = "self_device_time_total" if on_gpu else "self_cpu_time_total"
+def operator_flops(averages: list[Any]) -> dict[str, float]:
+    """FLOPs over all traced steps per operator name: the one number the trace does not carry.
 
-    def sort_key(event: Any) -> float:
-        return float(getattr(event, time_field))
-
-    total = sum(sort_key(event) for event in events) or 1.0
-    rows = [
-        OperatorRow(
-            operator=event.key,
-            calls_per_step=event.count / steps,
-            self_cpu_ms=event.self_cpu_time_total / steps / 1000,  # profiler times are microseconds
-            total_cpu_ms=event.cpu_time_total / steps / 1000,
-            self_device_ms=event.self_device_time_total / steps / 1000,
-            total_device_ms=event.device_time_total / steps / 1000,
-            share_pct=100.0 * sort_key(event) / total,
-            mflops=(event.flops or 0) / steps / 1e6,
-        )
-        for event in events
-    ]
-    return tuple(sorted(rows, key=lambda row: row.share_pct, reverse=True))
+    Only operators with a FLOP formula (convolutions, matrix products) have any; ranges and kernels have none.
+    """
+    flops: dict[str, float] = {}
+    for event in averages:
+        if event.flops:
+            flops[event.key] = flops.get(event.key, 0.0) + float(event.flops)
+    return flops
 
 
 def _peak_cpu_memory(trace_path: Path) -> float:
@@ -230,17 +226,32 @@ def operators_markdown(record: ProfileRecord) -> str:
     lines = [
         f"### Top {len(rows)} operators: batch {combination.batch_size}, {combination.device}, {combination.mode}",
         "",
-        f"{timing_summary(record)} Operators ranked by {ranked_by}; times are per step.",
+        f"{timing_summary(record)} ATen operators ranked by {ranked_by}; times are per step.",
         "",
         *(f"**Warning:** {warning}.\n" for warning in measurement_warnings(record)),
         "| # | operator | calls | self CPU ms | total CPU ms | self GPU ms | share % | MFLOPs |",
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    graph = record.graph_metrics()
+    if graph:
+        lines[3:3] = [
+            "",
+            f"The same step replayed from a CUDA graph: {graph['graph_step_time_ms_median']:.3f} ms median. "
+            f"Host overhead (eager - graph medians): {graph['host_overhead_ms']:.3f} ms, "
+            f"{graph['host_overhead_pct']:.0f} % of the eager step: launching kernels one by one from Python, "
+            "which a replay leaves out.",
+        ]
     for rank, row in enumerate(rows, start=1):
         lines.append(
             f"| {rank} | `{row.operator}` | {row.calls_per_step:g} | {row.self_cpu_ms:.3f} | {row.total_cpu_ms:.3f} | "
             f"{row.self_device_ms:.3f} | {row.share_pct:.1f} | {row.mflops:.1f} |"
         )
+    if record.analysis.ranges:  # record_function ranges: their time is their operators' time, so never ranked
+        ranges = "; ".join(
+            f"`{r.name}` {r.cpu_ms:.3f} ms CPU" + (f", {r.device_ms:.3f} ms GPU" if combination.device != "cpu" else "")
+            for r in record.analysis.ranges
+        )
+        lines += ["", f"Profiler ranges, not ranked (their time is that of the operators inside them): {ranges}."]
     return "\n".join(lines) + "\n"
 
 
@@ -254,14 +265,20 @@ class ProfileSetup:
     hardware: dict[str, str]
     settings: ProfileSettings
     data_digest: str
+    flops_per_sample: float  # the model's forward FLOPs (inference) or forward + backward FLOPs (train)
+    model_digest: str  # SHA-256 of the checkpoint file: which weights were profiled, on any machine
+    graph_step: Callable[[], None] | None = None  # cuda: the same step, capturable, on a copy of the model
 
 
-def prepare_profile(combination: Combination, config: ProfileConfig, checkpoint_path: Path, data_root: Path) -> ProfileSetup:
+def prepare_profile(
+    combination: Combination, config: ProfileConfig, checkpoint_path: Path, data_root: Path
+) -> ProfileSetup:
     """Pick the device and threads, load the trained model and one batch of test images onto it."""
     device = select_device(combination.device, param="profile.devices")
     if config.threads:
         torch.set_num_threads(config.threads)
     checkpoint = load_checkpoint(checkpoint_path)
+    summary = summarize(checkpoint.model, checkpoint.model.input_shape)  # on the CPU, before the move
     model = checkpoint.model.to(device).to(memory_format=MEMORY_FORMAT)
     test_images, test_labels = load_split(data_root, "test")
     if combination.batch_size > len(test_labels):
@@ -289,11 +306,21 @@ def prepare_profile(combination: Combination, config: ProfileConfig, checkpoint_
         hardware=hardware_description(device),
         settings=settings,
         data_digest=checkpoint.data_digest,
+        flops_per_sample=float(
+            summary.forward_flops_per_sample if combination.mode == "inference" else summary.training_flops_per_sample
+        ),
+        model_digest=checkpoint_digest(checkpoint_path),
+        graph_step=(
+            make_graphable_step(copy.deepcopy(model), combination.mode, images, labels, lr)
+            if device.type == "cuda"
+            else None
+        ),
     )
 
 
 def run_profile(setup: ProfileSetup, top_k: int, trace_path: Path) -> ProfileRecord:
-    """Time and trace the combination; the record keeps the `top_k` most expensive operators."""
+    """Time and trace the combination, then measure the device's peak; the record keeps the `top_k`
+    most expensive operators and kernels."""
     settings = setup.settings
     result = profile_combination(
         setup.combination,
@@ -305,15 +332,32 @@ def run_profile(setup: ProfileSetup, top_k: int, trace_path: Path) -> ProfileRec
         ci_target_pct=settings.ci_target_pct,
         time_budget_s=settings.time_budget_s,
     )
+    timing = result.timing()
+    peak = measure_peak(setup.device)
+    analysis = result.analysis
+    graph_times: tuple[float, ...] = ()
+    if setup.graph_step is not None:  # after the eager passes, so that graph memory pools stay out of them
+        graph_times = time_graph_replays(setup.graph_step, settings.warmup_steps, settings.active_steps)
     return ProfileRecord(
         combination=setup.combination,
         hardware=setup.hardware,
         settings=settings,
-        timing=result.timing(),
+        timing=timing,
         conditions=result.step_timing.conditions,
         block_times_ms=result.block_times_ms(),
         top_operators=result.operators[:top_k],
         data_digest=setup.data_digest,
+        analysis=StepAnalysis(
+            anatomy=analysis.anatomy,
+            flop_rate=flop_rate(
+                setup.flops_per_sample, setup.combination.batch_size, timing.step_time_ms_median, peak.gflops_per_s
+            ),
+            peak_method=peak.method,
+            ranges=analysis.ranges,
+            top_kernels=analysis.kernels[:top_k],
+            unattributed_device_ms=analysis.unattributed_device_ms,
+        ),
+        graph_step_times_ms=graph_times,
     )
 
 

@@ -12,11 +12,13 @@ import dataclasses
 import json
 import re
 import shutil
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.analysis_figures import cpu_vs_gpu_figure, roofline_figure
 from pipeline.config import Params, ProfileConfig
 from pipeline.paths import (
     GRAPH_METRICS,
@@ -31,6 +33,16 @@ from pipeline.paths import (
 )
 from pipeline.profile_record import ProfileRecord, combinations, read_record
 from pipeline.report_figures import batch_size_plot, read_csv, training_curves
+from pipeline.step_report import (
+    StepFacts,
+    analysis_sentences,
+    anatomy_markdown,
+    cpu_vs_gpu_markdown,
+    flop_rate_markdown,
+    has_gpu_pairs,
+    kernels_markdown,
+    step_facts,
+)
 from pipeline.timing_statistics import NOISY_ADVICE, Interval, ratio
 
 TITLE = "AI-System Lab 1: MNIST CNN — training, dataflow graph and operator profile"
@@ -240,22 +252,6 @@ def analysis(rows: Sequence[ComparisonRow]) -> list[str]:
         )
         if len(series) > 1:
             sentences.append(batch_scaling_sentence(smallest, largest, mode))
-    cpu = {(r.batch_size, r.mode): r for r in rows if r.device == "cpu"}
-    for row in rows:
-        if row.device != "cpu" and (row.batch_size, row.mode) in cpu:
-            reference = cpu[(row.batch_size, row.mode)]
-            speed = ratio(reference.step_interval, row.step_interval)
-            times = f"{row.step_time_ms:.3f} vs {reference.step_time_ms:.3f} ms per step"
-            if speed.measurable:
-                verdict = f"{speed.value:.1f}x the CPU's speed (95 % CI {speed.bounds()}; {times})"
-            else:
-                verdict = f"{speed.describe()}; {times}"
-            sentences.append(f"{row.device} vs cpu, batch {row.batch_size} {row.mode}: {verdict}.")
-    if not any(row.device != "cpu" for row in rows):
-        sentences.append(
-            "Only CPU combinations were profiled: add `cuda` to `profile.devices` on a GPU machine "
-            "for the CPU vs GPU comparison."
-        )
     return sentences
 
 
@@ -311,10 +307,12 @@ def build_report(params: Params, figures: Path) -> Report:
     sections.append(inputs.model_summary or "_Model summary not available (see Missing inputs)._\n")
     sections += training_section(params, inputs, figures)
 
-    sections.append("## 4. Top operators per combination\n")
+    sections.append("## 4. Top operators (and GPU kernels) per combination\n")
     for record in inputs.profiles:
         table = profile_outputs(record.combination.name).table_markdown.read_text()
         sections.append(table.replace("### ", "#### ", 1))
+        if record.analysis.top_kernels:
+            sections.append(kernels_markdown(record).replace("### ", "#### ", 1))
     if not inputs.profiles:
         sections.append("_No profile available (see Missing inputs)._\n")
 
@@ -326,13 +324,35 @@ def build_report(params: Params, figures: Path) -> Report:
         batch_size_plot(plotted, "throughput_samples_per_s", "throughput (samples/s)", figures / "throughput.png")
         sections.append("![per-sample time](figures/per_sample_time.png)\n\n![throughput](figures/throughput.png)\n")
 
-    sections.append("## 6. Analysis\n")
-    sections.append("".join(f"- {sentence}\n" for sentence in analysis(rows)) if rows else "_No profiles to analyse._\n")
+    facts = step_facts(inputs.profiles)
+    sections += step_sections(facts, figures)
+
+    sections.append("## 9. Analysis\n")
+    sentences = analysis(rows) + analysis_sentences(facts)
+    sections.append("".join(f"- {sentence}\n" for sentence in sentences) if rows else "_No profiles to analyse._\n")
 
     if inputs.missing:
         sections.append("## Missing inputs\n")
         sections.append("".join(f"- {line}\n" for line in inputs.missing))
     return Report("\n".join(sections), rows)
+
+
+def step_sections(facts: Sequence[StepFacts], figures: Path) -> list[str]:
+    """Sections 6-8: where each step's time goes, its achieved FLOP/s against the peak, CPU vs GPU."""
+    sections = ["## 6. Step anatomy: where a step's time goes\n", anatomy_markdown(facts)]
+    sections += ["## 7. Achieved FLOP/s against the device's peak\n", flop_rate_markdown(facts)]
+    if facts:
+        peaks: dict[str, list[float]] = {}
+        for fact in facts:
+            if fact.rate is not None and fact.rate.peak_gflops_per_s > 0:
+                peaks.setdefault(fact.device, []).append(fact.rate.peak_gflops_per_s)
+        roofline_figure(facts, {device: statistics.median(v) for device, v in peaks.items()}, figures / "roofline.png")
+        sections.append("![achieved FLOP/s vs batch size](figures/roofline.png)\n")
+    sections += ["## 8. CPU vs GPU\n", cpu_vs_gpu_markdown(facts)]
+    if has_gpu_pairs(facts):
+        cpu_vs_gpu_figure(facts, figures / "cpu_vs_gpu.png")
+        sections.append("![per-sample time, CPU vs GPU](figures/cpu_vs_gpu.png)\n")
+    return sections
 
 
 def training_section(params: Params, inputs: ReportInputs, figures: Path) -> list[str]:
@@ -344,7 +364,9 @@ def training_section(params: Params, inputs: ReportInputs, figures: Path) -> lis
     ]
     if inputs.train_metrics and TRAIN_EPOCHS_PLOT.exists() and TRAIN_STEPS_PLOT.exists():
         metrics = inputs.train_metrics
-        speed = f" Training ran at {inputs.train_speed['images_per_second']:.0f} images/s." if inputs.train_speed else ""
+        speed = (
+            f" Training ran at {inputs.train_speed['images_per_second']:.0f} images/s." if inputs.train_speed else ""
+        )
         sections.append(
             f"Test accuracy **{metrics['test_accuracy']:.4f}**, test loss {metrics['test_loss']:.4f}; last-epoch train "
             f"accuracy {metrics['train_accuracy']:.4f}, loss {metrics['train_loss']:.4f}.{speed}\n"

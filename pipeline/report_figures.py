@@ -12,7 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display: CI and servers
 
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+import matplotlib.pyplot as plt
 
 DPI = 110
 
@@ -27,11 +27,15 @@ def training_curves(epochs: Sequence[dict[str, float]], steps: Sequence[dict[str
     figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(10, 3.8))
     steps_per_epoch = max(row["step"] for row in steps) / max(row["epoch"] for row in epochs)
     epoch_x = [row["epoch"] * steps_per_epoch for row in epochs]
-    loss_axes.plot([r["step"] for r in steps], [r["train_loss"] for r in steps], label="train (per logged step)", alpha=0.6)
+    loss_axes.plot(
+        [r["step"] for r in steps], [r["train_loss"] for r in steps], label="train (per logged step)", alpha=0.6
+    )
     loss_axes.plot(epoch_x, [r["train_loss"] for r in epochs], "o-", label="train (epoch mean)")
     loss_axes.plot(epoch_x, [r["test_loss"] for r in epochs], "s-", label="test")
     loss_axes.set(xlabel="optimizer step", ylabel="NLL loss", title="Loss", yscale="log")
-    accuracy_axes.plot([r["step"] for r in steps], [r["train_accuracy"] for r in steps], label="train (per logged step)", alpha=0.6)
+    accuracy_axes.plot(
+        [r["step"] for r in steps], [r["train_accuracy"] for r in steps], label="train (per logged step)", alpha=0.6
+    )
     accuracy_axes.plot(epoch_x, [r["train_accuracy"] for r in epochs], "o-", label="train (epoch mean)")
     accuracy_axes.plot(epoch_x, [r["test_accuracy"] for r in epochs], "s-", label="test")
     accuracy_axes.set(xlabel="optimizer step", ylabel="accuracy", title="Accuracy")

@@ -84,6 +84,11 @@ def pin_runtime(device: torch.device, precision: str, threads: int, seed: int) -
         torch.set_num_threads(threads)
     torch.manual_seed(seed)  # CPU and every CUDA device
     torch.use_deterministic_algorithms(True)
+    if device.type == "cuda":
+        # Deterministic mode also NaN-fills every torch.empty (a guard against reading memory nothing
+        # wrote; results are the same without it): ~75 extra kernels per training step of this CNN,
+        # more than the step's own, so on a GPU they cost real time. Left on for the CPU (issue 14).
+        torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
     torch.backends.cudnn.benchmark = False  # autotuning picks kernels by timing: not reproducible
     return RuntimeSettings(
         device=str(device), precision=precision, threads=torch.get_num_threads(), seed=seed, deterministic=True

@@ -45,7 +45,9 @@ class EventWriter:
             string_val=[text.encode("utf-8")],
             tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]),
         )
-        self.add_summary(Summary(value=[Summary.Value(tag=f"{tag}/text_summary", metadata=metadata, tensor=tensor)]), step)
+        self.add_summary(
+            Summary(value=[Summary.Value(tag=f"{tag}/text_summary", metadata=metadata, tensor=tensor)]), step
+        )
 
     def flush(self) -> None:
         self._file.flush()

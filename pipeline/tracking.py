@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import os
 import re
+import sqlite3
 import time
 import urllib.error
 import urllib.request
@@ -23,8 +24,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import TrackingConfig
+from pipeline.credentials import basic_auth_header, redact, split_user_info
 from pipeline.errors import PipelineError
 from pipeline.lineage import current_pipeline_run, mark_current, parent_run_id
+from pipeline.machine_identity import ID_TAG, machine_tags
+from pipeline.processes import host_name, identity_alive, process_identity
 from pipeline.tensorboard_events import EventWriter
 
 if TYPE_CHECKING:  # imported lazily at run time: `import mlflow` alone costs ~2 s
@@ -64,25 +68,136 @@ def tracking_uri(root: Path | None = None) -> str:
     return f"sqlite:///{(root or project_root()) / STORE_FILE}"
 
 
+USERNAME_VARIABLE = "MLFLOW_TRACKING_USERNAME"
+PASSWORD_VARIABLE = "MLFLOW_TRACKING_PASSWORD"
+TOKEN_VARIABLE = "MLFLOW_TRACKING_TOKEN"
+
+
+def credentials_out_of_uri(uri: str, environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    """`uri` without `user:password@`, the credentials moved to MLflow's own variables; returns the bare URI.
+
+    MLflow sends MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD as HTTP basic auth. Taken out of
+    the URI, the password cannot reach any message, log or exception text that quotes the URI.
+    Variables the user set explicitly win over the URI, as they do in MLflow.
+    """
+    if not uri.startswith(("http://", "https://")):
+        return uri  # database URIs need their credentials inside; messages redact them instead
+    bare, user, password = split_user_info(uri)
+    if user is not None:
+        environ.setdefault(USERNAME_VARIABLE, user)
+        environ.setdefault(PASSWORD_VARIABLE, password or "")
+    return bare
+
+
 def check_tracking_server(uri: str) -> None:
-    """For an http(s) tracking URI: the server must answer `GET /health` before any work starts."""
+    """For an http(s) tracking URI: the server must answer `GET /health` before any work starts.
+
+    The request carries the credentials MLflow itself would send (basic auth from
+    MLFLOW_TRACKING_USERNAME / _PASSWORD, or a bearer MLFLOW_TRACKING_TOKEN), so a server behind auth
+    passes; a `user:password@` in the URI is honoured the same way and never printed.
+    """
     if not uri.startswith(("http://", "https://")):
         return
     for name, value in HTTP_CLIENT_DEFAULTS.items():
         os.environ.setdefault(name, value)
+    uri = credentials_out_of_uri(uri)
     health = uri.rstrip("/") + "/health"
     fix = (
         "Start the server (README: 'Sharing: DVC remote and MLflow server'), correct $MLFLOW_TRACKING_URI, "
         "or unset it to log into the project's own mlflow.db. Nothing was run."
     )
+    request = urllib.request.Request(health)
+    if os.environ.get(USERNAME_VARIABLE):
+        header = basic_auth_header(os.environ[USERNAME_VARIABLE], os.environ.get(PASSWORD_VARIABLE, ""))
+        request.add_unredirected_header("Authorization", header)
+    elif os.environ.get(TOKEN_VARIABLE):
+        request.add_unredirected_header("Authorization", f"Bearer {os.environ[TOKEN_VARIABLE]}")
     try:
-        with urllib.request.urlopen(health, timeout=HEALTH_TIMEOUT_S) as response:
+        with urllib.request.urlopen(request, timeout=HEALTH_TIMEOUT_S) as response:
             response.read()
     except urllib.error.HTTPError as error:
-        raise PipelineError(f"MLflow tracking server {uri} answered HTTP {error.code} on /health. {fix}") from None
+        auth = (
+            f" Check {USERNAME_VARIABLE} / {PASSWORD_VARIABLE} (or the user:password in the URI)."
+            if error.code in (401, 403)
+            else ""
+        )
+        raise PipelineError(
+            redact(f"MLflow tracking server {uri} answered HTTP {error.code} on /health.{auth} {fix}")
+        ) from None
     except OSError as error:  # refused, DNS, timeout
         reason = getattr(error, "reason", error)
-        raise PipelineError(f"MLflow tracking server {uri} is unreachable ({reason}). {fix}") from None
+        raise PipelineError(redact(f"MLflow tracking server {uri} is unreachable ({reason}). {fix}")) from None
+
+
+def check_sqlite_store(database: Path) -> None:
+    """Refuse a damaged SQLite store up front instead of failing inside SQLAlchemy with a traceback.
+
+    An empty (0-byte) file is refused too: MLflow would silently make a new store of it, hiding that
+    the runs it held are gone (a disk that filled up, a bad copy). Called under the store's lock, so
+    a store another process is creating right now is never judged half-made.
+    """
+    if not database.exists():
+        return
+    fix = (
+        f"Move it aside (`mv {database} {database}.damaged`) to start an empty store (its runs are lost unless "
+        "you restore a backup), or point $MLFLOW_TRACKING_URI at another store. Nothing was run."
+    )
+    if not database.is_file():
+        raise PipelineError(f"MLflow store {database} is not a file. {fix}")
+    if database.stat().st_size == 0:
+        raise PipelineError(f"MLflow store {database} is empty (0 bytes): whatever runs it held are gone. {fix}")
+    try:
+        with contextlib.closing(sqlite3.connect(f"{database.as_uri()}?mode=rw", uri=True, timeout=60)) as connection:
+            (verdict,) = connection.execute("PRAGMA quick_check(1)").fetchone()
+    except sqlite3.DatabaseError as error:  # "file is not a database", "database disk image is malformed"
+        raise PipelineError(f"MLflow store {database} is not a readable SQLite database ({error}). {fix}") from None
+    if verdict != "ok":
+        raise PipelineError(f"MLflow store {database} is damaged (SQLite's check: {verdict}). {fix}")
+
+
+def check_artifact_folder(artifact_uri: str) -> None:
+    """A local artifact store must accept files and have room before the work, not after it: a full
+    mlartifacts/ would otherwise throw away a finished training when its model is logged."""
+    if artifact_uri.startswith("file://"):
+        folder = Path(urllib.request.url2pathname(artifact_uri[len("file://") :]))
+    elif "://" not in artifact_uri and ":/" not in artifact_uri:
+        folder = Path(artifact_uri)  # a plain local path
+    else:
+        return  # remote stores (mlflow-artifacts:, s3:, ...) report their own errors
+    from pipeline.resources import check_output_folder
+
+    check_output_folder(folder)
+
+
+# Tags every run carries, so a later stage can tell whether the process that owns a RUNNING run is alive.
+HOST_TAG = "pipeline.host"
+PROCESS_TAG = "pipeline.process"
+STALE_TAG = "pipeline.ended_by"
+
+
+def process_tags() -> dict[str, str]:
+    return {HOST_TAG: host_name(), PROCESS_TAG: process_identity()}
+
+
+def mark_stale_runs(client: MlflowClient, experiment_id: str) -> list[str]:
+    """End as FAILED the RUNNING runs whose process is gone (SIGKILL, OOM killer, a store that was down
+    at the end); return their ids.
+
+    Only runs started on this machine are judged: another machine's processes cannot be checked
+    from here, so its runs are left as they are (that machine's next stage judges them).
+    """
+    host = host_name()
+    stale = []
+    for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000):
+        tags = run.data.tags
+        identity = tags.get(PROCESS_TAG)
+        if tags.get(HOST_TAG) != host or identity is None or identity_alive(identity):
+            continue
+        note = f"marked FAILED by a later stage: its process ({identity}) ended without closing the run"
+        client.set_tag(run.info.run_id, STALE_TAG, note)
+        client.set_terminated(run.info.run_id, "FAILED")
+        stale.append(run.info.run_id)
+    return stale
 
 
 def _sqlite_path(uri: str) -> Path | None:
@@ -102,6 +217,8 @@ def prepare_experiment(uri: str, experiment: str, root: Path) -> str:
         _file_lock(database.with_name(database.name + ".lock")) if database else contextlib.nullcontext()
     )
     with lock_context:
+        if database is not None:
+            check_sqlite_store(database)
         client = MlflowClient(uri)
         found = client.get_experiment_by_name(experiment)
         if found is not None:
@@ -168,7 +285,8 @@ class Tracker:
         """MLflow params (write-once per run), each key prefixed with `prefix` (e.g. `graph.`)."""
         from mlflow.entities import Param
 
-        entries = [Param(f"{prefix}{key}", str(value)) for key, value in params.items()]
+        # Values pass through `redact`: a URL with a password must not become a stored param.
+        entries = [Param(f"{prefix}{key}", redact(str(value))) for key, value in params.items()]
         self.client.log_batch(self.run_id, params=entries)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
@@ -243,6 +361,11 @@ STAGE_DESCRIPTIONS = {
 }
 
 
+def _first_line(error: BaseException) -> str:
+    text = getattr(error, "message", None) or str(error) or type(error).__name__
+    return " ".join(str(text).split())[:500]
+
+
 def _dvc_experiment_tags() -> dict[str, str]:
     """Inside `dvc exp run`, DVC names the experiment and its baseline commit: link the run to them."""
     names = {"DVC_EXP_NAME": "dvc.experiment", "DVC_EXP_BASELINE_REV": "dvc.baseline_rev"}
@@ -262,29 +385,39 @@ def open_tracker(
     TensorBoard folder `<stage>/<variant>-<time>-<run id>`, one per combination.
 
     The run is also the active fluent run while open, for the MLflow APIs that only exist in fluent
-    form (`mlflow.log_input`, `mlflow.pytorch.log_model`).
+    form (`mlflow.log_input`, `mlflow.pytorch.log_model`). Every run is tagged with its stage, its DVC
+    experiment (if any) and the machine it ran on (`machine.name`, `machine.id`).
     """
     import mlflow
     from mlflow import MlflowClient
+    from sqlalchemy.exc import SQLAlchemyError
 
     root = root or project_root()
-    uri = tracking_uri(root)
+    uri = credentials_out_of_uri(tracking_uri(root))
+    if os.environ.get("MLFLOW_TRACKING_URI", "").strip():
+        os.environ["MLFLOW_TRACKING_URI"] = uri  # MLflow code reading the variable sees no password either
     check_tracking_server(uri)
+    machine = machine_tags()
     try:
         experiment_id = prepare_experiment(uri, config.experiment, root)
+        client = MlflowClient(uri)
+        check_artifact_folder(client.get_experiment(experiment_id).artifact_location)
+        mark_stale_runs(client, experiment_id)
         mlflow.set_tracking_uri(uri)
         run_name = f"{stage}@{variant}" if variant else stage
-        client = MlflowClient(uri)
-        pipeline = current_pipeline_run(root)
-        tags = {"stage": stage, **pipeline.tags(), **_dvc_experiment_tags()}
+        pipeline = current_pipeline_run(root, machine)
+        tags = {"stage": stage, **pipeline.tags(), **process_tags(), **_dvc_experiment_tags()}
         if stage in STAGE_DESCRIPTIONS:
             tags["mlflow.note.content"] = STAGE_DESCRIPTIONS[stage]
         parent = parent_run_id(client, experiment_id, pipeline)
         run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags, parent_run_id=parent)
-    except mlflow.exceptions.MlflowException as error:
+    except (mlflow.exceptions.MlflowException, SQLAlchemyError) as error:
         raise PipelineError(
-            f"MLflow tracking store {uri} failed: {error.message}. Check $MLFLOW_TRACKING_URI "
-            "(unset it to use the project's own mlflow.db)."
+            redact(
+                f"MLflow tracking store {uri} failed before the stage started: {_first_line(error)}. Check "
+                "$MLFLOW_TRACKING_URI (unset it to use the project's own mlflow.db) and `tracking.experiment` in "
+                "params.yaml. Nothing was run."
+            )
         ) from None
     run_id = run.info.run_id
     folder = f"{variant + '-' if variant else ''}{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:8]}"
@@ -292,13 +425,41 @@ def open_tracker(
     logdir = (logdir if logdir.is_absolute() else root / logdir) / stage / folder
     tracker = Tracker(client=client, run_id=run_id, events=EventWriter(logdir))
     status = "FAILED"
+    failure: PipelineError | None = None
     try:
         yield tracker
         status = "FINISHED"
-        mark_current(client, experiment_id, run_id, run_name)
     except KeyboardInterrupt:
         status = "KILLED"
         raise
+    except mlflow.exceptions.MlflowException as error:  # the store died, stalled or refused mid-stage
+        failure = PipelineError(
+            redact(
+                f"MLflow tracking store {uri} failed during the stage: {_first_line(error)}. No outputs were "
+                f"written. Check that the store is up (and $MLFLOW_TRACKING_URI), then run the stage again."
+            )
+        )
+        raise failure from None
     finally:
         tracker.close()
-        mlflow.end_run(status=status)
+        try:
+            if status == "FINISHED":
+                mark_current(client, experiment_id, run_id, run_name, machine[ID_TAG])
+            mlflow.end_run(status=status)
+        except mlflow.exceptions.MlflowException as error:
+            # The run stays RUNNING in the store; the next stage started on this machine marks it
+            # FAILED (mark_stale_runs), once the store answers again.
+            left = (
+                f" Its MLflow run {run_id} could not be ended ({_first_line(error)[:200]}); it shows as RUNNING "
+                "until the next stage started on this machine marks it FAILED."
+            )
+            if failure is not None:
+                failure.args = (failure.args[0] + redact(left),)
+            elif status == "FINISHED":
+                raise PipelineError(
+                    redact(
+                        f"The stage's work finished and its outputs were written, but MLflow store {uri} failed "
+                        f"at its end.{left} Check the store, then run the stage again to log it."
+                    )
+                ) from None
+            # else: an exception (Ctrl-C, a user error) is already propagating with its own message

@@ -8,7 +8,7 @@ cost ~149 µs an image, more than the model's forward pass at batch 64 on two co
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from pipeline.config import TrainConfig
+from pipeline.cuda_graph import GraphLearningRate, ShapeGraphs, capturable_adadelta
 from pipeline.errors import PipelineError
 from pipeline.model import LabNet
 from pipeline.tracking import Tracker
@@ -88,6 +89,7 @@ class TrainingResult:
     steps: list[StepRecord] = field(default_factory=list)
     epochs: list[EpochRecord] = field(default_factory=list)
     train_seconds: float = 0.0  # optimizer steps only, evaluation excluded
+    epoch_seconds: list[float] = field(default_factory=list)  # the same, per epoch
     train_samples: int = 0
     optimizer_steps: int = 0
 
@@ -97,7 +99,7 @@ class TrainingResult:
 
 
 def build_model(config: TrainConfig, device: torch.device) -> LabNet:
-    return LabNet(config.model).to(device=device, memory_format=MEMORY_FORMAT)
+    return LabNet(config.model).to(device).to(memory_format=MEMORY_FORMAT)
 
 
 def train_model(
@@ -108,25 +110,38 @@ def train_model(
     precision: str = "fp32",
     tracker: Tracker | None = None,
     progress: bool = True,
+    execution: str = "eager",
 ) -> TrainingResult:
     """Train from a freshly seeded model; log per-step and per-epoch metrics to `tracker` if given.
 
     The caller seeds the generators first (runtime.pin_runtime); the shuffling generator below is
     seeded from `config.seed` as well, so the order of batches never depends on anything else.
+    `execution` is resolved already (pipeline.execution): "eager", or "cuda_graph" on a CUDA device.
     """
     model = build_model(config, device)
-    optimizer = torch.optim.Adadelta(model.parameters(), lr=config.lr)
+    graphed = execution == "cuda_graph"
+    optimizer = (
+        capturable_adadelta(model, config.lr) if graphed else torch.optim.Adadelta(model.parameters(), lr=config.lr)
+    )
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=config.gamma)
     shuffler = torch.Generator().manual_seed(config.seed)
     result = TrainingResult(model=model)
+    # Sums stay on the device between records: reading them every step would force a GPU sync. One pair
+    # for the whole run: a captured step adds into these very tensors.
+    window = _Window(
+        loss=torch.zeros((), device=device, dtype=torch.float64),
+        correct=torch.zeros((), device=device, dtype=torch.int64),
+    )
+    step = _step_function(model, optimizer, precision, window, graphed)
     epochs = tqdm(range(1, config.epochs + 1), desc="epochs", unit="epoch", disable=not progress)
     for epoch in epochs:
         lr = optimizer.param_groups[0]["lr"]
         started = time.perf_counter()
         train_loss, train_accuracy = _train_epoch(
-            model, optimizer, train, config, epoch, precision, shuffler, result, tracker, progress
+            step, window, train, config, epoch, shuffler, result, tracker, progress
         )
-        result.train_seconds += time.perf_counter() - started
+        result.epoch_seconds.append(time.perf_counter() - started)
+        result.train_seconds += result.epoch_seconds[-1]
         result.train_samples += len(train)
         scheduler.step()
         test_loss, test_accuracy = evaluate(model, test, config.test_batch_size)
@@ -147,7 +162,57 @@ def train_model(
     return result
 
 
-def _batches(data: DeviceData, batch_size: int, order: torch.Tensor | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+@dataclass(frozen=True)
+class _Window:
+    loss: torch.Tensor  # float64 sum of per-sample losses since the last record
+    correct: torch.Tensor  # int64 count of correct predictions since the last record
+
+
+StepFunction = Callable[[torch.Tensor, torch.Tensor], None]
+
+
+def _step_function(
+    model: LabNet, optimizer: torch.optim.Optimizer, precision: str, window: _Window, graphed: bool
+) -> StepFunction:
+    """One optimizer step on a batch, adding its loss and correct count to `window`.
+
+    Eager: the step itself. Graphed: the same step run by ShapeGraphs (eager warm-up, then a graph per
+    batch shape), with the per-epoch lr read from a device tensor.
+    """
+
+    def step(images: torch.Tensor, labels: torch.Tensor) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        # Autocast's weight-cast cache must be off while capturing (PyTorch CUDA Graphs docs).
+        with torch.autocast(
+            images.device.type, dtype=torch.bfloat16, enabled=precision == "bf16", cache_enabled=not graphed
+        ):
+            log_probabilities = model(images)
+        loss = F.nll_loss(log_probabilities.float(), labels)  # mean over the batch, in fp32
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+        window.loss.add_(loss.detach() * labels.shape[0])  # back to a sum: the last batch may be smaller
+        window.correct.add_((log_probabilities.detach().argmax(dim=1) == labels).sum())
+
+    if not graphed:
+        return step
+    lr = GraphLearningRate(optimizer, window.loss.device)
+
+    def captured_step(images: torch.Tensor, labels: torch.Tensor) -> None:
+        with lr.capturing():
+            step(images, labels)
+
+    graphs = ShapeGraphs(captured_step)
+
+    def replayed_step(images: torch.Tensor, labels: torch.Tensor) -> None:
+        lr.refresh()
+        graphs(images, labels)
+
+    return replayed_step
+
+
+def _batches(
+    data: DeviceData, batch_size: int, order: torch.Tensor | None = None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     images, labels = data.images, data.labels
     if order is not None:
         # One gather per epoch, then contiguous slices: cheaper than gathering every batch.
@@ -157,49 +222,48 @@ def _batches(data: DeviceData, batch_size: int, order: torch.Tensor | None = Non
 
 
 def _train_epoch(
-    model: LabNet,
-    optimizer: torch.optim.Optimizer,
+    step: StepFunction,
+    window: _Window,
     data: DeviceData,
     config: TrainConfig,
     epoch: int,
-    precision: str,
     shuffler: torch.Generator,
     result: TrainingResult,
     tracker: Tracker | None,
     progress: bool,
 ) -> tuple[float, float]:
-    model.train()
+    result.model.train()
     order = torch.randperm(len(data), generator=shuffler).to(data.labels.device)
-    # Sums stay on the device between records: reading them every step would force a GPU sync.
-    window_loss = torch.zeros((), device=data.labels.device, dtype=torch.float64)
-    window_correct = torch.zeros((), device=data.labels.device, dtype=torch.int64)
     window_samples = epoch_samples = 0
     epoch_loss = epoch_correct = 0.0
     steps = (len(data) + config.batch_size - 1) // config.batch_size
-    bar = tqdm(_batches(data, config.batch_size, order), total=steps, desc=f"epoch {epoch}", unit="batch", leave=False, disable=not progress, mininterval=1.0)
+    bar = tqdm(
+        _batches(data, config.batch_size, order),
+        total=steps,
+        desc=f"epoch {epoch}",
+        unit="batch",
+        leave=False,
+        disable=not progress,
+        mininterval=1.0,
+    )
     for index, (images, labels) in enumerate(bar, start=1):
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-            log_probabilities = model(images)
-        loss = F.nll_loss(log_probabilities.float(), labels)  # mean over the batch, in fp32
-        loss.backward()
-        optimizer.step()
+        step(images, labels)
         result.optimizer_steps += 1
-        window_loss += loss.detach() * labels.shape[0]  # back to a sum: the last batch may be smaller
-        window_correct += (log_probabilities.detach().argmax(dim=1) == labels).sum()
         window_samples += labels.shape[0]
         if index % config.log_every_steps == 0 or index == steps:
-            loss_sum, correct = window_loss.item(), int(window_correct.item())
+            loss_sum, correct = window.loss.item(), int(window.correct.item())
             record = StepRecord(result.optimizer_steps, epoch, loss_sum / window_samples, correct / window_samples)
             result.steps.append(record)
             epoch_loss += loss_sum
             epoch_correct += correct
             epoch_samples += window_samples
             if tracker is not None:
-                tracker.log_metrics({"train/loss": record.train_loss, "train/accuracy": record.train_accuracy}, step=record.step)
+                tracker.log_metrics(
+                    {"train/loss": record.train_loss, "train/accuracy": record.train_accuracy}, step=record.step
+                )
             bar.set_postfix(loss=f"{record.train_loss:.4f}")
-            window_loss.zero_()
-            window_correct.zero_()
+            window.loss.zero_()
+            window.correct.zero_()
             window_samples = 0
     return epoch_loss / epoch_samples, epoch_correct / epoch_samples
 

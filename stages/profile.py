@@ -1,9 +1,10 @@
 """DVC stage `profile@<batch>-<device>-<mode>`: time and profile one combination of the matrix.
 
-    python -m stages.profile BATCH_SIZE DEVICE MODE
+    python -m stages.profile                         # under DVC: the combination is the stage's name
+    python -m stages.profile BATCH_SIZE DEVICE MODE  # a direct run
 
-The three arguments are the matrix item DVC expands from `profile.batch_sizes`, `profile.devices`
-and `profile.modes` in params.yaml; every other setting comes from params.yaml as usual.
+DVC's command line holds no matrix value (see pipeline/matrix.py); every other setting comes from
+params.yaml as usual.
 """
 
 import sys
@@ -11,35 +12,29 @@ import sys
 from pipeline.atomic import AtomicOutputs
 from pipeline.cli import run_stage
 from pipeline.config import load_params
+from pipeline.matrix import stage_combination
 from pipeline.paths import DATA_ROOT, MODEL_CHECKPOINT, profile_outputs
-from pipeline.profile_record import OperatorRow, parse_combination, write_record
-from pipeline.profiling import measurement_warnings, operators_markdown, prepare_profile, run_parameters, run_profile
-from pipeline.tables import records_csv
+from pipeline.profile_artifacts import log_profile, write_profile_outputs
+from pipeline.profiling import measurement_warnings, prepare_profile, run_parameters, run_profile
 from pipeline.tracking import open_tracker
 
 
 def main() -> None:
-    combination = parse_combination(sys.argv[1:])
     params = load_params()
+    combination = stage_combination(params.profile, sys.argv[1:])
     config = params.profile
     setup = prepare_profile(combination, config, MODEL_CHECKPOINT, DATA_ROOT)
     paths = profile_outputs(combination.name)
 
     with open_tracker("profile", params.tracking, variant=combination.name) as tracker, AtomicOutputs() as outputs:
         tracker.log_params(run_parameters(setup, config.top_k))
-        tracker.set_tags({"data.digest": setup.data_digest, "combination": combination.name})
+        tracker.set_tags(
+            {"data.digest": setup.data_digest, "model.digest": setup.model_digest, "combination": combination.name}
+        )
         record = run_profile(setup, config.top_k, outputs.staged(paths.trace))
-        markdown = operators_markdown(record)
-        outputs.write_text(paths.table_markdown, markdown)
-        outputs.write_text(paths.table_csv, records_csv(OperatorRow, record.top_operators))
-        outputs.write_text(paths.record, write_record(record))
-        outputs.write_json(paths.timing, record.metrics())
-        tracker.log_metrics(record.metrics())
-        tracker.log_series("block_step_time_ms", record.block_times_ms)
-        tracker.log_text("profile/top_operators", markdown, "top_operators.md")
-        for path in (paths.table_csv, paths.record, paths.trace):
-            tracker.log_artifact(outputs.staged(path))
-    print(markdown)
+        texts = write_profile_outputs(outputs, paths, record)
+        log_profile(tracker, outputs, paths, record, texts)
+    print(texts.console(record))
     for warning in measurement_warnings(record):
         print(f"Warning: {warning}.", file=sys.stderr)
 

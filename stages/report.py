@@ -14,7 +14,11 @@ from pipeline.tracking import open_tracker
 
 def main() -> None:
     params = load_params()
-    with tempfile.TemporaryDirectory() as scratch, open_tracker("report", params.tracking) as tracker, AtomicOutputs() as outputs:
+    with (
+        tempfile.TemporaryDirectory() as scratch,
+        open_tracker("report", params.tracking) as tracker,
+        AtomicOutputs() as outputs,
+    ):
         figures = Path(scratch) / "figures"
         figures.mkdir()
         report = build_report(params, figures)

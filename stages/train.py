@@ -1,12 +1,14 @@
 """DVC stage `train`: train the lab CNN on in-memory MNIST, log it, write checkpoint + metrics atomically."""
 
 from pipeline.atomic import AtomicOutputs
-from pipeline.checkpoint import checkpoint_payload, save_checkpoint
+from pipeline.checkpoint import checkpoint_digest, checkpoint_payload, save_checkpoint
 from pipeline.cli import run_stage
 from pipeline.config import load_params, section_as_dict
 from pipeline.data import load_split, read_manifest
+from pipeline.execution import choose_precision, measure_step_ms, resolve_execution
 from pipeline.paths import DATA_ROOT, MODEL_CHECKPOINT, TRAIN_EPOCHS_PLOT, TRAIN_METRICS, TRAIN_SPEED, TRAIN_STEPS_PLOT
 from pipeline.runtime import hardware_description, pin_runtime, select_device, select_precision
+from pipeline.tables import records_csv
 from pipeline.tracking import open_tracker
 from pipeline.train_artifacts import (
     log_model,
@@ -15,7 +17,6 @@ from pipeline.train_artifacts import (
     quality_metrics,
     speed_metrics,
 )
-from pipeline.tables import records_csv
 from pipeline.training import EpochRecord, StepRecord, first_samples, to_device_data, train_model
 
 
@@ -23,21 +24,31 @@ def main() -> None:
     params = load_params()
     config = params.train
     device = select_device(config.device)
+    execution = resolve_execution(config.execution, device)
     runtime = pin_runtime(device, select_precision(config.precision, device), config.threads, config.seed)
     data_digest = str(read_manifest(DATA_ROOT)["dataset_digest"])
     train = to_device_data(*first_samples(*load_split(DATA_ROOT, "train"), config.train_samples), device)
     test = to_device_data(*load_split(DATA_ROOT, "test"), device)
     train_params = section_as_dict(config)
+    choice = choose_precision(config.precision, device, execution, measure_step_ms(config, train, device, execution))
+    # Pinned again: a measurement above trains throw-away models, and training must start from the seed.
+    runtime = pin_runtime(device, choice.precision, config.threads, config.seed)
+    # The checkpoint records what ran; MLflow also records why (with measured times, which vary run to run).
+    runtime_record = {**runtime.as_params(), "execution": execution}
 
     with open_tracker("train", params.tracking) as tracker, AtomicOutputs() as outputs:
-        log_training_setup(tracker, train_params, runtime.as_params(), hardware_description(device), data_digest)
-        result = train_model(config, train, test, device, runtime.precision, tracker)
+        log_training_setup(
+            tracker, train_params, {**runtime_record, **choice.as_params()}, hardware_description(device), data_digest
+        )
+        result = train_model(config, train, test, device, runtime.precision, tracker, execution=execution)
         log_training_result(tracker, result, train_params)
         log_model(tracker, result.model)
 
         metrics = quality_metrics(result)
-        payload = checkpoint_payload(result.model, train_params, data_digest, runtime.as_params(), metrics)
-        save_checkpoint(payload, outputs.staged(MODEL_CHECKPOINT))
+        payload = checkpoint_payload(result.model, train_params, data_digest, runtime_record, metrics)
+        checkpoint = outputs.staged(MODEL_CHECKPOINT)
+        save_checkpoint(payload, checkpoint)
+        tracker.set_tags({"model.digest": checkpoint_digest(checkpoint)})  # the profile runs of it carry the same tag
         outputs.write_json(TRAIN_METRICS, metrics)
         outputs.write_json(TRAIN_SPEED, speed_metrics(result))
         outputs.write_text(TRAIN_STEPS_PLOT, records_csv(StepRecord, result.steps))
@@ -45,7 +56,8 @@ def main() -> None:
     print(
         f"test accuracy {metrics['test_accuracy']:.4f}, test loss {metrics['test_loss']:.4f} after "
         f"{len(result.epochs)} epoch(s); {result.images_per_second:.0f} images/s on {device} "
-        f"({runtime.precision}, {runtime.threads} thread(s)) -> {MODEL_CHECKPOINT}"
+        f"({runtime.precision}, {execution}, {runtime.threads} thread(s)) -> {MODEL_CHECKPOINT}\n"
+        f"precision: {choice.reason}"
     )
 
 

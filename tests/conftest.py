@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import COMMAND_LIMIT_S, REPO_PARAMS, REPO_ROOT, copy_project, run_command, stage_environment, tiny_params
+from tests.helpers import (
+    COMMAND_LIMIT_S,
+    REPO_PARAMS,
+    REPO_ROOT,
+    copy_project,
+    run_command,
+    stage_environment,
+    tiny_params,
+)
 
 
 @pytest.fixture(scope="session")
@@ -50,5 +58,3 @@ def run_in(mnist_mirror: Path) -> Callable[..., subprocess.CompletedProcess[str]
         return run_command(list(command), project, stage_environment(mnist_mirror, env), limit_s)
 
     return run
-
-

@@ -11,6 +11,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +30,12 @@ from pipeline.profile_record import (
     OperatorRow,
     ProfileRecord,
     ProfileSettings,
+    StepAnalysis,
     Timing,
+    flop_rate,
 )
 from pipeline.timing_statistics import GOVERNOR_NOT_EXPOSED, MeasurementConditions
+from pipeline.trace_analysis import StepAnatomy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LAB_MODEL = ModelConfig(conv1_channels=32, conv2_channels=64, hidden_units=128, conv_dropout=0.25, hidden_dropout=0.5)
@@ -116,7 +123,10 @@ def run_command(
             handle.seek(0)
             outputs.append(handle.read().decode(errors="replace"))
     if returncode is None:
-        pytest.fail(f"{' '.join(command)} still running after {limit_s:.0f} s; killed.\nstdout: {outputs[0][-2000:]}\nstderr: {outputs[1][-2000:]}")
+        pytest.fail(
+            f"{' '.join(command)} still running after {limit_s:.0f} s; killed.\n"
+            f"stdout: {outputs[0][-2000:]}\nstderr: {outputs[1][-2000:]}"
+        )
     return subprocess.CompletedProcess(command, returncode, outputs[0], outputs[1])
 
 
@@ -155,8 +165,8 @@ def tiny_params(params: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def reproduced_copy(target: Path, mnist_mirror: Path, stage: str) -> Path:
-    """A fresh project copy with quick params, after a successful `dvc repro <stage>`."""
+def copy_without_outputs(target: Path) -> Path:
+    """A fresh project copy without the committed outputs, so no stale file can pass for a new one."""
     project = copy_project(target)
     for relative in TRACKED_OUTPUTS:
         path = project / relative
@@ -164,6 +174,30 @@ def reproduced_copy(target: Path, mnist_mirror: Path, stage: str) -> Path:
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
+    return project
+
+
+def started_training(project: Path, mnist_mirror: Path) -> subprocess.Popen[str]:
+    """The train stage of `project`, returned once its batch progress bar shows that training has started."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "stages.train"],
+        cwd=project,
+        env=stage_environment(mnist_mirror),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stderr is not None
+    seen = ""
+    while "epoch 1:" not in seen:
+        chunk = process.stderr.read(64)
+        assert chunk, f"stage ended before training started: {seen[-2000:]}"
+        seen += chunk
+    return process
+
+
+def reproduced_copy(target: Path, mnist_mirror: Path, stage: str) -> Path:
+    """A fresh project copy with quick params, after a successful `dvc repro <stage>`."""
+    project = copy_without_outputs(target)
     write_params(project, tiny_params(read_params(project)))
     result = run_command(["dvc", "repro", stage], project, stage_environment(mnist_mirror))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -191,9 +225,12 @@ def make_record(
     operators: tuple[tuple[str, float], ...] = (),
     ci_pct: float = 2.0,
     load: float = 0.5,
+    busy_pct: float = 90.0,
 ) -> ProfileRecord:
-    """A profile record with the given median step time, its 95 % CI half-width (%), the load average while
-    timing (2 cores) and (operator, share %) rows, for report tests."""
+    """A profile record for report tests: the given median step time, its 95 % CI half-width (%), the load
+    average while timing (2 cores), (operator, share %) rows and busy share.
+
+    Its step analysis: a traced step twice the timed one, 1 MFLOP per sample, a 100 GFLOP/s peak."""
     combination = Combination(batch, device, mode)  # type: ignore[arg-type]
     rows = tuple(OperatorRow(name, 1.0, 0.1, 0.1, 0.0, 0.0, share, 0.0) for name, share in operators)
     timing = Timing(
@@ -215,4 +252,42 @@ def make_record(
     settings = ProfileSettings(2, PROFILE_PRECISION, "channels_last", 3, 8, 1.0, 2.0, 10.0)
     conditions = MeasurementConditions(load, load, cores=2, threads=2, cpu_governor=GOVERNOR_NOT_EXPOSED)
     hardware = {"cpu": "Test CPU", "cpu_count": "2", "gpus": "none", "torch": "2.x"}
-    return ProfileRecord(combination, hardware, settings, timing, conditions, (step_ms,) * 100, rows, "abc123")
+    verdict = "host-bound" if busy_pct < 50 else "device-bound"
+    anatomy = StepAnatomy(
+        device, 8, 2 * step_ms, 2 * step_ms * busy_pct / 100, busy_pct, 100 - busy_pct, 0, 0, 0, verdict, ""
+    )
+    analysis = StepAnalysis(anatomy, flop_rate(1e6, batch, step_ms, 100.0), "a 100 GFLOP/s stand-in", (), (), 0.0)
+    return ProfileRecord(
+        combination, hardware, settings, timing, conditions, (step_ms,) * 100, rows, "abc123", analysis
+    )
+
+
+SERVER_START_LIMIT_S = 120  # measured 20-30 s on two cores; generous for a loaded CI machine
+
+
+@contextmanager
+def running_mlflow_server(folder: Path, backend_store_uri: str | None = None) -> Iterator[str]:
+    """A real `mlflow server` on 127.0.0.1 (its SQLite store and artifacts in `folder` unless given);
+    yields its URI once /health answers, stops it afterwards."""
+    port = closed_port()
+    store = backend_store_uri or f"sqlite:///{folder / 'server.db'}"
+    command = [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", store]
+    command += ["--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port)]
+    server = subprocess.Popen([*command, "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + SERVER_START_LIMIT_S
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass  # not listening yet
+            assert server.poll() is None, "mlflow server exited during start-up"
+            assert time.monotonic() < deadline, f"mlflow server did not answer /health within {SERVER_START_LIMIT_S} s"
+            time.sleep(0.5)
+        yield uri
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -19,6 +19,7 @@ def test_repository_params_parse_into_typed_frozen_sections() -> None:
     assert params.train.batch_size == 64 and isinstance(params.train.lr, float)
     assert params.profile.batch_sizes == (1, 16, 64)
     assert params.train.model.hidden_units == 128
+    assert params.train.execution == "auto"
     with pytest.raises(AttributeError):
         params.train.lr = 2.0  # type: ignore[misc]
     assert section_as_dict(params.train)["model.conv1_channels"] == 32
@@ -37,6 +38,11 @@ def _set(raw: dict[str, Any], dotted: str, value: Any) -> None:
         ("train.batch_size", 0, "`train.batch_size` = 0 is not allowed; it must be >= 1"),
         ("train.lr", -0.5, "`train.lr` = -0.5 is not allowed; it must be > 0"),
         ("train.device", "tpu", "`train.device` = 'tpu' is not allowed; choose one of 'auto', 'cpu', 'cuda', 'mps'"),
+        (
+            "train.execution",
+            "graph",
+            "`train.execution` = 'graph' is not allowed; choose one of 'auto', 'eager', 'cuda_graph'",
+        ),
         ("profile.batch_sizes", [], "`profile.batch_sizes` is an empty list"),
         ("profile.batch_sizes", [1, 0], "`profile.batch_sizes[1]` = 0 is not allowed; it must be >= 1"),
         ("profile.batch_sizes", [16, 16], "`profile.batch_sizes` = [16, 16] repeats a value"),
@@ -53,7 +59,9 @@ def _set(raw: dict[str, Any], dotted: str, value: Any) -> None:
         ("train.model", 3, "`train.model` must be a mapping"),
     ],
 )
-def test_bad_value_is_named_with_what_is_allowed(repo_params: dict[str, Any], key: str, value: Any, expected: str) -> None:
+def test_bad_value_is_named_with_what_is_allowed(
+    repo_params: dict[str, Any], key: str, value: Any, expected: str
+) -> None:
     _set(repo_params, key, value)
     with pytest.raises(PipelineError) as caught:
         params_from_mapping(repo_params)
@@ -79,7 +87,7 @@ def test_invalid_yaml_and_missing_file_are_user_errors(tmp_path: Path) -> None:
     broken.write_text("train: [unclosed\n")
     with pytest.raises(PipelineError, match="is not valid YAML"):
         load_params(broken)
-    with pytest.raises(PipelineError, match="not found. Run the stage from the project root"):
+    with pytest.raises(PipelineError, match=r"not found\. Run the stage from the project root"):
         load_params(tmp_path / "absent.yaml")
 
 

@@ -139,7 +139,9 @@ def stage_code_deps() -> dict[str, tuple[set[str], set[str]]]:
 def test_dvc_yaml_code_deps_are_exactly_the_stage_import_closure(stage: str) -> None:
     declared, closure = stage_code_deps()[stage]
     assert not closure - declared, f"dvc.yaml stage {stage!r} lacks deps {sorted(closure - declared)}"
-    assert not declared - closure, f"dvc.yaml stage {stage!r} declares deps it never imports {sorted(declared - closure)}"
+    assert not declared - closure, (
+        f"dvc.yaml stage {stage!r} declares deps it never imports {sorted(declared - closure)}"
+    )
 
 
 def test_the_closure_follows_imports_through_modules() -> None:

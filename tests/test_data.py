@@ -154,7 +154,9 @@ def test_mnist_mirror_env_var_comes_first_and_must_exist(data_config: DataConfig
         mirror_candidates(data_config, {"MNIST_MIRROR": "/no/such/folder"})
 
 
-def test_synthetic_dataset_roundtrip_replaces_previous_output_atomically(data_config: DataConfig, tmp_path: Path) -> None:
+def test_synthetic_dataset_roundtrip_replaces_previous_output_atomically(
+    data_config: DataConfig, tmp_path: Path
+) -> None:
     mirror = tmp_path / "synthetic"
     digests = make_synthetic_mnist(mirror, train=30, test=10)
     root = tmp_path / "data"

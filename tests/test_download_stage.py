@@ -25,7 +25,7 @@ def _runs(project: Path, experiment: str = "mnist-lab") -> list[Any]:
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     found = client.get_experiment_by_name(experiment)
     assert found is not None, "the stage did not create its MLflow experiment"
-    return client.search_runs([found.experiment_id])
+    return client.search_runs([found.experiment_id], filter_string="tags.stage = 'download'")  # not the pipeline parent
 
 
 def test_dvc_repro_downloads_logs_and_is_idempotent(project_copy: Path, run_in: Any) -> None:
@@ -51,7 +51,9 @@ def test_dvc_repro_downloads_logs_and_is_idempotent(project_copy: Path, run_in: 
     inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}
     assert set(inputs) == {"mnist-train", "mnist-test"}
     assert {tag.value for tag in inputs["mnist-train"].tags if tag.key == "mlflow.data.context"} == {"training"}
-    artifacts = {a.path for a in MlflowClient(f"sqlite:///{project_copy / 'mlflow.db'}").list_artifacts(run.info.run_id)}
+    artifacts = {
+        a.path for a in MlflowClient(f"sqlite:///{project_copy / 'mlflow.db'}").list_artifacts(run.info.run_id)
+    }
     assert "samples_by_class.png" in artifacts
     assert (project_copy / "mlartifacts").is_dir()  # artifacts stay in the project root
 

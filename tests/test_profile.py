@@ -30,6 +30,7 @@ from pipeline.profiling import (
 from pipeline.tables import records_csv
 from pipeline.timing import StepTiming
 from pipeline.timing_statistics import Block, MeasurementConditions, estimate_step_time
+from pipeline.trace_analysis import StepAnatomy, TraceAnalysis
 from tests.helpers import (
     LAB_MODEL,
     REPO_ROOT,
@@ -50,7 +51,9 @@ def test_timing_record_is_the_median_estimate_of_the_blocks() -> None:
     blocks = tuple(Block(2, 2 * ms / 1000) for ms in (9, 1, 8, 2, 7, 3, 6, 4, 5))
     conditions = MeasurementConditions(0.5, 0.7, cores=2, threads=2, cpu_governor="performance")
     step_timing = StepTiming(estimate_step_time(blocks, 16, 2.0), blocks, conditions, 2, 1.5)
-    result = ProfileResult(Combination(16, "cpu", "train"), step_timing, (), 5.0)
+    anatomy = StepAnatomy("cpu", 4, 10.0, 9.0, 90.0, 10.0, 0, 0, 0, "device-bound", "")
+    analysis = TraceAnalysis((), (), (), anatomy, 0)
+    result = ProfileResult(Combination(16, "cpu", "train"), step_timing, (), 5.0, analysis)
     timing = result.timing()
     assert timing.step_time_ms_median == pytest.approx(5.0) and timing.step_time_ms_iqr == pytest.approx(4.0)
     assert timing.step_time_ms_ci_low == pytest.approx(2.0) and timing.step_time_ms_ci_high == pytest.approx(8.0)
@@ -79,10 +82,12 @@ def test_profile_of_a_real_model_ranks_operators_and_writes_a_trace(mode: Profil
 
     estimate, blocks = result.step_timing.estimate, result.step_timing.blocks
     assert estimate.blocks == len(blocks) >= 1 and estimate.ci_low_ms <= estimate.median_ms <= estimate.ci_high_ms
-    # The 1 s budget, overshot by at most the probe and one round's set-up (a few blocks on a loaded machine).
-    assert result.step_timing.seconds < 1.0 + 5 * max(block.seconds for block in blocks)
+    # The 1 s budget ends it (a ±5 % target is out of reach in 1 s of a few-ms step); the margin covers the probe
+    # and a round's set-up on a heavily loaded machine, where one step took 0.23 s (load 7 on 2 cores, measured).
+    assert result.step_timing.seconds < 1.0 + 20 * max(block.seconds for block in blocks)
     names = [row.operator for row in result.operators]
-    assert not any(name.startswith("ProfilerStep") for name in names)
+    assert all(name.startswith("aten::") for name in names)  # no ProfilerStep#, Optimizer.step#, autograd nodes
+    assert {row.operator: row.mflops for row in result.operators}["aten::addmm"] > 0  # the profiler's FLOPs kept
     shares = [row.share_pct for row in result.operators]
     assert shares == sorted(shares, reverse=True) and sum(shares) == pytest.approx(100.0)
     # Convolutions lead on a quiet machine; 4 steps on a busy one can let pooling edge ahead.
@@ -166,11 +171,16 @@ def test_one_mlflow_run_and_tensorboard_folder_per_combination(profiled: Path) -
     for run in runs:
         assert run.info.status == "FINISHED"
         assert {"batch_size", "device", "mode", "threads", "hardware.cpu", "hardware.torch"} <= set(run.data.params)
-        assert run.info.run_name == f"profile@{run.data.params['batch_size']}-{run.data.params['device']}-{run.data.params['mode']}"
+        assert (
+            run.info.run_name
+            == f"profile@{run.data.params['batch_size']}-{run.data.params['device']}-{run.data.params['mode']}"
+        )
         blocks = run.data.metrics["blocks_measured"]
         assert len(client.get_metric_history(run.info.run_id, "block_step_time_ms")) == blocks
         assert {"profile.ci_target_pct", "profile.time_budget_s"} <= set(run.data.params)
-        assert {"trace.json.gz", "top_operators.csv", "profile.json"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"trace.json.gz", "top_operators.csv", "profile.json"} <= {
+            a.path for a in client.list_artifacts(run.info.run_id)
+        }
     folders = sorted((profiled / "runs" / "profile").iterdir())
     assert [folder.name.rsplit("-", 3)[0] for folder in folders] == sorted(COMBINATIONS)
     events = EventAccumulator(str(folders[0]))
@@ -189,7 +199,7 @@ def test_adding_a_batch_size_runs_only_the_new_combinations(profiled: Path, run_
     result = run_in(profiled, "dvc", "repro", "profile")
     assert result.returncode == 0, result.stderr[-3000:]
     ran = set(re.findall(r"Running stage '([^']+)'", result.stdout))
-    assert ran == {"hardware", "profile@32-cpu-inference", "profile@32-cpu-train"}
+    assert ran == {"validate", "hardware", "profile@32-cpu-inference", "profile@32-cpu-train"}
 
 
 @pytest.mark.slow

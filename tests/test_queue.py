@@ -20,7 +20,9 @@ LEARNING_RATES = ("0.5", "0.8", "1.2")
 QUEUE_LIMIT_S = 600
 
 
-def test_queued_experiments_run_two_at_a_time_into_one_mlflow_store(tmp_path: Path, mnist_mirror: Path, run_in: Any) -> None:
+def test_queued_experiments_run_two_at_a_time_into_one_mlflow_store(
+    tmp_path: Path, mnist_mirror: Path, run_in: Any
+) -> None:
     project = reproduced_copy(tmp_path / "project", mnist_mirror, "train")
     committed = run_in(project, "bash", "-c", "git add -A && git -c user.name=t -c user.email=t@e commit -qm baseline")
     assert committed.returncode == 0, committed.stderr
@@ -68,7 +70,9 @@ def _run_queue(project: Path, run_in: Any) -> str:
         if "Queued" not in status and "Running" not in status:
             break
         if time.monotonic() > deadline:
-            worker_logs = "\n".join(path.read_text()[-1500:] for path in (project / ".dvc" / "tmp" / "exps").rglob("*.out"))
+            worker_logs = "\n".join(
+                path.read_text()[-1500:] for path in (project / ".dvc" / "tmp" / "exps").rglob("*.out")
+            )
             pytest.fail(f"queue not done after {QUEUE_LIMIT_S} s:\n{status}\nworker logs:\n{worker_logs}")
         time.sleep(3)
     assert status.count("Success") == len(LEARNING_RATES), status

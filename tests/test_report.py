@@ -18,47 +18,51 @@ from pipeline.paths import profile_outputs
 from pipeline.profile_record import write_record
 from pipeline.profiling import operators_markdown
 from pipeline.report import analysis, build_report, comparison_markdown, comparison_rows, read_inputs
+from pipeline.step_report import ADD_A_GPU, analysis_sentences, step_facts
 from tests.helpers import REPO_ROOT, make_record, read_params, reproduced_copy, write_params
 
 
 def test_analysis_states_scaling_dominant_operators_and_gpu_speedup() -> None:
     conv_backward = ("aten::convolution_backward", 10.0)
-    rows = comparison_rows(
-        [
-            make_record(1, "cpu", "train", 6.0, (("aten::add", 20.0), conv_backward)),
-            make_record(64, "cpu", "train", 38.4, (("aten::convolution_backward", 30.0), conv_backward)),
-            make_record(64, "cuda", "train", 3.84, (("aten::cudnn_convolution", 40.0), conv_backward)),
-        ]
-    )
+    records = [
+        make_record(1, "cpu", "train", 6.0, (("aten::add", 20.0), conv_backward)),
+        make_record(64, "cpu", "train", 38.4, (("aten::convolution_backward", 30.0), conv_backward)),
+        make_record(64, "cuda", "train", 3.84, (("aten::cudnn_convolution", 40.0), conv_backward), busy_pct=14.3),
+    ]
+    rows = comparison_rows(records)
     assert rows[1].convolution_share_pct == 40.0  # both conv rows of the top-k
     sentences = analysis(rows)
     # 6.0 / (38.4 / 64) = 10; each median is known to ±2 %: the ratio to 0.98/1.02 .. 1.02/0.98.
     assert any(
         "Per-sample time falls from 6.0000 ms at batch 1 to 0.6000 ms at batch 64 (10.0x cheaper, 95 % CI 9.61-10.41x)"
-        in s and "`aten::add`" in s
+        in s
+        and "`aten::add`" in s
         for s in sentences
     )
-    speedup = "cuda vs cpu, batch 64 train: 10.0x the CPU's speed (95 % CI 9.61-10.41x; 3.840 vs 38.400 ms per step)."
-    assert speedup in sentences
+    speedup = "At batch 64 train cuda is 10.0x faster than cpu (95 % CI 9.61-10.41x; 3.840 vs 38.400 ms per step)."
+    assert speedup in analysis_sentences(step_facts(records))
+    assert ADD_A_GPU not in analysis_sentences(step_facts(records))
+    assert "On cuda train at batch 64 the GPU is busy 14 % of the step: host-bound." in analysis_sentences(
+        step_facts(records)
+    )
     assert not any("Only CPU combinations" in s or "no measurable difference" in s for s in sentences)
 
 
 def test_overlapping_intervals_read_no_measurable_difference() -> None:
-    rows = comparison_rows(
-        [
-            make_record(1, "cpu", "inference", 0.50, (("aten::addmm", 20.0),), ci_pct=3.0),
-            make_record(64, "cpu", "inference", 32.0, (("aten::mkldnn_convolution", 40.0),), ci_pct=1.0),
-            make_record(1, "cuda", "inference", 0.49, (("aten::addmm", 20.0),), ci_pct=2.0),
-        ]
-    )
+    records = [
+        make_record(1, "cpu", "inference", 0.50, (("aten::addmm", 20.0),), ci_pct=3.0),
+        make_record(64, "cpu", "inference", 32.0, (("aten::mkldnn_convolution", 40.0),), ci_pct=1.0),
+        make_record(1, "cuda", "inference", 0.49, (("aten::addmm", 20.0),), ci_pct=2.0),
+    ]
+    rows = comparison_rows(records)
     sentences = analysis(rows)
     # 0.50 ms vs 32/64 = 0.50 ms per sample: the same, within both intervals.
     assert (
         "Per-sample time at batch 1 (0.5000 ms) and at batch 64 (0.5000 ms): no measurable difference (0.96-1.04x)."
         in sentences
     )
-    same = "cuda vs cpu, batch 1 inference: no measurable difference (0.97-1.07x); 0.490 vs 0.500 ms per step."
-    assert same in sentences
+    same = "At batch 1 inference cuda vs cpu: no measurable difference (0.97-1.07x) (0.490 vs 0.500 ms per step)."
+    assert same in analysis_sentences(step_facts(records))
 
 
 def test_comparison_table_shows_the_estimate_and_flags_noisy_and_busy_rows() -> None:
@@ -70,7 +74,9 @@ def test_comparison_table_shows_the_estimate_and_flags_noisy_and_busy_rows() -> 
     )
     table = comparison_markdown(rows)
     assert "| step ms (median) | IQR ms | 95 % CI | steps / blocks | per-sample ms | samples/s |" in table
-    quiet_row = "| 1 | cpu | inference | 0.500 | 0.050 | ±2.0 % | 400 / 100 | 0.5000 | 2000 | `aten::addmm` (20.0 %) | 0.0 % |"
+    quiet_row = (
+        "| 1 | cpu | inference | 0.500 | 0.050 | ±2.0 % | 400 / 100 | 0.5000 | 2000 | `aten::addmm` (20.0 %) | 0.0 % |"
+    )
     assert quiet_row + "  |" in table  # an empty flag cell
     assert "| 64 | cpu | inference | 8.000 | 0.800 | ±4.5 % | 400 / 100 | 0.1250 | 8000 |" in table
     assert table.splitlines()[3].endswith("| noisy, busy |")
@@ -116,8 +122,14 @@ def test_report_is_built_from_profile_records_without_running_the_pipeline(
     assert "Per-sample time falls from 0.5000 ms at batch 1 to 0.1250 ms at batch 64 (4.0x cheaper, 95 % CI" in (
         report.markdown
     )
-    assert sorted(p.name for p in figures.iterdir()) == ["per_sample_time.png", "throughput.png"]
+    assert sorted(p.name for p in figures.iterdir()) == ["per_sample_time.png", "roofline.png", "throughput.png"]
     assert "`metrics/train.json` is missing: run `dvc repro train`." in report.markdown
+    # Step analysis: anatomy with a verdict per row, FLOP/s against the peak, and how to add a GPU.
+    assert "| 64 | cpu | inference | 8.000 | 16.000 | 90.0 | 10.0 | - | **device-bound** |" in report.markdown
+    assert "| 64 | cpu | inference | 64.0 | 8.000 | 8.00 | 100 | 8.00 |" in report.markdown  # 64 MFLOP in 8 ms
+    assert "cpu: a 100 GFLOP/s stand-in" in report.markdown
+    assert "## 8. CPU vs GPU\n\n" + ADD_A_GPU in report.markdown
+    assert report.markdown.count(ADD_A_GPU) == 2  # the section and the analysis
 
 
 def test_report_stage_imports_no_torch() -> None:
@@ -152,12 +164,21 @@ def test_report_numbers_equal_the_stage_outputs(reported: Path) -> None:
         top_table = (reported / "profiles" / name / "top_operators.md").read_text().split("\n", 1)[1]
         assert top_table in report
     assert "## Missing inputs" not in report
-    assert "Only CPU combinations were profiled" in report
-    for figure in ("training_curves.png", "per_sample_time.png", "throughput.png"):
+    assert ADD_A_GPU in report
+    for name in (f"{b}-cpu-{m}" for b in (1, 16, 64) for m in ("inference", "train")):  # the step analysis
+        step = json.loads((reported / "profiles" / name / "step_analysis.json").read_text())
+        batch, _, mode = name.split("-")
+        anatomy = rf"^\| {batch} \| cpu \| {mode} \| [\d.]+ \| [\d.]+ \| {step['busy_pct']:.1f} \| "
+        assert re.search(anatomy, report, re.MULTILINE), name
+        assert (
+            f"| {step['achieved_gflops_per_s']:.2f} | {step['peak_gflops_per_s']:.0f} | {step['peak_pct']:.2f} |"
+            in report
+        )
+    for figure in ("training_curves.png", "per_sample_time.png", "throughput.png", "roofline.png"):
         with Image.open(reported / "report" / "figures" / figure) as image:
             assert image.width > 300 and image.height > 200
     html = (reported / "report" / "report.html").read_text()
-    assert 'src="figures/' not in html and html.count("data:image/png;base64,") == 3
+    assert 'src="figures/' not in html and html.count("data:image/png;base64,") == 4
     assert "data:image/svg+xml;base64," in html and "<table>" in html
 
 
@@ -166,7 +187,9 @@ def test_dvc_plots_show_draws_curves_and_batch_comparison(reported: Path, run_in
     result = run_in(reported, "dvc", "plots", "show", "--json")
     assert result.returncode == 0, result.stderr
     plots = json.loads(result.stdout)["data"]
-    assert {"Loss per epoch", "Accuracy per epoch", "Per-sample time vs batch size", "Throughput vs batch size"} <= set(plots)
+    assert {"Loss per epoch", "Accuracy per epoch", "Per-sample time vs batch size", "Throughput vs batch size"} <= set(
+        plots
+    )
     content = plots["Per-sample time vs batch size"][0]["content"]
     series = {(value["batch_size"], value["series"]) for value in content["data"]["values"]}
     assert ("64", "cpu train") in series and ("1", "cpu inference") in series
@@ -213,5 +236,9 @@ def test_removed_batch_size_leaves_no_trace_and_unrun_ones_are_named(reported: P
     assert result.returncode == 0, result.stderr[-3000:]
     report = (reported / "report" / "report.md").read_text()
     assert (reported / "profiles" / "64-cpu-train").is_dir()
-    assert not re.search(r"^\| 64 \|", report, re.MULTILINE) and "batch 64, cpu" not in report and "at batch 64" not in report
+    assert (
+        not re.search(r"^\| 64 \|", report, re.MULTILINE)
+        and "batch 64, cpu" not in report
+        and "at batch 64" not in report
+    )
     assert "`profiles/32-cpu-inference/profile.json` is missing: run `dvc repro profile@32-cpu-inference`." in report

@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import copy_project, tiny_params, read_params, reproduced_copy, run_command, stage_environment, write_params
+from tests.helpers import (
+    copy_project,
+    read_params,
+    reproduced_copy,
+    run_command,
+    stage_environment,
+    tiny_params,
+    write_params,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +48,9 @@ def pushed(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> tupl
     return first, storage
 
 
-def test_fresh_clone_pulls_everything_and_has_nothing_to_rerun(pushed: tuple[Path, Path], tmp_path: Path, run_in: Any) -> None:
+def test_fresh_clone_pulls_everything_and_has_nothing_to_rerun(
+    pushed: tuple[Path, Path], tmp_path: Path, run_in: Any
+) -> None:
     first, storage = pushed
     assert any(storage.rglob("*")), "dvc push stored nothing"
     second = tmp_path / "second"
@@ -59,13 +69,18 @@ def test_fresh_clone_pulls_everything_and_has_nothing_to_rerun(pushed: tuple[Pat
     assert set(re.findall(r"Running stage '([^']+)'", repro.stdout)) == {"hardware"}  # same machine: nothing else
 
 
-def test_two_clones_get_the_same_data_digest_and_checkpoint(pushed: tuple[Path, Path], tmp_path: Path, run_in: Any) -> None:
+def test_two_clones_get_the_same_data_digest_and_checkpoint(
+    pushed: tuple[Path, Path], tmp_path: Path, run_in: Any
+) -> None:
     first, _ = pushed
     third = copy_project(tmp_path / "third")  # trains on its own, nothing pulled
     write_params(third, tiny_params(read_params(third)))
     result = run_in(third, "dvc", "repro", "train")
     assert result.returncode == 0, result.stderr[-2000:]
     manifest = "data/MNIST/manifest.json"
-    assert json.loads((third / manifest).read_text())["dataset_digest"] == json.loads((first / manifest).read_text())["dataset_digest"]
+    assert (
+        json.loads((third / manifest).read_text())["dataset_digest"]
+        == json.loads((first / manifest).read_text())["dataset_digest"]
+    )
     assert _md5(third / "models" / "model.pt") == _md5(first / "models" / "model.pt")
     assert (third / "metrics" / "train.json").read_bytes() == (first / "metrics" / "train.json").read_bytes()

@@ -14,13 +14,13 @@ from mlflow import MlflowClient
 
 from pipeline.atomic import AtomicOutputs
 from pipeline.checkpoint import checkpoint_payload, load_checkpoint, save_checkpoint
-from pipeline.config import ModelConfig, TrainConfig, TrackingConfig, params_from_mapping, section_as_dict
+from pipeline.config import ModelConfig, TrackingConfig, TrainConfig, params_from_mapping, section_as_dict
 from pipeline.data import fetch_mnist, load_split, write_dataset
 from pipeline.errors import PipelineError
 from pipeline.model import Dropout, LabNet
 from pipeline.runtime import pin_runtime, select_device, select_precision
-from pipeline.tracking import open_tracker
 from pipeline.tables import records_csv
+from pipeline.tracking import open_tracker
 from pipeline.training import StepRecord, evaluate, first_samples, to_device_data, train_model
 from tests.helpers import REPO_PARAMS
 
@@ -49,7 +49,9 @@ def _train(config: TrainConfig, root: Path) -> Any:
 
 
 def test_flatten_size_is_derived_from_widths_and_input_shape() -> None:
-    narrow = LabNet(ModelConfig(conv1_channels=4, conv2_channels=16, hidden_units=8, conv_dropout=0.1, hidden_dropout=0.1))
+    narrow = LabNet(
+        ModelConfig(conv1_channels=4, conv2_channels=16, hidden_units=8, conv_dropout=0.1, hidden_dropout=0.1)
+    )
     assert narrow.classifier.fc1.in_features == 16 * 12 * 12
     larger = LabNet(narrow.config, input_shape=(1, 32, 32))
     assert larger.classifier.fc1.in_features == 16 * 14 * 14
@@ -90,7 +92,9 @@ def test_dropout_masks_are_fresh_each_call_and_reproducible_from_the_seed() -> N
 def test_absent_cuda_is_a_clear_user_error() -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA; the error path needs a machine without it")
-    with pytest.raises(PipelineError, match=r"`train.device` is 'cuda' but no CUDA GPU is usable here.*Set `train.device: cpu`"):
+    with pytest.raises(
+        PipelineError, match=r"`train.device` is 'cuda' but no CUDA GPU is usable here.*Set `train.device: cpu`"
+    ):
         select_device("cuda")
     assert select_device("auto") == CPU
 
@@ -133,17 +137,25 @@ def _weights_bytes(model: LabNet) -> bytes:
     return buffer.getvalue()
 
 
-def test_checkpoint_rebuilds_the_model_from_the_file_alone(tiny_train: TrainConfig, mnist_root: Path, tmp_path: Path) -> None:
+def test_checkpoint_rebuilds_the_model_from_the_file_alone(
+    tiny_train: TrainConfig, mnist_root: Path, tmp_path: Path
+) -> None:
     result = _train(dataclasses.replace(tiny_train, train_samples=640), mnist_root)
     path = tmp_path / "model.pt"
-    save_checkpoint(checkpoint_payload(result.model, section_as_dict(tiny_train), "abc123", {"threads": 2}, {"test_accuracy": 0.5}), path)
+    save_checkpoint(
+        checkpoint_payload(result.model, section_as_dict(tiny_train), "abc123", {"threads": 2}, {"test_accuracy": 0.5}),
+        path,
+    )
     raw = torch.load(path, weights_only=True)  # no arbitrary unpickling needed
     assert raw["train_params"]["model.hidden_units"] == 128 and raw["data_digest"] == "abc123"
     loaded = load_checkpoint(path)
     test = to_device_data(*load_split(mnist_root, "test"), CPU)
     # Same weights; the rebuilt model runs in the default memory format, so conv sums may differ in
     # the last bits from the channels_last original.
-    (loss, accuracy), (original_loss, original_accuracy) = evaluate(loaded.model, test, 1000), evaluate(result.model, test, 1000)
+    (loss, accuracy), (original_loss, original_accuracy) = (
+        evaluate(loaded.model, test, 1000),
+        evaluate(result.model, test, 1000),
+    )
     assert accuracy == original_accuracy and loss == pytest.approx(original_loss, rel=1e-6)
 
     path.write_bytes(path.read_bytes()[:1000])
@@ -161,10 +173,13 @@ def test_records_csv_has_header_and_one_row_per_record(tiny_train: TrainConfig, 
 
 
 def test_atomic_outputs_write_all_or_nothing(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeError):
+    def interrupted_stage() -> None:
         with AtomicOutputs() as outputs:
             outputs.write_json(tmp_path / "metrics" / "a.json", {"x": 1})
             raise RuntimeError("interrupted")
+
+    with pytest.raises(RuntimeError):
+        interrupted_stage()
     assert [p for p in tmp_path.rglob("*") if p.is_file() or p.name.startswith(".partial-")] == []
     with AtomicOutputs() as outputs:
         outputs.write_json(tmp_path / "metrics" / "a.json", {"x": 1})
@@ -173,7 +188,9 @@ def test_atomic_outputs_write_all_or_nothing(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["a.json", "b.txt"]
 
 
-@pytest.mark.parametrize(("error", "status"), [(RuntimeError, "FAILED"), (KeyboardInterrupt, "KILLED"), (None, "FINISHED")])
+@pytest.mark.parametrize(
+    ("error", "status"), [(RuntimeError, "FAILED"), (KeyboardInterrupt, "KILLED"), (None, "FINISHED")]
+)
 def test_stage_run_ends_with_the_status_of_what_happened(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: type[BaseException] | None, status: str
 ) -> None:
@@ -187,6 +204,7 @@ def test_stage_run_ends_with_the_status_of_what_happened(
     except (RuntimeError, KeyboardInterrupt):
         pass
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("status-test").experiment_id])
+    experiment_id = client.get_experiment_by_name("status-test").experiment_id
+    (run,) = client.search_runs([experiment_id], filter_string="tags.stage = 'train'")  # not its pipeline parent
     assert run.info.status == status
     assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")] == [(3, 1.5)]

@@ -1,0 +1,52 @@
+"""What one profile stage writes (tables, record, metrics for DVC) and logs (MLflow, TensorBoard)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.atomic import AtomicOutputs
+from pipeline.paths import ProfileOutputs
+from pipeline.profile_record import OperatorRow, ProfileRecord, write_record
+from pipeline.profiling import operators_markdown
+from pipeline.step_report import kernels_markdown, step_metrics
+from pipeline.tables import records_csv
+from pipeline.trace_analysis import KernelStats
+from pipeline.tracking import Tracker
+
+
+@dataclass(frozen=True)
+class ProfileTexts:
+    operators: str  # markdown table of the top operators, with the timing summary
+    kernels: str  # markdown table of the top kernels (a note on the CPU)
+
+    def console(self, record: ProfileRecord) -> str:
+        anatomy = record.analysis.anatomy
+        return f"{self.operators}\n{self.kernels}\n{anatomy.verdict}: {anatomy.reason}"
+
+
+def profile_metrics(record: ProfileRecord) -> dict[str, float]:
+    """timing.json + step_analysis.json together: the MLflow/TensorBoard metrics of every combination."""
+    return {**record.metrics(), **step_metrics(record.analysis)}
+
+
+def write_profile_outputs(outputs: AtomicOutputs, paths: ProfileOutputs, record: ProfileRecord) -> ProfileTexts:
+    texts = ProfileTexts(operators_markdown(record), kernels_markdown(record))
+    outputs.write_text(paths.table_markdown, texts.operators)
+    outputs.write_text(paths.table_csv, records_csv(OperatorRow, record.top_operators))
+    outputs.write_text(paths.kernel_table_markdown, texts.kernels)
+    outputs.write_text(paths.kernel_table_csv, records_csv(KernelStats, record.analysis.top_kernels))
+    outputs.write_text(paths.record, write_record(record))
+    outputs.write_json(paths.timing, record.metrics())
+    outputs.write_json(paths.step_analysis, step_metrics(record.analysis))
+    return texts
+
+
+def log_profile(
+    tracker: Tracker, outputs: AtomicOutputs, paths: ProfileOutputs, record: ProfileRecord, texts: ProfileTexts
+) -> None:
+    tracker.log_metrics(profile_metrics(record))
+    tracker.log_series("block_step_time_ms", record.block_times_ms)
+    tracker.log_text("profile/top_operators", texts.operators, "top_operators.md")
+    tracker.log_text("profile/top_kernels", texts.kernels, "top_kernels.md")
+    for path in (paths.table_csv, paths.kernel_table_csv, paths.record, paths.trace):
+        tracker.log_artifact(outputs.staged(path))

@@ -1,0 +1,180 @@
+"""Step report text and figures: achieved FLOP/s against the peak, anatomy verdicts, CPU vs GPU ratios.
+
+Timings are the real ones of the H100 reference run (its timing.json files, read-only); the model's
+FLOPs per sample come from this repository's committed metrics/graph.json.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from pipeline.analysis_figures import cpu_vs_gpu_figure, roofline_figure
+from pipeline.peak import measure_peak
+from pipeline.profile_record import StepAnalysis, flop_rate
+from pipeline.step_report import (
+    ADD_A_GPU,
+    StepFacts,
+    analysis_sentences,
+    anatomy_markdown,
+    cpu_vs_gpu_markdown,
+    flop_rate_markdown,
+    kernel_table_markdown,
+    step_metrics,
+)
+from pipeline.timing_statistics import Interval, ratio
+from pipeline.trace_analysis import KernelStats, StepAnatomy
+from tests.helpers import REPO_ROOT
+from tests.test_trace_analysis import SHARED_REFERENCE as REFERENCE  # its timing.json files ship in ../shared
+
+GRAPH = json.loads((REPO_ROOT / "metrics" / "graph.json").read_text())
+PEAKS = {"cpu": 1500.0, "cuda": 50_000.0}  # GFLOP/s, stand-ins for the measured peaks
+
+
+def _anatomy(device: str, busy_pct: float, step_ms: float) -> StepAnatomy:
+    verdict = "host-bound" if busy_pct < 50 else "device-bound"
+    return StepAnatomy(
+        device, 30, step_ms, step_ms * busy_pct / 100, busy_pct, 100 - busy_pct, 20, 3.0, 0.1, verdict, "x"
+    )
+
+
+def reference_facts(busy: dict[str, float] | None = None) -> list[StepFacts]:
+    """Facts for the twelve reference combinations from their timing.json; anatomy where `busy` names it."""
+    facts = []
+    for batch in (1, 16, 64):
+        for device in ("cpu", "cuda"):
+            for mode in ("inference", "train"):
+                name = f"{batch}-{device}-{mode}"
+                path = REFERENCE / "profiles" / name / "timing.json"
+                if not path.is_file():
+                    pytest.fail(f"GPU reference not found at {path}; set GPU_REFERENCE")
+                timing = json.loads(path.read_text())
+                step_ms = timing["step_time_ms_mean"]
+                rate = flop_rate(
+                    GRAPH["forward_flops_per_sample" if mode == "inference" else "training_flops_per_sample"],
+                    batch,
+                    step_ms,
+                    PEAKS[device],
+                )
+                anatomy = _anatomy(device, busy[name], step_ms * 2) if busy and name in busy else None
+                # The reference run predates confidence intervals: a tight ±1 % stand-in around its mean.
+                step = Interval(step_ms, 0.99 * step_ms, 1.01 * step_ms)
+                facts.append(
+                    StepFacts(
+                        batch,
+                        device,
+                        mode,
+                        step,
+                        step.scaled(1 / batch),
+                        anatomy,
+                        (),
+                        rate,
+                        "median of 7 fp32 products",
+                    )
+                )
+    return facts
+
+
+def test_flop_rate_is_model_flops_times_batch_over_step_time() -> None:
+    rate = flop_rate(GRAPH["training_flops_per_sample"], 64, 20.0, 1000.0)
+    expected = GRAPH["training_flops_per_sample"] * 64 / 0.020 / 1e9
+    assert rate.achieved_gflops_per_s == pytest.approx(expected)
+    assert rate.peak_pct == pytest.approx(expected / 10)
+    assert flop_rate(1.0, 1, 1.0, 0.0).peak_pct == 0  # unknown peak: no share
+
+
+def test_cpu_vs_gpu_section_gives_ratios_and_explains_the_slow_gpu_at_batch_1() -> None:
+    facts = reference_facts({"1-cuda-inference": 4.8, "64-cuda-inference": 24.8})
+    table = cpu_vs_gpu_markdown(facts)
+    cpu1 = next(f for f in facts if (f.batch_size, f.device, f.mode) == (1, "cpu", "inference"))
+    gpu1 = next(f for f in facts if (f.batch_size, f.device, f.mode) == (1, "cuda", "inference"))
+    speed_up = ratio(cpu1.per_sample, gpu1.per_sample)
+    assert speed_up.value < 1 and speed_up.measurable  # the reference run: cuda 0.42 ms vs cpu 0.36 ms at batch 1
+    row = f"| 1 | inference | {cpu1.per_sample.value:.4f} | {gpu1.per_sample.value:.4f} | {speed_up.describe()} | 4.8 |"
+    assert row in table
+    assert len(re.findall(r"^\| \d+ \| (inference|train) \|", table, re.MULTILINE)) == 6
+    sentences = analysis_sentences(facts)
+    assert any(s.startswith("At batch 1 inference cuda is slower than cpu") and "idles 95 %" in s for s in sentences), (
+        sentences
+    )
+    assert any("At batch 64 inference cuda is" in s and "x faster than cpu" in s for s in sentences)
+    assert any(
+        s == "On cuda inference at batch 1 the GPU is busy 5 % of the step: host-bound; at 64, 25 %: host-bound."
+        for s in sentences
+    ), sentences
+    assert ADD_A_GPU not in sentences
+
+
+def test_cpu_only_reports_say_how_to_add_a_gpu() -> None:
+    cpu_only = [fact for fact in reference_facts() if fact.device == "cpu"]
+    assert cpu_vs_gpu_markdown(cpu_only) == ADD_A_GPU + "\n"
+    assert "`profile.devices: [cpu, cuda]`" in ADD_A_GPU
+    assert "`dvc repro`" in ADD_A_GPU
+    assert analysis_sentences(cpu_only)[-1] == ADD_A_GPU
+
+
+def test_flop_rate_table_and_sentences_carry_the_share_of_peak() -> None:
+    facts = reference_facts({"1-cuda-train": 8.3, "64-cuda-train": 14.3, "64-cpu-train": 90.0})
+    table = flop_rate_markdown(facts)
+    for fact in facts:
+        assert fact.rate is not None
+        row = (
+            f"| {fact.batch_size} | {fact.device} | {fact.mode} | {fact.rate.flops_per_step / 1e6:.1f} | "
+            f"{fact.step.value:.3f} | {fact.rate.achieved_gflops_per_s:.2f} | {PEAKS[fact.device]:.0f} | "
+            f"{fact.rate.peak_pct:.2f} |"
+        )
+        assert row in table
+    assert "cpu: median of 7 fp32 products; cuda: median of 7 fp32 products." in table
+    sentences = analysis_sentences(facts)
+    gpu_train = next(s for s in sentences if s.startswith("cuda train achieves"))
+    assert "at batch 1" in gpu_train
+    assert "at batch 64" in gpu_train
+    assert gpu_train.endswith("far below the ceiling because the device waits for the host (see the anatomy).")
+    cpu_train = next(s for s in sentences if s.startswith("cpu train achieves"))
+    assert "although the step is spent inside operators" in cpu_train
+
+
+def test_anatomy_table_has_a_verdict_per_row_and_kernel_table_the_launchers() -> None:
+    facts = reference_facts({"1-cuda-train": 8.3, "64-cuda-train": 14.3, "64-cpu-train": 90.0})
+    table = anatomy_markdown(facts)
+    assert table.count("**host-bound**") == 4  # two table cells, two verdict lines
+    assert "| 64 | cpu | train |" in table
+    assert "- batch 64 cpu train: **device-bound**: x." in table
+    assert anatomy_markdown(reference_facts()).startswith("_No step anatomy")
+    kernel = KernelStats("cuBLAS GEMM (sm80)", 2.0, 0.05, 25.0, 40.0, "aten::addmm", "sm80_xmma_gemm_x")
+    markdown = kernel_table_markdown([kernel], "#### Top kernels")
+    assert "| 1 | cuBLAS GEMM (sm80) | `aten::addmm` | 2 | 0.0500 | 25.0 | 40.0 |" in markdown
+
+
+def test_figures_draw_the_peak_and_both_devices(tmp_path: Path) -> None:
+    facts = reference_facts()
+    roofline_figure(facts, PEAKS, tmp_path / "roofline.png")
+    cpu_vs_gpu_figure(facts, tmp_path / "cpu_vs_gpu.png")
+    for name in ("roofline.png", "cpu_vs_gpu.png"):
+        with Image.open(tmp_path / name) as image:
+            assert image.width > 500
+            assert image.height > 300
+
+
+def test_measured_cpu_peak_is_a_positive_rate_with_its_method() -> None:
+    peak = measure_peak(torch.device("cpu"), repeats=3, size=256)
+    assert peak.gflops_per_s > 0.1  # any working CPU multiplies 256x256 matrices faster than this
+    assert peak.threads == torch.get_num_threads()
+    assert peak.method == f"fastest of 3 fp32 256x256 matrix products (torch.mm; {peak.threads} CPU threads)"
+
+
+def test_step_metrics_have_the_same_names_on_every_device() -> None:
+    rate = flop_rate(1e6, 1, 1.0, 100.0)
+    gpu = step_metrics(StepAnalysis(_anatomy("cuda", 4.8, 1.0), rate, "m", (), (), 0.0))
+    cpu = step_metrics(StepAnalysis(_anatomy("cpu", 90.0, 1.0), flop_rate(1e6, 1, 1.0, 0.0), "m", (), (), 0.0))
+    assert set(gpu) == set(cpu)
+    assert gpu["busy_pct"] == 4.8
+    assert gpu["host_bound"] == 1.0
+    assert cpu["host_bound"] == 0.0
+    assert gpu["achieved_gflops_per_s"] == pytest.approx(1.0)
+    assert gpu["peak_pct"] == pytest.approx(1.0)
