@@ -45,7 +45,17 @@ def log_profile(
     tracker: Tracker, outputs: AtomicOutputs, paths: ProfileOutputs, record: ProfileRecord, texts: ProfileTexts
 ) -> None:
     tracker.log_metrics(profile_metrics(record))
-    tracker.log_series("block_step_time_ms", record.block_times_ms)
+    tracker.log_curve("block_step_time_ms", record.block_times_ms)
+    combination, timing = record.combination, record.timing
+    # TensorBoard's HParams view: the combinations as a table (batch size x device x mode) beside their times.
+    tracker.log_hparams(
+        {"batch_size": combination.batch_size, "device": combination.device, "mode": combination.mode},
+        {
+            "hparam/step_time_ms_median": timing.step_time_ms_median,
+            "hparam/per_sample_ms": timing.per_sample_ms,
+            "hparam/throughput_samples_per_s": timing.throughput_samples_per_s,
+        },
+    )
     tracker.log_text("profile/top_operators", texts.operators, "top_operators.md")
     tracker.log_text("profile/top_kernels", texts.kernels, "top_kernels.md")
     for path in (paths.table_csv, paths.kernel_table_csv, paths.record, paths.trace):

@@ -316,6 +316,13 @@ class Tracker:
         for index, value in enumerate(values):
             self.events.add_scalar(name, value, index)
 
+    def log_curve(self, tag: str, values: Sequence[float]) -> None:
+        """A curve at steps 0..n-1 in TensorBoard only. In MLflow a per-step series shows in the run overview
+        and Compare as its last value, beside the run's summary statistics, where it reads like one more
+        statistic; its values belong in an artifact (the profile record holds them)."""
+        for index, value in enumerate(values):
+            self.events.add_scalar(tag, value, index)
+
     def log_image(self, tag: str, image: np.ndarray, artifact_file: str) -> None:
         """`image` is HWC uint8: a PNG artifact in MLflow, an image in TensorBoard."""
         self.client.log_image(self.run_id, image, artifact_file=artifact_file)

@@ -90,7 +90,9 @@ def test_budget_ends_a_measurement_that_cannot_reach_the_target(two_threads: Non
     timing = time_steps(erratic_step, CPU, batch_size=1, ci_target_pct=0.01, time_budget_s=1.5, clock=clock)
     elapsed = time.perf_counter() - started
     assert timing.estimate.noisy and timing.metrics()["noisy"] == 1.0
-    assert 1.2 <= elapsed < 3.0  # the wall-clock budget: it stops when under two blocks are left, overshoots little
+    # The wall-clock budget ends it: not before 1.2 s, and not at the 2+ minutes an unreachable target would take
+    # (the upper bound is generous for a loaded CI machine).
+    assert 1.2 <= elapsed < 15.0
     assert timing.estimate.blocks > MIN_BLOCKS and timing.estimate.ci_half_width_pct < 100
 
 
