@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import reprlib
 import typing
 from collections.abc import Callable, Mapping
@@ -75,6 +76,15 @@ def _inside_project_problem(folder: str) -> str | None:
     normal = os.path.normpath(folder)
     if os.path.isabs(folder) or normal == ".." or normal.startswith(".." + os.sep):
         return "a folder inside the project, given relative to it (e.g. `runs`); symlink it to keep logs elsewhere"
+    return None
+
+
+def _model_name_problem(name: str) -> str | None:
+    """MLflow refuses some characters in registered model names (`/` splits `models:/<name>/<version>` URIs)."""
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9 ._-]*", name) is None:
+        return (
+            "a name of letters, digits, `.`, `_`, `-` and spaces, starting with a letter or digit (e.g. `mnist-labnet`)"
+        )
     return None
 
 
@@ -166,6 +176,8 @@ class TrackingConfig:
     experiment: str = _rule(non_empty=True, max_length=256)
     # Root of the TensorBoard logs, inside the project; each stage run writes its own sub-folder.
     tensorboard_dir: str = _rule(non_empty=True, max_length=1024, check=_inside_project_problem)
+    # MLflow Model Registry name: every training run adds a version of this model.
+    registered_model: str = _rule(non_empty=True, max_length=256, check=_model_name_problem)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from pipeline.machine_identity import ID_TAG
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
+    from mlflow.entities import Run
 
 PIPELINE_FILES = ("params.yaml", "dvc.yaml")
 KEY_TAG = "pipeline.key"
@@ -109,3 +110,30 @@ def mark_current(
         if run.info.run_id != run_id and same_machine and run.data.tags.get("dvc.experiment", "") == experiment:
             client.set_tag(run.info.run_id, OUTPUTS_TAG, "superseded")
     client.set_tag(run_id, OUTPUTS_TAG, "current")
+
+
+def current_run(client: MlflowClient, experiment_id: str, stage_run_name: str, machine_id: str = "") -> Run | None:
+    """The run `mark_current` tagged as the producer of the workspace's outputs of `stage_run_name` on this
+    machine and DVC experiment; None when this store never saw it (outputs checked out from a DVC remote)."""
+    experiment = os.environ.get("DVC_EXP_NAME", "")
+    query = f"attributes.run_name = '{stage_run_name}' and tags.`{OUTPUTS_TAG}` = 'current'"
+    for run in client.search_runs(
+        [experiment_id], filter_string=query, order_by=["attributes.start_time DESC"], max_results=100
+    ):
+        tags = run.data.tags
+        if tags.get(ID_TAG, machine_id) == machine_id and tags.get("dvc.experiment", "") == experiment:
+            return run
+    return None
+
+
+def training_run(client: MlflowClient, experiment_id: str, model_digest: str) -> Run | None:
+    """The FINISHED train run that wrote the checkpoint with this digest: the one whose outputs are current if
+    several did (training is bit-identical on one machine), else the latest; None if this store has none."""
+    query = f"tags.stage = 'train' and tags.`model.digest` = '{model_digest}' and attributes.status = 'FINISHED'"
+    runs = client.search_runs(
+        [experiment_id], filter_string=query, order_by=["attributes.start_time DESC"], max_results=100
+    )
+    current = [run for run in runs if run.data.tags.get(OUTPUTS_TAG) == "current"]
+    if current:
+        return current[0]
+    return runs[0] if runs else None

@@ -3,7 +3,7 @@
     python -m pipeline.machines [--output machines] [--experiment NAME] [--baseline MACHINE]
 
 A workspace only ever holds one machine's `profiles/`; a shared MLflow server holds everyone's profile
-runs with their `hardware.*` params and `machine.*` tags. This reads those runs and writes
+runs with their `hardware.*` and `machine.*` tags. This reads those runs and writes
 `<output>/machines.md`, a self-contained `machines.html`, `machines.csv` and the figures.
 
 Not a DVC stage: its input is the tracking store, state outside the workspace that other machines
@@ -66,6 +66,7 @@ PROFILE_STAGE = "profile"
 MODEL_DIGEST_TAG = "model.digest"
 COMBINATION_PARAMS = ("batch_size", "device", "mode")
 HARDWARE_PREFIX = "hardware."
+METRIC_PREFIX = "profile/"
 # Run params that do not change what is measured: the machine's own thread count (0 = one per core
 # gives 2 on a laptop, 16 on a server), how long the timing may run and how tight it aims (they set the
 # width of the interval, which the report shows), and how many steps are traced for the operator table.
@@ -130,7 +131,7 @@ class ProfileRun:
     device_name: str
     model_digest: str
     settings: tuple[tuple[str, str], ...]
-    environment: dict[str, str]  # the `hardware.*` params, prefix removed
+    environment: dict[str, str]  # the `hardware.*` tags (params in older runs), prefix removed
     threads: str
     step_time: StepTime
 
@@ -143,7 +144,12 @@ class LeftOut:
 
 def profile_run(run: Run) -> ProfileRun | LeftOut:
     """Read one MLflow run; a run that cannot be placed is left out with the reason."""
-    params, tags, metrics = run.data.params, run.data.tags, run.data.metrics
+    params, tags = run.data.params, run.data.tags
+    # Metrics carry a `profile/` prefix since the stage grouped them; older runs in a shared store have none.
+    metrics = {
+        **run.data.metrics,
+        **{key[len(METRIC_PREFIX) :]: v for key, v in run.data.metrics.items() if key.startswith(METRIC_PREFIX)},
+    }
     missing = [name for name in COMBINATION_PARAMS if name not in params]
     if missing:
         return LeftOut(run.info.run_id, f"no {', '.join(f'`{name}`' for name in missing)} param(s)")
@@ -153,15 +159,18 @@ def profile_run(run: Run) -> ProfileRun | LeftOut:
     digest = tags.get(MODEL_DIGEST_TAG)
     if not digest:
         return LeftOut(run.info.run_id, f"no `{MODEL_DIGEST_TAG}` tag (logged before the tag existed)")
+    # `hardware.*` are tags (older runs logged them as params; a shared store holds both kinds).
     environment = {
-        key[len(HARDWARE_PREFIX) :]: value for key, value in params.items() if key.startswith(HARDWARE_PREFIX)
+        key[len(HARDWARE_PREFIX) :]: value
+        for key, value in {**params, **tags}.items()
+        if key.startswith(HARDWARE_PREFIX)
     }
     if tags.get(ID_TAG) and tags.get(NAME_TAG):
         machine = Machine(tags[ID_TAG], tags[NAME_TAG])
     elif environment:  # logged before the machine tags existed: the same identity, from its params
         machine = Machine(machine_id(environment), machine_name(environment))
     else:
-        return LeftOut(run.info.run_id, "no `machine.*` tags and no `hardware.*` params")
+        return LeftOut(run.info.run_id, "no `machine.*` tags and no `hardware.*` tags or params")
     if MEDIAN_METRIC in metrics:
         step_time = StepTime(
             value=metrics[MEDIAN_METRIC],
@@ -478,7 +487,7 @@ def speedups_markdown(ratios: Sequence[Speedup], baseline: tuple[str, str]) -> s
 
 
 def environment_markdown(runs: Sequence[ProfileRun], names: Mapping[str, str]) -> str:
-    """One row per machine: what it is and what it ran (from the `hardware.*` params of its runs)."""
+    """One row per machine: what it is and what it ran (from the `hardware.*` tags of its runs)."""
     by_machine: dict[str, list[ProfileRun]] = defaultdict(list)
     for run in runs:
         by_machine[run.machine.id].append(run)

@@ -44,8 +44,8 @@ def write_profile_outputs(outputs: AtomicOutputs, paths: ProfileOutputs, record:
 def log_profile(
     tracker: Tracker, outputs: AtomicOutputs, paths: ProfileOutputs, record: ProfileRecord, texts: ProfileTexts
 ) -> None:
-    tracker.log_metrics(profile_metrics(record))
-    tracker.log_curve("block_step_time_ms", record.block_times_ms)
+    tracker.log_metrics(profile_metrics(record), prefix="profile/")
+    tracker.log_curve("profile/block_step_time_ms", record.block_times_ms)
     combination, timing = record.combination, record.timing
     # TensorBoard's HParams view: the combinations as a table (batch size x device x mode) beside their times.
     tracker.log_hparams(

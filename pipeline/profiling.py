@@ -375,5 +375,4 @@ def run_parameters(setup: ProfileSetup, top_k: int) -> dict[str, object]:
         "profile.ci_target_pct": settings.ci_target_pct,
         "profile.time_budget_s": settings.time_budget_s,
         "profile.top_k": top_k,
-        **{f"hardware.{key}": value for key, value in setup.hardware.items()},
     }

@@ -53,7 +53,7 @@ CONVOLUTION = re.compile(r"conv", re.IGNORECASE)
 class ReportInputs:
     hardware: dict[str, str] | None
     train_metrics: dict[str, float] | None
-    train_speed: dict[str, float] | None
+    train_speed: dict[str, Any] | None  # images_per_second, train_seconds, runtime (what ran)
     graph_metrics: dict[str, float] | None
     model_summary: str | None
     profiles: list[ProfileRecord]  # in params order
@@ -286,6 +286,13 @@ class Report:
         return [dataclasses.asdict(row) for row in self.rows]
 
 
+def report_input_runs(report: Report) -> list[str]:
+    """The MLflow run names (stage runs) whose outputs this report read: train, export_graph and one
+    `profile@<combination>` per profiled combination."""
+    profiles = [f"profile@{row.batch_size}-{row.device}-{row.mode}" for row in report.rows]
+    return ["train", "export_graph", *profiles]
+
+
 def build_report(params: Params, figures: Path) -> Report:
     """Write the figures into `figures` (a folder) and return the markdown report and the comparison rows."""
     inputs = read_inputs(params.profile)
@@ -357,10 +364,19 @@ def step_sections(facts: Sequence[StepFacts], figures: Path) -> list[str]:
 
 def training_section(params: Params, inputs: ReportInputs, figures: Path) -> list[str]:
     train = params.train
+    ran = dict(inputs.train_speed.get("runtime", {})) if inputs.train_speed else {}
+
+    def setting(key: str) -> str:
+        """What ran (metrics/train_speed.json), with the params.yaml request where that said something else."""
+        asked = str(getattr(train, key))
+        done = str(ran.get(key, asked))
+        return f"`{done}`" + (f" (`{asked}` in params.yaml)" if done != asked else "")
+
     sections = [
         "## 3. Training\n",
         f"Adadelta (lr {train.lr:g}), StepLR gamma {train.gamma:g}, batch {train.batch_size}, {train.epochs} epoch(s), "
-        f"seed {train.seed}, device `{train.device}`, precision `{train.precision}`.\n",
+        f"seed {train.seed}, device {setting('device')}, precision {setting('precision')}, "
+        f"execution {setting('execution')}, {setting('threads')} thread(s).\n",
     ]
     if inputs.train_metrics and TRAIN_EPOCHS_PLOT.exists() and TRAIN_STEPS_PLOT.exists():
         metrics = inputs.train_metrics

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.config import TrackingConfig
 from pipeline.credentials import basic_auth_header, redact, split_user_info
 from pipeline.errors import PipelineError
-from pipeline.lineage import current_pipeline_run, mark_current, parent_run_id
+from pipeline.lineage import current_pipeline_run, current_run, mark_current, parent_run_id, training_run
 from pipeline.machine_identity import ID_TAG, machine_tags
 from pipeline.processes import host_name, identity_alive, process_identity
 from pipeline.tensorboard_events import EventWriter
@@ -46,6 +46,9 @@ HTTP_CLIENT_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
 }
 HEALTH_TIMEOUT_S = 5.0
+# MLflow's default (10 s) leaves a GPU training of a few seconds without a single sample; psutil's
+# sampling thread costs well under 1 % of a core at this rate.
+SYSTEM_METRICS_INTERVAL_S = 2.0
 ARTIFACTS_DIR = "mlartifacts"
 _EXPERIMENT_COPY_MARKER = (".dvc", "tmp", "exps")
 
@@ -267,6 +270,8 @@ class Tracker:
     client: MlflowClient
     run_id: str
     events: EventWriter
+    experiment_id: str = ""
+    machine_id: str = ""  # the `machine.id` tag of this run
     _torch_writer: SummaryWriter | None = None
 
     def _graph_writer(self) -> SummaryWriter:
@@ -294,27 +299,23 @@ class Tracker:
 
         self.client.log_batch(self.run_id, tags=[RunTag(key, str(value)) for key, value in tags.items()])
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
-        """One batched MLflow call (~0.1 ms a metric) plus TensorBoard scalars, all at `step`."""
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0, prefix: str = "") -> None:
+        """One batched MLflow call (~0.1 ms a metric) plus TensorBoard scalars, all at `step`.
+
+        `prefix` (`profile/`, `train/`, ...) groups a stage's metrics: MLflow's charts and TensorBoard's
+        scalars are sectioned by the part before the first `/`.
+        """
         from mlflow.entities import Metric
 
         timestamp = int(time.time() * 1000)
         self.client.log_batch(
             self.run_id,
-            metrics=[Metric(metric_name(key), float(value), timestamp, step) for key, value in metrics.items()],
+            metrics=[
+                Metric(metric_name(prefix + key), float(value), timestamp, step) for key, value in metrics.items()
+            ],
         )
         for key, value in metrics.items():
-            self.events.add_scalar(key, value, step)
-
-    def log_series(self, name: str, values: Sequence[float]) -> None:
-        """A metric history at steps 0..n-1 in one MLflow call, and the same curve in TensorBoard."""
-        from mlflow.entities import Metric
-
-        timestamp = int(time.time() * 1000)
-        key = metric_name(name)
-        self.client.log_batch(self.run_id, metrics=[Metric(key, float(v), timestamp, i) for i, v in enumerate(values)])
-        for index, value in enumerate(values):
-            self.events.add_scalar(name, value, index)
+            self.events.add_scalar(prefix + key, value, step)
 
     def log_curve(self, tag: str, values: Sequence[float]) -> None:
         """A curve at steps 0..n-1 in TensorBoard only. In MLflow a per-step series shows in the run overview
@@ -357,7 +358,50 @@ class Tracker:
         """A text artifact in MLflow only (e.g. an HTML page TensorBoard would show as source)."""
         self.client.log_text(self.run_id, text, artifact_file)
 
+    def link_training(self, model_digest: str) -> str | None:
+        """Point this run at the train run that wrote the checkpoint `model_digest` names and at the model it
+        logged: tags `train.run_id`, `model.id`, `model.uri`, and the model as an input of this run (MLflow
+        lists it under the run's logged models). Returns the train run's id; None (and no tags) when this
+        store holds no such run, e.g. a checkpoint pulled from a DVC remote that another store tracked."""
+        from mlflow.entities import LoggedModelInput
 
+        train = training_run(self.client, self.experiment_id, model_digest)
+        if train is None:
+            return None
+        tags = {TRAIN_RUN_TAG: train.info.run_id}
+        model_id = train.data.tags.get(MODEL_ID_TAG)
+        if model_id:
+            tags |= {MODEL_ID_TAG: model_id, MODEL_URI_TAG: f"models:/{model_id}"}
+            self.client.log_inputs(self.run_id, models=[LoggedModelInput(model_id)])
+        self.set_tags(tags)
+        return str(train.info.run_id)
+
+    def link_inputs(self, stage_run_names: Sequence[str], description: str) -> dict[str, str]:
+        """Record which runs produced the outputs this stage read: a tag `input.<run name>` = run id for each
+        one this store holds (the run tagged `dvc.outputs = current` on this machine), and the run's
+        description `description` followed by links to them. Returns {run name: run id}."""
+        found = {}
+        for name in stage_run_names:
+            run = current_run(self.client, self.experiment_id, name, self.machine_id)
+            if run is not None:
+                found[name] = str(run.info.run_id)
+        links = ", ".join(
+            f"[{name}](#/experiments/{self.experiment_id}/runs/{run_id})" for name, run_id in found.items()
+        )
+        missing = [name for name in stage_run_names if name not in found]
+        note = f"{description}\n\nBuilt from the runs {links}." if found else description
+        if missing:
+            note += f" Not in this store (outputs from a DVC remote or cache): {', '.join(missing)}."
+        self.set_tags({**{f"{INPUT_TAG_PREFIX}{name}": run_id for name, run_id in found.items()}, NOTE_TAG: note})
+        return found
+
+
+# Links between runs: a run that uses the trained model names the train run and the logged model.
+TRAIN_RUN_TAG = "train.run_id"
+MODEL_ID_TAG = "model.id"  # MLflow 3 logged model id (`m-...`), set on the train run by log_model
+MODEL_URI_TAG = "model.uri"
+INPUT_TAG_PREFIX = "input."
+NOTE_TAG = "mlflow.note.content"
 # Shown as each run's description in the MLflow UI (the `mlflow.note.content` tag).
 STAGE_DESCRIPTIONS = {
     "download": "Fetch the four MNIST IDX files, verify their SHA-256 digests and write data/MNIST.",
@@ -385,6 +429,7 @@ def open_tracker(
     config: TrackingConfig,
     variant: str | None = None,
     root: Path | None = None,
+    system_metrics: bool = False,
 ) -> Iterator[Tracker]:
     """Start the stage's MLflow run and TensorBoard writer; end the run FINISHED, FAILED or KILLED.
 
@@ -394,6 +439,10 @@ def open_tracker(
     The run is also the active fluent run while open, for the MLflow APIs that only exist in fluent
     form (`mlflow.log_input`, `mlflow.pytorch.log_model`). Every run is tagged with its stage, its DVC
     experiment (if any) and the machine it ran on (`machine.name`, `machine.id`).
+
+    `system_metrics`: MLflow samples CPU, memory, disk, network (psutil) and GPU (pynvml, where a GPU
+    and nvidia-ml-py are present) into `system/*` metrics while the run is open, every
+    SYSTEM_METRICS_INTERVAL_S unless $MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL says otherwise.
     """
     import mlflow
     from mlflow import MlflowClient
@@ -415,9 +464,17 @@ def open_tracker(
         pipeline = current_pipeline_run(root, machine)
         tags = {"stage": stage, **pipeline.tags(), **process_tags(), **_dvc_experiment_tags()}
         if stage in STAGE_DESCRIPTIONS:
-            tags["mlflow.note.content"] = STAGE_DESCRIPTIONS[stage]
+            tags[NOTE_TAG] = STAGE_DESCRIPTIONS[stage]
         parent = parent_run_id(client, experiment_id, pipeline)
-        run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags, parent_run_id=parent)
+        if system_metrics and not os.environ.get("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"):
+            mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)  # type: ignore[no-untyped-call]
+        run = mlflow.start_run(
+            experiment_id=experiment_id,
+            run_name=run_name,
+            tags=tags,
+            parent_run_id=parent,
+            log_system_metrics=system_metrics,
+        )
     except (mlflow.exceptions.MlflowException, SQLAlchemyError) as error:
         raise PipelineError(
             redact(
@@ -430,7 +487,13 @@ def open_tracker(
     folder = f"{variant + '-' if variant else ''}{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:8]}"
     logdir = Path(config.tensorboard_dir)
     logdir = (logdir if logdir.is_absolute() else root / logdir) / stage / folder
-    tracker = Tracker(client=client, run_id=run_id, events=EventWriter(logdir))
+    tracker = Tracker(
+        client=client,
+        run_id=run_id,
+        events=EventWriter(logdir),
+        experiment_id=experiment_id,
+        machine_id=machine.get(ID_TAG, ""),
+    )
     status = "FAILED"
     failure: PipelineError | None = None
     try:

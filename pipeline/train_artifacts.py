@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from pipeline.model import LabNet
-from pipeline.tracking import Tracker
+from pipeline.tracking import MODEL_ID_TAG, Tracker
 from pipeline.training import TrainingResult
 
 # Batch of the MLflow input example: > 1 so the exported model keeps a dynamic batch dimension.
@@ -30,12 +30,31 @@ def quality_metrics(result: TrainingResult) -> dict[str, float]:
     }
 
 
-def speed_metrics(result: TrainingResult) -> dict[str, float]:
-    """Wall-clock numbers, kept apart from `quality_metrics` because they differ run to run."""
+def speed_metrics(result: TrainingResult, runtime: Mapping[str, object]) -> dict[str, object]:
+    """`metrics/train_speed.json`: wall-clock numbers (they differ run to run, so they are kept apart from
+    `quality_metrics`) and what ran (`runtime`: device, precision, execution, threads after resolving
+    `auto`), which the report quotes and `dvc metrics diff` compares across machines."""
     return {
         "train_seconds": round(result.train_seconds, 3),
         "images_per_second": round(result.images_per_second, 1),
+        "runtime": {key: runtime[key] for key in RESOLVED_KEYS},
     }
+
+
+# train.* params that may say `auto` (or 0 threads): MLflow records what ran, the request beside it.
+RESOLVED_KEYS = ("device", "precision", "execution", "threads")
+REGISTERED_MODEL_TAG = "model.registered_version"  # `<name>/<version>` in the MLflow Model Registry
+
+
+def resolved_params(train_params: Mapping[str, Any], runtime: Mapping[str, Any]) -> dict[str, Any]:
+    """The `train` section as it ran: `auto` choices (and 0 threads) replaced by what ran, the request kept
+    as `<key>_requested` where it differed, so Compare shows `precision bf16`, not `auto`."""
+    resolved = dict(train_params)
+    for key in RESOLVED_KEYS:
+        if str(train_params[key]) != str(runtime[key]):
+            resolved[key] = runtime[key]
+            resolved[f"{key}_requested"] = train_params[key]
+    return resolved
 
 
 def log_training_setup(
@@ -45,24 +64,38 @@ def log_training_setup(
     hardware: Mapping[str, str],
     data_digest: str,
 ) -> None:
-    tracker.log_params({f"train.{key}": value for key, value in train_params.items()})
-    tracker.log_params({f"runtime.{key}": value for key, value in runtime.items()})
+    """Params (`train.*` as it ran, `runtime.*` for how it was chosen) and the machine as tags, which MLflow's
+    Compare lists apart from params: they describe where a run ran, not a setting to compare."""
+    tracker.log_params(resolved_params(train_params, runtime), prefix="train.")
+    tracker.log_params(
+        {key: value for key, value in runtime.items() if key not in (*RESOLVED_KEYS, "seed")}, "runtime."
+    )
     tracker.set_tags({"data.digest": data_digest, **{f"hardware.{key}": value for key, value in hardware.items()}})
 
 
-def log_training_result(tracker: Tracker, result: TrainingResult, train_params: Mapping[str, Any]) -> None:
+def log_training_result(
+    tracker: Tracker, result: TrainingResult, train_params: Mapping[str, Any], runtime: Mapping[str, Any]
+) -> None:
+    """TensorBoard HParams for the run (the settings as they ran, with final quality and speed). MLflow needs
+    no `final/*` copies: its run page and Compare show each curve's last value, which is the final one."""
     final = quality_metrics(result)
-    tracker.log_metrics(
-        {**{f"final/{k}": v for k, v in final.items()}, **speed_metrics(result)}, step=len(result.epochs)
-    )
+    resolved = resolved_params(train_params, runtime)
     tracker.log_hparams(
-        {key: value for key, value in train_params.items() if isinstance(value, (int, float, str, bool))},
-        {"hparam/test_accuracy": final["test_accuracy"], "hparam/test_loss": final["test_loss"]},
+        {key: value for key, value in resolved.items() if isinstance(value, (int, float, str, bool))},
+        {
+            "hparam/test_accuracy": final["test_accuracy"],
+            "hparam/test_loss": final["test_loss"],
+            "hparam/images_per_second": result.images_per_second,
+        },
     )
 
 
-def log_model(tracker: Tracker, model: LabNet) -> None:
-    """Log the model in MLflow's default torch.export format, with a dynamic batch dimension.
+def log_model(tracker: Tracker, model: LabNet, registered_model: str, step: int) -> str:
+    """Log the model in MLflow's default torch.export format, with a dynamic batch dimension, as produced at
+    optimizer step `step`, and register it as a new version of `registered_model`; returns `<name>/<version>`.
+
+    MLflow links the run's metrics logged at `step` (the final test and train values) to the logged model,
+    so its page, and the registered version's, show the quality it was logged with.
 
     An exported program keeps its weights on the device it was exported on, and MLflow's pyfunc loader
     (which also checks the input example while logging) refuses to move them: it loads on
@@ -77,14 +110,18 @@ def log_model(tracker: Tracker, model: LabNet) -> None:
     cpu_model.eval()
     served: torch.nn.Module = cpu_model if device.type == "cpu" else OnDevice(cpu_model, device).eval()
     example = np.zeros((EXAMPLE_BATCH, *cpu_model.input_shape), dtype=np.float32)
-    tracker.set_tags({"model.serving_device": str(device)})
-    mlflow.pytorch.log_model(
+    info = mlflow.pytorch.log_model(
         served,
         name="model",
+        step=step,
         input_example=example,
+        registered_model_name=registered_model,
         # Pinned here: inferring requirements would import the model in a subprocess (slow).
         pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"],
     )
+    version = f"{registered_model}/{info.registered_model_version}"
+    tracker.set_tags({"model.serving_device": str(device), MODEL_ID_TAG: info.model_id, REGISTERED_MODEL_TAG: version})
+    return version
 
 
 def serving_device() -> torch.device:

@@ -149,16 +149,21 @@ def train_model(
         result.epochs.append(record)
         epochs.set_postfix(test_accuracy=f"{test_accuracy:.4f}", test_loss=f"{test_loss:.4f}")
         if tracker is not None:
+            # At the optimizer step the epoch ended on, the x axis of the train/* curves: MLflow and TensorBoard
+            # overlay test on train only when both count the same steps.
+            step_reached = result.optimizer_steps
             tracker.log_metrics(
                 {
                     "lr": lr,
-                    "epoch/train_loss": train_loss,
-                    "epoch/train_accuracy": train_accuracy,
-                    "test/loss": test_loss,
-                    "test/accuracy": test_accuracy,
+                    "epoch_loss": train_loss,
+                    "epoch_accuracy": train_accuracy,
+                    "epoch_seconds": result.epoch_seconds[-1],
+                    "images_per_second": len(train) / result.epoch_seconds[-1],
                 },
-                step=epoch,
+                step=step_reached,
+                prefix="train/",
             )
+            tracker.log_metrics({"loss": test_loss, "accuracy": test_accuracy}, step=step_reached, prefix="test/")
     return result
 
 
@@ -259,7 +264,12 @@ def _train_epoch(
             epoch_samples += window_samples
             if tracker is not None:
                 tracker.log_metrics(
-                    {"train/loss": record.train_loss, "train/accuracy": record.train_accuracy}, step=record.step
+                    {
+                        "train/loss": record.train_loss,
+                        "train/accuracy": record.train_accuracy,
+                        "train/epoch": epoch - 1 + index / steps,  # fractional: an x axis in epochs, if preferred
+                    },
+                    step=record.step,
                 )
             bar.set_postfix(loss=f"{record.train_loss:.4f}")
             window.loss.zero_()

@@ -1,7 +1,7 @@
 """DVC stage `export_graph`: the trained model's dataflow graph in TensorBoard, .pt2, ONNX, a summary and a picture."""
 
 from pipeline.atomic import AtomicOutputs
-from pipeline.checkpoint import load_checkpoint
+from pipeline.checkpoint import checkpoint_digest, load_checkpoint
 from pipeline.cli import run_stage
 from pipeline.config import load_params, section_as_dict
 from pipeline.data import load_split
@@ -20,7 +20,9 @@ def main() -> None:
 
     with open_tracker("export_graph", params.tracking) as tracker, AtomicOutputs() as outputs:
         tracker.log_params(section_as_dict(config), prefix="graph.")
-        tracker.set_tags({"data.digest": checkpoint.data_digest})
+        digest = checkpoint_digest(MODEL_CHECKPOINT)
+        tracker.set_tags({"data.digest": checkpoint.data_digest, "model.digest": digest})
+        tracker.link_training(digest)
         result = export_graph(checkpoint.model, images, config, outputs)
         log_graph_export(tracker, checkpoint.model, images[:1], result, outputs)
     summary = result.summary

@@ -29,8 +29,15 @@ def main() -> None:
     with open_tracker("profile", params.tracking, variant=combination.name) as tracker, AtomicOutputs() as outputs:
         tracker.log_params(run_parameters(setup, config.top_k))
         tracker.set_tags(
-            {"data.digest": setup.data_digest, "model.digest": setup.model_digest, "combination": combination.name}
+            {
+                "data.digest": setup.data_digest,
+                "model.digest": setup.model_digest,
+                "combination": combination.name,
+                # Tags, as on the train run: they say where it ran; MLflow's Compare lists params to compare.
+                **{f"hardware.{key}": value for key, value in setup.hardware.items()},
+            }
         )
+        tracker.link_training(setup.model_digest)
         record = run_profile(setup, config.top_k, outputs.staged(paths.trace))
         texts = write_profile_outputs(outputs, paths, record)
         log_profile(tracker, outputs, paths, record, texts)

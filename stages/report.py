@@ -7,9 +7,9 @@ from pipeline.atomic import AtomicOutputs
 from pipeline.cli import run_stage
 from pipeline.config import load_params
 from pipeline.paths import PROFILE_COMPARISON_PLOT, REPORT_FIGURES, REPORT_HTML, REPORT_MARKDOWN
-from pipeline.report import COMPARISON_PLOT_FIELDS, TITLE, build_report, markdown_to_html
+from pipeline.report import COMPARISON_PLOT_FIELDS, TITLE, build_report, markdown_to_html, report_input_runs
 from pipeline.tables import rows_csv
-from pipeline.tracking import open_tracker
+from pipeline.tracking import STAGE_DESCRIPTIONS, open_tracker
 
 
 def main() -> None:
@@ -31,7 +31,8 @@ def main() -> None:
         outputs.write_text(PROFILE_COMPARISON_PLOT, rows_csv(COMPARISON_PLOT_FIELDS, report.comparison_csv_rows()))
         tracker.log_text("report/markdown", report.markdown, "report.md")
         tracker.log_artifact_text(html, "report.html")
-        tracker.log_metrics({"combinations": len(report.rows)})
+        tracker.log_metrics({"combinations": len(report.rows)}, prefix="report/")
+        tracker.link_inputs(report_input_runs(report), STAGE_DESCRIPTIONS["report"])
     print(f"report written to {REPORT_MARKDOWN} and {REPORT_HTML} ({len(report.rows)} profiled combination(s))")
 
 

@@ -61,7 +61,6 @@ def profile_run_params(record: dict[str, Any], top_k: int, optimizer_lr: float) 
         "profile.ci_target_pct": str(float(settings.get("ci_target_pct", REPO_PARAMS["profile"]["ci_target_pct"]))),
         "profile.time_budget_s": str(float(settings.get("time_budget_s", REPO_PARAMS["profile"]["time_budget_s"]))),
         "profile.top_k": str(top_k),
-        **{f"hardware.{key}": value for key, value in record["hardware"].items()},
     }
 
 
@@ -89,8 +88,11 @@ def log_profile_folder(
     retime: bool = True,
     settings_override: dict[str, str] | None = None,
     status: str = "FINISHED",
+    legacy: bool = False,
 ) -> dict[str, str]:
-    """One profile run per `folder/*/profile.json`; returns combination name -> run id."""
+    """One profile run per `folder/*/profile.json`, logged as the stage logs it (`hardware.*` tags, `profile/`
+    metrics), or with `legacy` as runs before 2026-11-23 were (`hardware.*` params, bare metric names);
+    returns combination name -> run id."""
     started_ms = started_ms or int(time.time() * 1000)
     run_ids = {}
     for path in sorted(folder.glob("*/profile.json")):
@@ -107,8 +109,14 @@ def log_profile_folder(
         }
         run = client.create_run(experiment_id, start_time=started_ms, tags=tags, run_name=f"profile@{name}")
         params = {**profile_run_params(record, len(record["top_operators"]), optimizer_lr), **(settings_override or {})}
-        metrics = record_metrics(record, retime)
-        series_name = "block_step_time_ms" if "block_times_ms" in record else "step_time_ms"
+        hardware = {f"hardware.{key}": value for key, value in record["hardware"].items()}
+        if legacy:
+            params |= hardware
+        else:
+            tags |= hardware
+        prefix = "" if legacy else "profile/"
+        metrics = {prefix + key: value for key, value in record_metrics(record, retime).items()}
+        series_name = prefix + ("block_step_time_ms" if "block_times_ms" in record else "step_time_ms")
         series = record.get("block_times_ms", record.get("step_times_ms", []))
         client.log_batch(
             run.info.run_id,

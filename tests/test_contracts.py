@@ -181,7 +181,7 @@ def test_stage_runs_of_one_pipeline_run_share_a_parent_and_the_latest_is_current
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("DVC_EXP_NAME", raising=False)
     (tmp_path / "params.yaml").write_text("train: {lr: 1.0}\n")
-    config = TrackingConfig(experiment="lineage", tensorboard_dir="runs")
+    config = TrackingConfig(experiment="lineage", tensorboard_dir="runs", registered_model="lab-model")
     run_ids = []
     for stage in ("train", "report", "report"):
         with open_tracker(stage, config, root=tmp_path) as tracker:

@@ -152,14 +152,25 @@ def test_logged_model_loads_and_predicts_on_this_machine(tmp_path: Path, monkeyp
     torch.manual_seed(0)
     model = LabNet(LAB_MODEL).eval()
     with open_tracker(
-        "train", TrackingConfig(experiment="log-model", tensorboard_dir="runs"), root=tmp_path
+        "train",
+        TrackingConfig(experiment="log-model", tensorboard_dir="runs", registered_model="lab-model"),
+        root=tmp_path,
     ) as tracker:
-        log_model(tracker, model)
+        tracker.log_metrics({"accuracy": 0.5}, step=3, prefix="test/")
+        version = log_model(tracker, model, "lab-model", step=3)
         run_id = tracker.run_id
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     run = MlflowClient().get_run(run_id)
     assert run.data.tags["model.serving_device"] == str(serving_device())
     (logged,) = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")
+    assert logged.model_id == run.data.tags["model.id"] and str(logged.status) == "READY"
+    # The run's metrics at the model's step are linked to it (MLflow shows them on the model's page).
+    assert [(m.key, m.value, m.step) for m in logged.metrics] == [("test/accuracy", 0.5, 3)]
+    model_id = logged.model_id
+    # Registered: a version of the named model per logged model, pointing back at this run and model.
+    (registered,) = MlflowClient().search_model_versions("name = 'lab-model'")
+    assert version == f"lab-model/{registered.version}" == run.data.tags["model.registered_version"]
+    assert registered.run_id == run_id and registered.source == f"models:/{model_id}"
     images = torch.randn(5, 1, 28, 28)
     with torch.no_grad():
         expected = model(images).numpy()

@@ -46,7 +46,8 @@ def test_dvc_repro_downloads_logs_and_is_idempotent(project_copy: Path, run_in: 
     assert run.info.status == "FINISHED"
     assert run.data.tags["data.digest"] == dataset_digest(MNIST_SHA256)
     assert run.data.tags["stage"] == "download"
-    assert run.data.metrics["train_samples"] == 60_000 and run.data.metrics["test_samples"] == 10_000
+    assert run.data.metrics["data/train_samples"] == 60_000 and run.data.metrics["data/test_samples"] == 10_000
+    assert {key.split("/")[0] for key in run.data.metrics} == {"data"}  # one section in MLflow
     assert run.data.params["source.train-images-idx3-ubyte"].endswith("train-images-idx3-ubyte.gz")
     inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}
     assert set(inputs) == {"mnist-train", "mnist-test"}
@@ -62,7 +63,13 @@ def test_dvc_repro_downloads_logs_and_is_idempotent(project_copy: Path, run_in: 
     assert run.info.run_id[:8] in logdir.name
     events = EventAccumulator(str(logdir), size_guidance={"images": 0})
     events.Reload()
-    (image_event,) = events.Images("mnist/train_samples_by_class")
+    (image_event,) = events.Images("data/train_samples_by_class")
+    assert set(events.Tags()["scalars"]) == {
+        "data/train_samples",
+        "data/train_bytes",
+        "data/test_samples",
+        "data/test_bytes",
+    }
     shown = np.asarray(Image.open(io.BytesIO(image_event.encoded_image_string)).convert("L"))
     assert np.array_equal(shown, sample_grid(images, labels, per_class=10)[:, :, 0])
 

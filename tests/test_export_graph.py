@@ -60,7 +60,7 @@ def test_tensorboard_graph_has_the_lab_operators(exported: Path) -> None:
     operators = {node.op for node in graph.node}
     assert {"aten::_convolution", "aten::linear", "aten::max_pool2d", "aten::relu", "aten::log_softmax"} <= operators
     assert any("Conv2d[conv2]" in node.name for node in graph.node)
-    summary_text = events.Tensors("model/summary/text_summary")[0].tensor_proto.string_val[0].decode()
+    summary_text = events.Tensors("graph/summary/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "| classifier.fc1 | Linear | 128 | 1,179,776 |" in summary_text
 
 
@@ -102,7 +102,15 @@ def test_summary_metrics_picture_and_mlflow_run(exported: Path) -> None:
     experiment = client.get_experiment_by_name("mnist-lab")
     (run,) = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'export_graph'")
     assert run.info.status == "FINISHED"
-    assert run.data.metrics["total_parameters"] == parameters
+    assert run.data.metrics["graph/total_parameters"] == parameters
+    assert {key.split("/")[0] for key in run.data.metrics} == {"graph"}  # one section in MLflow
+    # It points at the train run that wrote the checkpoint and at the model that run logged.
+    (train,) = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'train'")
+    assert run.data.tags["train.run_id"] == train.info.run_id
+    assert run.data.tags["model.id"] == train.data.tags["model.id"]
+    assert run.data.tags["model.uri"] == f"models:/{train.data.tags['model.id']}"
+    assert run.data.tags["model.digest"] == train.data.tags["model.digest"]
+    assert [model.model_id for model in run.inputs.model_inputs] == [train.data.tags["model.id"]]
     assert run.data.params["graph.onnx_opset"] == "18"
     logged = {artifact.path for artifact in client.list_artifacts(run.info.run_id, "graph")}
     assert {"graph/model.onnx", "graph/model.pt2", "graph/model_graph.svg", "graph/summary.csv"} <= logged

@@ -177,7 +177,11 @@ def test_tracking_uri_password_becomes_basic_auth_and_is_never_printed(
 
 def test_logged_params_never_hold_a_password(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    with open_tracker("probe", TrackingConfig(experiment="secrets", tensorboard_dir="runs"), root=tmp_path) as tracker:
+    with open_tracker(
+        "probe",
+        TrackingConfig(experiment="secrets", tensorboard_dir="runs", registered_model="lab-model"),
+        root=tmp_path,
+    ) as tracker:
         tracker.log_params({"data.mirrors": ["https://alice:hunter2@example.org/mnist/"]})
         run_id = tracker.run_id
     run = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run_id)
@@ -391,7 +395,9 @@ def healthy_store(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     saved = os.environ.pop("MLFLOW_TRACKING_URI", None)
     try:
         with open_tracker(
-            "probe", TrackingConfig(experiment="store-test", tensorboard_dir="runs"), root=root
+            "probe",
+            TrackingConfig(experiment="store-test", tensorboard_dir="runs", registered_model="lab-model"),
+            root=root,
         ) as tracker:
             tracker.log_metrics({"x": 1.0})
     finally:
@@ -428,7 +434,11 @@ def test_damaged_tracking_store_is_refused_and_left_as_it_is(
     before = database.read_bytes()
 
     def stage() -> None:
-        with open_tracker("probe", TrackingConfig(experiment="store-test", tensorboard_dir="runs"), root=tmp_path):
+        with open_tracker(
+            "probe",
+            TrackingConfig(experiment="store-test", tensorboard_dir="runs", registered_model="lab-model"),
+            root=tmp_path,
+        ):
             pytest.fail("the stage ran on a damaged store")
 
     code, stderr = _stage_exit(stage, capsys)

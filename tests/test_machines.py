@@ -119,7 +119,7 @@ def test_label_comes_from_the_environment_and_is_checked(monkeypatch: pytest.Mon
 def test_every_stage_run_is_tagged_with_its_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv(LABEL_VARIABLE, raising=False)
-    with open_tracker("report", TrackingConfig("lab", "runs"), root=tmp_path) as tracker:
+    with open_tracker("report", TrackingConfig("lab", "runs", "lab-model"), root=tmp_path) as tracker:
         run_id = tracker.run_id
     tags = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run_id).data.tags
     assert tags[ID_TAG] == machine_id(machine_fingerprint())
@@ -137,7 +137,7 @@ def test_machines_sharing_a_store_have_their_own_pipeline_runs_and_current_outpu
     run_ids: list[str] = []
     for label in ("alice", "bob", "alice"):
         monkeypatch.setenv(LABEL_VARIABLE, label)
-        with open_tracker("report", TrackingConfig("lineage", "runs"), root=tmp_path) as tracker:
+        with open_tracker("report", TrackingConfig("lineage", "runs", "lab-model"), root=tmp_path) as tracker:
             run_ids.append(tracker.run_id)
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     alice, bob, alice_again = (client.get_run(run_id).data.tags for run_id in run_ids)
@@ -311,7 +311,9 @@ def lab_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     older = log_profile_folder(client, experiment, one_combination, MODEL, started_ms=now - 60_000)
     runs = {
         "here": log_profile_folder(client, experiment, here, MODEL, started_ms=now - 30_000),
-        "h100": log_profile_folder(client, experiment, h100, MODEL, started_ms=now - 20_000),
+        # Logged as runs before 2026-11-23 were (`hardware.*` params, metrics without the `profile/` prefix):
+        # a shared store holds both kinds, and the report reads both.
+        "h100": log_profile_folder(client, experiment, h100, MODEL, started_ms=now - 20_000, legacy=True),
     }
     # Newer, with a larger time budget: how long to measure is no reason to set a run apart, so it replaces one.
     runs["here"].update(
@@ -326,7 +328,7 @@ def lab_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
     legacy = project / "import" / "legacy"
     shutil.copytree(h100 / "1-cpu-inference", legacy / "1-cpu-inference")
-    mean_timed = log_profile_folder(client, experiment, legacy, MODEL, started_ms=now, retime=False)
+    mean_timed = log_profile_folder(client, experiment, legacy, MODEL, started_ms=now, retime=False, legacy=True)
     no_digest = client.create_run(experiment, tags={"stage": "profile"}).info.run_id
     client.log_batch(no_digest, params=[])
     client.set_terminated(no_digest, "FINISHED")

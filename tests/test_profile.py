@@ -167,17 +167,25 @@ def test_one_mlflow_run_and_tensorboard_folder_per_combination(profiled: Path) -
     metric_names = {frozenset(run.data.metrics) for run in runs}
     assert len(metric_names) == 1  # identical names: MLflow's Compare lines them up
     shared = {"step_time_ms_median", "step_time_ms_ci_low", "step_time_ci_pct", "noisy", "machine_busy"}
-    assert shared | {"steps_measured", "blocks_measured", "throughput_samples_per_s"} <= set(next(iter(metric_names)))
+    shared = {f"profile/{name}" for name in shared | {"steps_measured", "blocks_measured", "throughput_samples_per_s"}}
+    assert shared <= set(next(iter(metric_names)))
+    assert {key.split("/")[0] for key in next(iter(metric_names))} == {"profile"}  # one section in MLflow
+    (train,) = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'train'")
     for run in runs:
         assert run.info.status == "FINISHED"
-        assert {"batch_size", "device", "mode", "threads", "hardware.cpu", "hardware.torch"} <= set(run.data.params)
+        assert {"batch_size", "device", "mode", "threads"} <= set(run.data.params)
+        # Where it ran is tags (as on the train run), not params that Compare would list as settings.
+        assert {"hardware.cpu", "hardware.torch"} <= set(run.data.tags)
+        assert not [key for key in run.data.params if key.startswith("hardware.")]
+        assert run.data.tags["train.run_id"] == train.info.run_id
+        assert [model.model_id for model in run.inputs.model_inputs] == [train.data.tags["model.id"]]
         assert (
             run.info.run_name
             == f"profile@{run.data.params['batch_size']}-{run.data.params['device']}-{run.data.params['mode']}"
         )
         # The per-block series is a TensorBoard curve and a profile.json field, not an MLflow metric (whose
         # last value would read like one more statistic in the overview and Compare).
-        assert "block_step_time_ms" not in run.data.metrics
+        assert not [key for key in run.data.metrics if "block_step_time_ms" in key]
         assert {"profile.ci_target_pct", "profile.time_budget_s"} <= set(run.data.params)
         assert {"trace.json.gz", "top_operators.csv", "profile.json"} <= {
             a.path for a in client.list_artifacts(run.info.run_id)
@@ -186,9 +194,10 @@ def test_one_mlflow_run_and_tensorboard_folder_per_combination(profiled: Path) -
     assert [folder.name.rsplit("-", 3)[0] for folder in folders] == sorted(COMBINATIONS)
     events = EventAccumulator(str(folders[0]))
     events.Reload()
-    assert {"step_time_ms_median", "step_time_ci_pct", "noisy"} <= set(events.Tags()["scalars"])
+    assert {"profile/step_time_ms_median", "profile/step_time_ci_pct", "profile/noisy"} <= set(events.Tags()["scalars"])
+    assert {tag.split("/")[0] for tag in events.Tags()["scalars"]} == {"profile", "hparam"}
     record = json.loads((profiled / "profiles" / folders[0].name.rsplit("-", 3)[0] / "profile.json").read_text())
-    assert [round(s.value, 3) for s in events.Scalars("block_step_time_ms")] == [
+    assert [round(s.value, 3) for s in events.Scalars("profile/block_step_time_ms")] == [
         round(ms, 3) for ms in record["block_times_ms"]
     ]
     # HParams: TensorBoard can tabulate and compare the combinations.

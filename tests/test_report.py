@@ -152,6 +152,10 @@ def test_report_numbers_equal_the_stage_outputs(reported: Path) -> None:
     assert f"| PyTorch | {hardware['torch']} |" in report
     train = json.loads((reported / "metrics/train.json").read_text())
     assert f"Test accuracy **{train['test_accuracy']:.4f}**, test loss {train['test_loss']:.4f}" in report
+    # What ran, with the `auto` request beside it (issue 16 point 6).
+    ran = json.loads((reported / "metrics/train_speed.json").read_text())["runtime"]
+    assert f"device `cpu` (`auto` in params.yaml), precision `{ran['precision']}` (`auto` in params.yaml)" in report
+    assert f"`{ran['threads']}` (`0` in params.yaml) thread(s)" in report
     graph = json.loads((reported / "metrics/graph.json").read_text())
     assert f"**{graph['total_parameters']:,}**" in report
     for name in (f"{b}-cpu-{m}" for b in (1, 16, 64) for m in ("inference", "train")):
@@ -220,7 +224,18 @@ def test_report_run_in_mlflow_holds_the_report_and_figures(reported: Path) -> No
     client = MlflowClient(f"sqlite:///{reported / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("mnist-lab")
     (run,) = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'report'")
-    assert run.info.status == "FINISHED" and run.data.metrics["combinations"] == 6
+    assert run.info.status == "FINISHED" and run.data.metrics["report/combinations"] == 6
+    # It names the runs whose outputs it read: the current train, export_graph and profile runs.
+    used = {key[len("input.") :]: value for key, value in run.data.tags.items() if key.startswith("input.")}
+    combinations = {f"profile@{batch}-cpu-{mode}" for batch in (1, 16, 64) for mode in ("inference", "train")}
+    assert set(used) == {"train", "export_graph", *combinations}
+    for name, run_id in used.items():
+        producer = client.get_run(run_id)
+        assert producer.info.run_name == name and producer.data.tags["dvc.outputs"] == "current"
+    assert (
+        f"[train](#/experiments/{experiment.experiment_id}/runs/{used['train']})"
+        in run.data.tags["mlflow.note.content"]
+    )
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"report.md", "report.html", "figures"} <= artifacts
     figures = {a.path for a in client.list_artifacts(run.info.run_id, "figures")}

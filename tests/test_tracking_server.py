@@ -90,7 +90,8 @@ from pipeline.config import TrackingConfig
 from pipeline.tracking import open_tracker
 
 def main() -> None:
-    with open_tracker("probe", TrackingConfig(experiment="server-faults", tensorboard_dir="runs")) as tracker:
+    config = TrackingConfig(experiment="server-faults", tensorboard_dir="runs", registered_model="lab-model")
+    with open_tracker("probe", config) as tracker:
         tracker.log_metrics({"x": 1.0})
         print(tracker.run_id, flush=True)
         sys.stdin.readline()  # the test breaks the connection to the server here

@@ -58,18 +58,54 @@ def test_train_stage_outputs_describe_a_learned_model(trained: Path) -> None:
 def test_train_run_in_mlflow_has_params_curves_model_and_data_digest(trained: Path) -> None:
     (run,) = _train_runs(trained)
     assert run.info.status == "FINISHED"
-    assert run.data.params["train.lr"] == "1.0" and run.data.params["train.model.hidden_units"] == "128"
-    assert int(run.data.params["runtime.threads"]) >= 1
-    assert run.data.tags["data.digest"] == dataset_digest(MNIST_SHA256)
+    params, tags = run.data.params, run.data.tags
+    assert params["train.lr"] == "1.0" and params["train.model.hidden_units"] == "128"
+    # What ran, not what was asked: `auto` resolved, the request kept beside it.
+    ran = json.loads((trained / "metrics/train_speed.json").read_text())["runtime"]
+    assert params["train.device"] == ran["device"] == "cpu" and params["train.device_requested"] == "auto"
+    assert params["train.precision"] == ran["precision"] != "auto" and ran["execution"] == "eager"
+    assert params["train.precision_requested"] == "auto" and int(params["train.threads"]) >= 1
+    assert "runtime.precision_reason" in params and "runtime.threads" not in params
+    # The machine is described by tags (as on every stage), not by params Compare would list.
+    assert tags["hardware.device_name"] and not [key for key in params if key.startswith("hardware.")]
+    assert tags["data.digest"] == dataset_digest(MNIST_SHA256)
     client = MlflowClient(f"sqlite:///{trained / 'mlflow.db'}")
     history = client.get_metric_history(run.info.run_id, "train/loss")
     assert [m.step for m in history] == [20, 40, 60, 80, 100]
     assert history[-1].value < history[0].value  # it learns
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "test/accuracy")] == [1]
+    # One x axis: test and per-epoch values at the optimizer step their epoch ended on, not at epoch 1.
+    for key in ("test/accuracy", "test/loss", "train/lr", "train/epoch_loss", "train/images_per_second"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [100], key
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "train/epoch")] == [0.2, 0.4, 0.6, 0.8, 1.0]
+    # Grouped: every metric has a section prefix; no single-point `final/*` copies of the curves' last values.
+    assert {key.split("/")[0] for key in run.data.metrics} == {"train", "test", "system"}
+    assert (
+        run.data.metrics["test/accuracy"] == json.loads((trained / "metrics/train.json").read_text())["test_accuracy"]
+    )
+    # MLflow's own system metrics (psutil), sampled while training.
+    assert run.data.metrics["system/cpu_utilization_percentage"] >= 0
+    assert run.data.metrics["system/system_memory_usage_megabytes"] > 0
+
+    # The data the run read, as MLflow datasets shared with the download run (same name and digest).
+    inputs = {item.dataset.name: item for item in run.inputs.dataset_inputs}
+    assert set(inputs) == {"mnist-train", "mnist-test"}
+    input_tags = {name: {tag.key: tag.value for tag in item.tags} for name, item in inputs.items()}
+    assert input_tags["mnist-train"]["samples"] == "6400" and input_tags["mnist-test"]["samples"] == "10000"
+    assert input_tags["mnist-train"]["mlflow.data.context"] == "training"
+    (download,) = client.search_runs([run.info.experiment_id], filter_string="tags.stage = 'download'")
+    assert {i.dataset.digest for i in download.inputs.dataset_inputs} == {i.dataset.digest for i in inputs.values()}
 
     mlflow.set_tracking_uri(f"sqlite:///{trained / 'mlflow.db'}")
     (logged,) = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")
-    assert logged.source_run_id == run.info.run_id
+    assert logged.source_run_id == run.info.run_id and logged.model_id == tags["model.id"]
+    # The final metrics (those at the step the model was logged at) are linked to it: the model's page shows them.
+    linked = {metric.key: metric for metric in logged.metrics}
+    assert {"test/accuracy", "test/loss", "train/epoch_loss", "train/loss"} <= set(linked)
+    assert linked["test/accuracy"].value == run.data.metrics["test/accuracy"] and linked["test/accuracy"].step == 100
+    # A registered model version per training run, named by `tracking.registered_model`.
+    (version,) = client.search_model_versions("name = 'mnist-labnet'")
+    assert version.run_id == run.info.run_id and version.source == f"models:/{logged.model_id}"
+    assert tags["model.registered_version"] == f"mnist-labnet/{version.version}"
     model = mlflow.pytorch.load_model(f"models:/{logged.model_id}")
     reference = load_checkpoint(trained / "models/model.pt").model
     # Exported for the device MLflow serves on here (issue 14): on a GPU its convolutions run in TF32.
@@ -87,7 +123,9 @@ def test_tensorboard_run_folder_holds_curves_and_hparams(trained: Path) -> None:
     events = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
     events.Reload()
     assert [event.step for event in events.Scalars("train/loss")] == [20, 40, 60, 80, 100]
-    assert [event.step for event in events.Scalars("test/accuracy")] == [1]
+    assert [event.step for event in events.Scalars("test/accuracy")] == [100]
+    # Sections: every scalar tag is grouped under a prefix TensorBoard draws as one section.
+    assert {tag.split("/")[0] for tag in events.Tags()["scalars"]} == {"train", "test", "hparam"}
     assert "_hparams_/experiment" in events.PluginTagToContent("hparams")
     assert [d for d in logdir.iterdir() if d.is_dir()] == []  # one folder per run: no hparams sub-run
 

@@ -195,7 +195,7 @@ def test_stage_run_ends_with_the_status_of_what_happened(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: type[BaseException] | None, status: str
 ) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    tracking = TrackingConfig(experiment="status-test", tensorboard_dir="runs")
+    tracking = TrackingConfig(experiment="status-test", tensorboard_dir="runs", registered_model="lab-model")
     try:
         with open_tracker("train", tracking, root=tmp_path) as tracker:
             tracker.log_metrics({"train/loss": 1.5}, step=3)

@@ -35,7 +35,7 @@ def server_with_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
         pytest.fail("no Chromium on PATH: install Debian's `chromium` package to run the browser tests")
     folder = tmp_path_factory.mktemp("ui")
     (folder / "params.yaml").write_text("profile: {batch_sizes: [1, 64]}\n")
-    config = TrackingConfig(experiment="mnist-lab", tensorboard_dir="runs")
+    config = TrackingConfig(experiment="mnist-lab", tensorboard_dir="runs", registered_model="lab-model")
     run_ids = []
     for name in COMBINATIONS:
         batch = int(name.split("-")[0])
