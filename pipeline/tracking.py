@@ -377,8 +377,8 @@ class Tracker:
         return str(train.info.run_id)
 
     def link_inputs(self, stage_run_names: Sequence[str], description: str) -> dict[str, str]:
-        """Record which runs produced the outputs this stage read: a tag `input.<run name>` = run id for each
-        one this store holds (the run tagged `dvc.outputs = current` on this machine), and the run's
+        """Record which runs produced the outputs this stage read: a tag `input.<run name>` = run id (`@` → `.`)
+        for each one this store holds (the run tagged `dvc.outputs = current` on this machine), and the run's
         description `description` followed by links to them. Returns {run name: run id}."""
         found = {}
         for name in stage_run_names:
@@ -392,7 +392,9 @@ class Tracker:
         note = f"{description}\n\nBuilt from the runs {links}." if found else description
         if missing:
             note += f" Not in this store (outputs from a DVC remote or cache): {', '.join(missing)}."
-        self.set_tags({**{f"{INPUT_TAG_PREFIX}{name}": run_id for name, run_id in found.items()}, NOTE_TAG: note})
+        # Tag keys take no `@`: `input.profile.64-cpu-train` names the run `profile@64-cpu-train`.
+        inputs = {f"{INPUT_TAG_PREFIX}{name.replace('@', '.')}": run_id for name, run_id in found.items()}
+        self.set_tags({**inputs, NOTE_TAG: note})
         return found
 
 

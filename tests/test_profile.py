@@ -178,7 +178,8 @@ def test_one_mlflow_run_and_tensorboard_folder_per_combination(profiled: Path) -
         assert {"hardware.cpu", "hardware.torch"} <= set(run.data.tags)
         assert not [key for key in run.data.params if key.startswith("hardware.")]
         assert run.data.tags["train.run_id"] == train.info.run_id
-        assert [model.model_id for model in run.inputs.model_inputs] == [train.data.tags["model.id"]]
+        inputs = client.get_run(run.info.run_id).inputs  # search_runs leaves model inputs out (MLflow 3.17)
+        assert [model.model_id for model in inputs.model_inputs] == [train.data.tags["model.id"]]
         assert (
             run.info.run_name
             == f"profile@{run.data.params['batch_size']}-{run.data.params['device']}-{run.data.params['mode']}"
@@ -197,9 +198,10 @@ def test_one_mlflow_run_and_tensorboard_folder_per_combination(profiled: Path) -
     assert {"profile/step_time_ms_median", "profile/step_time_ci_pct", "profile/noisy"} <= set(events.Tags()["scalars"])
     assert {tag.split("/")[0] for tag in events.Tags()["scalars"]} == {"profile", "hparam"}
     record = json.loads((profiled / "profiles" / folders[0].name.rsplit("-", 3)[0] / "profile.json").read_text())
-    assert [round(s.value, 3) for s in events.Scalars("profile/block_step_time_ms")] == [
-        round(ms, 3) for ms in record["block_times_ms"]
-    ]
+    # TensorBoard keeps float32: equal to the record's values to that precision.
+    assert [s.value for s in events.Scalars("profile/block_step_time_ms")] == pytest.approx(
+        record["block_times_ms"], rel=1e-6
+    )
     # HParams: TensorBoard can tabulate and compare the combinations.
     assert "_hparams_/experiment" in events.PluginTagToContent("hparams")
     assert "hparam/per_sample_ms" in events.Tags()["scalars"]

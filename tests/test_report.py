@@ -226,7 +226,11 @@ def test_report_run_in_mlflow_holds_the_report_and_figures(reported: Path) -> No
     (run,) = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'report'")
     assert run.info.status == "FINISHED" and run.data.metrics["report/combinations"] == 6
     # It names the runs whose outputs it read: the current train, export_graph and profile runs.
-    used = {key[len("input.") :]: value for key, value in run.data.tags.items() if key.startswith("input.")}
+    used = {
+        key[len("input.") :].replace("profile.", "profile@"): value
+        for key, value in run.data.tags.items()
+        if key.startswith("input.")
+    }
     combinations = {f"profile@{batch}-cpu-{mode}" for batch in (1, 16, 64) for mode in ("inference", "train")}
     assert set(used) == {"train", "export_graph", *combinations}
     for name, run_id in used.items():
