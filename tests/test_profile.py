@@ -158,6 +158,7 @@ def test_flops_are_on_the_operators_that_run_them_and_add_up_to_the_model(mode: 
     # Same formulas, same shapes: the attributed FLOPs are the model's per step, to rounding (stated: 1e-9).
     assert attributed == pytest.approx(per_sample * batch / 1e6, rel=1e-9)
     if mode == "train":  # backward: conv2's input and weight gradients, conv1's weight gradient; 2 mm per fc
+        assert summary.rows[0].layer == "features.conv1"
         conv1 = batch * summary.rows[0].flops_per_sample / 1e6  # its input needs no gradient
         assert rows["aten::convolution_backward"].mflops == pytest.approx(2 * conv_forward - conv1, rel=1e-9)
         assert rows["aten::mm"].mflops == pytest.approx(2 * linear_forward, rel=1e-9)
@@ -257,7 +258,10 @@ def test_matrix_yields_six_tables_with_timing_and_traces(profiled: Path) -> None
         assert record["conditions"]["threads"] == record["settings"]["threads"]
         with gzip.open(folder / "trace.json.gz") as trace:
             assert json.load(trace)["traceEvents"]
-        assert f"| 1 | `{operators[0]}` |" in (folder / "top_operators.md").read_text()
+        table = (folder / "top_operators.md").read_text()
+        assert f"| 1 | `{operators[0]}` |" in table
+        assert "self GPU ms" not in table and all(row["self_device_ms"] == "" for row in rows)  # no GPU: no number
+        assert record["format"] == 3 and "MFLOPs per step: convolutions and matrix products" in table
 
 
 @pytest.mark.slow
