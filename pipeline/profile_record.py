@@ -29,7 +29,11 @@ from pipeline.trace_analysis import KernelStats, RangeStats, StepAnatomy
 PROFILE_PRECISION = "fp32"
 # 2: median step time with its confidence interval, measurement conditions, and the step analysis
 # (anatomy, kernels, achieved FLOP/s).
-RECORD_FORMAT = 2
+# 3: operator rows say "no number" as null: MFLOPs counted by torch.utils.flop_counter on the operator that
+# runs them (forward and backward), null where none ran; GPU times null on CPU-only runs.
+RECORD_FORMAT = 3
+# Older formats the report still reads (committed records of earlier runs), converted by `_upgrade`.
+READABLE_FORMATS = (2, RECORD_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -55,10 +59,14 @@ class OperatorRow:
     calls_per_step: float
     self_cpu_ms: float  # per step
     total_cpu_ms: float  # per step, children included
-    self_device_ms: float  # per step; 0 on CPU-only runs
-    total_device_ms: float
+    self_device_ms: float | None  # per step; None on CPU-only runs (no GPU was traced)
+    total_device_ms: float | None
     share_pct: float  # of the step's operator time (self CPU time on CPU, self device time on GPU)
-    mflops: float  # per step; 0 where the profiler has no formula for the operator
+    # Per step: the FLOPs of the convolutions and matrix products this operator runs itself (forward and
+    # backward, torch.utils.flop_counter). None where it runs none: no FLOP formula (element-wise ops), or a
+    # wrapper (`aten::conv2d`, `aten::linear`) whose work is counted once, on the operator it calls.
+    # Format-2 records held torch.profiler's own counts (convolutions on `aten::conv2d`, forward only).
+    mflops: float | None
 
 
 @dataclass(frozen=True)
@@ -193,15 +201,39 @@ def read_record(path: Path, combination: Combination) -> ProfileRecord:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise PipelineError(f"{path} is not valid JSON ({error}); {fix}") from None
-    if not isinstance(raw, dict) or raw.get("format") != RECORD_FORMAT:
+    if not isinstance(raw, dict) or raw.get("format") not in READABLE_FORMATS:
         raise PipelineError(f"{path} is not a profile record of format {RECORD_FORMAT} from this pipeline; {fix}")
     try:
-        record = _from_dict(ProfileRecord, raw)
+        record = _from_dict(ProfileRecord, _upgrade(raw))
     except (KeyError, TypeError, ValueError) as error:
         raise PipelineError(f"{path} does not match this pipeline's profile record ({error}); {fix}") from None
     if record.combination != combination:
         raise PipelineError(f"{path} holds combination {record.combination.name}, not {combination.name}; {fix}")
     return record
+
+
+def _upgrade(raw: dict[str, Any]) -> dict[str, Any]:
+    """A format-2 record in this format's terms; its `format` stays 2, so readers can tell how its FLOPs were got.
+
+    Format 2 wrote 0 for "no number": MFLOPs of operators without a profiler formula, GPU times on the CPU.
+    """
+    if raw.get("format") != 2:
+        return raw
+    on_cpu = isinstance(raw.get("combination"), dict) and raw["combination"].get("device") == "cpu"
+    rows = raw.get("top_operators")
+    if not isinstance(rows, list):
+        return raw  # _from_dict names the problem
+    upgraded = []
+    for row in rows:
+        if isinstance(row, dict):
+            row = dict(row)
+            if row.get("mflops") == 0:
+                row["mflops"] = None
+            for field in ("self_device_ms", "total_device_ms"):
+                if on_cpu and row.get(field) == 0:
+                    row[field] = None
+        upgraded.append(row)
+    return {**raw, "top_operators": upgraded}
 
 
 RecordType = TypeVar("RecordType")
@@ -244,7 +276,12 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
             raise ValueError(f"{where} is {value!r}, not one of {typing.get_args(hint)}")
         return value
     if origin in (typing.Union, types.UnionType):
-        raise TypeError(f"{where}: unions are not supported in records")
+        options = typing.get_args(hint)
+        if len(options) != 2 or type(None) not in options:
+            raise TypeError(f"{where}: only `X | None` unions are supported in records")
+        if value is None:
+            return None
+        return _convert(next(option for option in options if option is not type(None)), value, where)
     if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     if hint in (int, str, bool) and type(value) is hint:

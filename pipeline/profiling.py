@@ -5,9 +5,16 @@ step can cost 20x a warm one): first the step is timed with no profiler attached
 inflate the times) until the median step time is known to `ci_target_pct` or `time_budget_s` runs out
 (pipeline.timing), then `active_steps` steps are traced by torch.profiler for the Chrome/Perfetto trace.
 The operator table, kernel table and step anatomy are read from that trace (pipeline.trace_analysis:
-each microsecond counted once, profiler ranges kept apart); the profiler's `key_averages()` only adds
-the FLOPs it counts per operator. Last, a short matmul benchmark measures the device's attainable
-FLOP/s (pipeline.peak), the ceiling the step's achieved FLOP/s is compared with.
+each microsecond counted once, profiler ranges kept apart). One more step runs under
+torch.utils.flop_counter, whose FLOPs per call (convolutions and matrix products, forward and backward)
+the analysis credits to the traced operators that run them. Last, a short matmul benchmark measures the
+device's attainable FLOP/s (pipeline.peak), the ceiling the step's achieved FLOP/s is compared with.
+
+Why not the profiler's own `with_flops`: in torch 2.15 it credits a convolution's forward FLOPs to the
+`aten::conv2d` wrapper (0 on `aten::mkldnn_convolution` / `aten::cudnn_convolution`, which do the work),
+has no formula for `aten::convolution_backward`, and counts the optimizer's element-wise `aten::add` /
+`aten::mul`, which the model summary's FLOPs leave out: its per-row numbers neither show where the work is
+nor add up to the model's FLOPs per step.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, schedule
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from pipeline.checkpoint import checkpoint_digest, load_checkpoint
 from pipeline.config import ProfileConfig, ProfileMode
@@ -46,9 +54,10 @@ from pipeline.profile_record import (
 )
 from pipeline.runtime import hardware_description, select_device
 from pipeline.steps import inference_step
+from pipeline.tables import NO_NUMBER
 from pipeline.timing import StepTiming, time_steps
 from pipeline.timing_statistics import NOISY_ADVICE
-from pipeline.trace_analysis import TraceAnalysis, analyse_trace, read_trace
+from pipeline.trace_analysis import CountedCall, OperatorStats, TraceAnalysis, analyse_trace, read_trace
 from pipeline.training import MEMORY_FORMAT, normalize_images
 
 _MEGABYTE = 1 << 20
@@ -139,12 +148,12 @@ def profile_combination(
     # warned "Profiler clears events at the end of each cycle" on every profiler start, cycles or not
     # (pytorch/pytorch#180348, fixed in 2.12 by #180387): a warning no user of this stage could act on.
     # Kineto's progress lines and its no-GPU-driver message stay out of the console (pipeline.native_stderr).
+    # No `with_flops`: FLOPs are counted apart (count_step_flops; the module docstring says why).
     with filtered_native_stderr():
         with profile(
             activities=activities,
             schedule=schedule(wait=1, warmup=1, active=active_steps, repeat=1),
             profile_memory=True,
-            with_flops=True,
             acc_events=True,
         ) as profiler:
             for _ in range(2 + active_steps):
@@ -152,27 +161,51 @@ def profile_combination(
                 sync()
                 profiler.step()
         profiler.export_chrome_trace(str(trace_path))
-    analysis = analyse_trace(read_trace(trace_path), device.type, operator_flops(profiler.key_averages()))
     peak = torch.cuda.max_memory_allocated(device) if on_gpu else _peak_cpu_memory(trace_path)
+    step_flops = count_step_flops(step)  # after the peak memory is read: the counter's step stays out of it
+    sync()
+    analysis = analyse_trace(read_trace(trace_path), device.type, step_flops)
     return ProfileResult(
         combination=combination,
         step_timing=step_timing,
-        operators=tuple(OperatorRow(**dataclasses.asdict(row)) for row in analysis.operators),
+        operators=tuple(operator_row(row, on_gpu) for row in analysis.operators),
         peak_memory_mb=peak / _MEGABYTE,
         analysis=analysis,
     )
 
 
-def operator_flops(averages: list[Any]) -> dict[str, float]:
-    """FLOPs over all traced steps per operator name: the one number the trace does not carry.
+def count_step_flops(step: Callable[[], None]) -> tuple[CountedCall, ...]:
+    """Run `step` once under torch.utils.flop_counter and list each counted call's FLOPs in call order.
 
-    Only operators with a FLOP formula (convolutions, matrix products) have any; ranges and kernels have none.
+    The counter's formulas (convolution, convolution_backward, mm, addmm, bmm, attention, ...) are the
+    ones the model summary's FLOPs come from; each is wrapped to also note the call, so that the trace
+    analysis can credit every call to the traced operator that ran it. The step is a real one (in train
+    mode the optimizer updates the weights once more), run outside the timed and traced passes.
     """
-    flops: dict[str, float] = {}
-    for event in averages:
-        if event.flops:
-            flops[event.key] = flops.get(event.key, 0.0) + float(event.flops)
-    return flops
+    calls: list[CountedCall] = []
+
+    def recording(operator: str, formula: Callable[..., int]) -> Callable[..., int]:
+        def count(*args: Any, out_val: Any = None, **kwargs: Any) -> int:
+            flops = formula(*args, out_val=out_val, **kwargs)
+            calls.append(CountedCall(operator, float(flops)))
+            return flops
+
+        count._get_raw = True  # type: ignore[attr-defined]  # FlopCounterMode: already takes (args, out_val)
+        return count
+
+    # `aten.convolution_backward` -> `aten::convolution_backward`, the name the trace gives the operator.
+    mapping = {
+        packet: recording(str(packet).replace(".", "::", 1), formula) for packet, formula in flop_registry.items()
+    }
+    with FlopCounterMode(display=False, custom_mapping=mapping):
+        step()
+    return tuple(calls)
+
+
+def operator_row(stats: OperatorStats, on_gpu: bool) -> OperatorRow:
+    """The record's row of an analysed operator: no GPU times where no GPU was traced (None, not 0)."""
+    row = OperatorRow(**dataclasses.asdict(stats))
+    return row if on_gpu else dataclasses.replace(row, self_device_ms=None, total_device_ms=None)
 
 
 def _peak_cpu_memory(trace_path: Path) -> float:
@@ -221,16 +254,20 @@ def timing_summary(record: ProfileRecord) -> str:
 
 
 def operators_markdown(record: ProfileRecord) -> str:
+    """top_operators.md: the timing summary, the operator table (no GPU column where no GPU was traced,
+    NO_NUMBER where there is no number) and what its MFLOPs column holds."""
     combination, rows = record.combination, record.top_operators
+    on_gpu = combination.device != "cpu"
     ranked_by = "self device (GPU) time" if combination.device == "cuda" else "self CPU time"
+    gpu_header = ("self GPU ms | ", "---: | ") if on_gpu else ("", "")
     lines = [
         f"### Top {len(rows)} operators: batch {combination.batch_size}, {combination.device}, {combination.mode}",
         "",
         f"{timing_summary(record)} ATen operators ranked by {ranked_by}; times are per step.",
         "",
         *(f"**Warning:** {warning}.\n" for warning in measurement_warnings(record)),
-        "| # | operator | calls | self CPU ms | total CPU ms | self GPU ms | share % | MFLOPs |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| # | operator | calls | self CPU ms | total CPU ms | {gpu_header[0]}share % | MFLOPs |",
+        f"| ---: | --- | ---: | ---: | ---: | {gpu_header[1]}---: | ---: |",
     ]
     graph = record.graph_metrics()
     if graph:
@@ -242,10 +279,12 @@ def operators_markdown(record: ProfileRecord) -> str:
             "which a replay leaves out.",
         ]
     for rank, row in enumerate(rows, start=1):
+        gpu = f"{_number(row.self_device_ms, '.3f')} | " if on_gpu else ""
         lines.append(
             f"| {rank} | `{row.operator}` | {row.calls_per_step:g} | {row.self_cpu_ms:.3f} | {row.total_cpu_ms:.3f} | "
-            f"{row.self_device_ms:.3f} | {row.share_pct:.1f} | {row.mflops:.1f} |"
+            f"{gpu}{row.share_pct:.1f} | {_mflops(row.mflops)} |"
         )
+    lines += ["", flops_note(record)]
     if record.analysis.ranges:  # record_function ranges: their time is their operators' time, so never ranked
         ranges = "; ".join(
             f"`{r.name}` {r.cpu_ms:.3f} ms CPU" + (f", {r.device_ms:.3f} ms GPU" if combination.device != "cpu" else "")
@@ -253,6 +292,39 @@ def operators_markdown(record: ProfileRecord) -> str:
         )
         lines += ["", f"Profiler ranges, not ranked (their time is that of the operators inside them): {ranges}."]
     return "\n".join(lines) + "\n"
+
+
+def flops_note(record: ProfileRecord) -> str:
+    """What the MFLOPs column holds, and how much of the step's counted work the rows shown carry."""
+    if record.format < 3:
+        return (
+            f"MFLOPs per step as torch.profiler counted them (a format-{record.format} record: a convolution's "
+            f"forward FLOPs on `aten::conv2d`, none for its backward); {NO_NUMBER} where it counted none. "
+            "Rerun the profile stage for FLOPs credited to the operators that run them."
+        )
+    shown = sum(row.mflops for row in record.top_operators if row.mflops is not None)
+    model = record.analysis.flop_rate.flops_per_step / 1e6
+    kind = "forward" if record.combination.mode == "inference" else "training (forward + backward)"
+    return (
+        "MFLOPs per step: convolutions and matrix products, forward and backward, counted by "
+        "torch.utils.flop_counter and credited once, to the operator that runs them (such as "
+        f"`aten::mkldnn_convolution`, `aten::cudnn_convolution`, `aten::convolution_backward`, `aten::addmm`, "
+        f"`aten::mm`); {NO_NUMBER} where an operator runs none itself: no FLOP formula (element-wise ops count "
+        "none, as in the model summary), or a wrapper such as `aten::conv2d` or `aten::linear`, whose work is "
+        f"on the operator it calls. The rows shown carry {shown:.1f} of the {model:.1f} MFLOPs per step of the "
+        f"model summary ({kind} FLOPs per sample x batch {record.combination.batch_size})."
+    )
+
+
+def _number(value: float | None, spec: str) -> str:
+    return NO_NUMBER if value is None else format(value, spec)
+
+
+def _mflops(value: float | None) -> str:
+    """One decimal, but never a non-zero count that reads as 0.0 (batch 1's last layer does 0.0026 MFLOPs)."""
+    if value is None:
+        return NO_NUMBER
+    return f"{value:.1f}" if value >= 0.1 or value == 0 else f"{value:.2g}"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.profile_record import FlopRate, ProfileRecord, StepAnalysis
+from pipeline.tables import NO_NUMBER
 from pipeline.timing_statistics import Interval, ratio
 from pipeline.trace_analysis import KernelStats, StepAnatomy
 
@@ -120,7 +121,7 @@ def anatomy_markdown(facts: Sequence[StepFacts]) -> str:
     for fact in rows:
         anatomy = fact.anatomy
         assert anatomy is not None  # filtered above
-        kernels = f"{anatomy.launches_per_step:.0f}" if fact.device != "cpu" else "-"
+        kernels = f"{anatomy.launches_per_step:.0f}" if fact.device != "cpu" else NO_NUMBER
         lines.append(
             f"| {fact.batch_size} | {fact.device} | {fact.mode} | {fact.step.value:.3f} | {anatomy.step_ms:.3f} | "
             f"{anatomy.busy_pct:.1f} | {anatomy.idle_pct:.1f} | {kernels} | **{anatomy.verdict}** |"
@@ -166,7 +167,7 @@ def cpu_vs_gpu_markdown(facts: Sequence[StepFacts]) -> str:
         "| ---: | --- | ---: | ---: | --- | ---: |",
     ]
     for cpu, gpu in pairs:
-        busy = f"{gpu.anatomy.busy_pct:.1f}" if gpu.anatomy else "-"
+        busy = f"{gpu.anatomy.busy_pct:.1f}" if gpu.anatomy else NO_NUMBER
         lines.append(
             f"| {cpu.batch_size} | {cpu.mode} | {cpu.per_sample.value:.4f} | {gpu.per_sample.value:.4f} | "
             f"{ratio(cpu.per_sample, gpu.per_sample).describe()} | {busy} |"

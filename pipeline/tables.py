@@ -8,10 +8,14 @@ import io
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+# What a markdown table shows where there is no number (an operator with no FLOPs, a GPU column on a CPU
+# run); CSV files leave the cell empty instead, so that tools read it as missing, not as 0.
+NO_NUMBER = "–"
+
 
 def rows_csv(fieldnames: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> str:
     """A header row of `fieldnames` (so an empty table still has one), then those fields of each
-    row; floats to 6 significant digits."""
+    row; floats to 6 significant digits, None as an empty cell."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(fieldnames), extrasaction="ignore", lineterminator="\n")
     writer.writeheader()

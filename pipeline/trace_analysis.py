@@ -19,7 +19,13 @@ that launched it, so each microsecond is counted once:
 - *GPU busy* is the union of those device intervals inside a `ProfilerStep#N` span; on the CPU the
   counterpart is the union of the operators' intervals (time the step spends inside ATen).
 
-The profiler's FLOP counts are not in the trace; callers pass them in (`flops_by_operator`).
+FLOPs are not in the trace: callers pass in the FLOPs of each counted call of one step, in call order
+(`CountedCall`, from torch.utils.flop_counter). The k-th call of `aten::convolution` counted is the k-th
+`aten::convolution` event of every traced step, and its FLOPs go to the operator that does the work: the
+call itself, or the one operator below it that implements it (`aten::convolution` → `aten::_convolution`
+→ `aten::mkldnn_convolution` / `aten::cudnn_convolution` / `aten::thnn_conv2d` → `aten::_slow_conv2d_forward`).
+Wrappers above or along that chain (`aten::conv2d`, `aten::linear`, `aten::_convolution`) get none, so
+every FLOP is counted once and the operators' FLOPs add up to the step's.
 """
 
 from __future__ import annotations
@@ -83,7 +89,20 @@ class OperatorStats:
     self_device_ms: float  # kernels it launched itself; 0 without a GPU
     total_device_ms: float  # kernels of it and the operators nested in it
     share_pct: float  # of the ranked total: self device time on a GPU, self CPU time on the CPU
-    mflops: float  # per step; 0 where the profiler has no formula for the operator
+    mflops: float | None  # per step, the work it runs itself; None: no counted FLOPs (no formula, or a wrapper)
+
+
+@dataclass(frozen=True)
+class CountedCall:
+    """One call of an operator with a FLOP formula in one step, as torch.utils.flop_counter counted it."""
+
+    operator: str  # the name the trace gives it: `aten::convolution`, `aten::convolution_backward`, `aten::mm`
+    flops: float
+
+
+# What implements a counted operator: an operator below it whose name says it does the same work. The chain is
+# followed while exactly one child matches (a bias `aten::add_` or `aten::reshape` beside the kernel never does).
+_IMPLEMENTATION_FAMILIES = (re.compile(r"conv"), re.compile(r"mm|gemm|matmul"), re.compile(r"attention"))
 
 
 @dataclass(frozen=True)
@@ -190,11 +209,11 @@ def read_trace(path: Path) -> Trace:
     return Trace(steps=tuple(steps), host=tuple(host), device=tuple(device))
 
 
-def analyse_trace(trace: Trace, device: str, flops_by_operator: Mapping[str, float] | None = None) -> TraceAnalysis:
+def analyse_trace(trace: Trace, device: str, step_flops: Sequence[CountedCall] = ()) -> TraceAnalysis:
     """Per-step operator ranking, ranges, kernel table and step anatomy of one traced combination.
 
     `device` is the combination's device (`cpu` ranks by self CPU time, anything else by self device
-    time); `flops_by_operator` maps an operator name to its FLOPs over all traced steps.
+    time); `step_flops` are the counted calls of one step, in call order (see the module's docstring).
     """
     steps = trace.step_count
     window = _Steps(trace.steps)
@@ -236,9 +255,8 @@ def analyse_trace(trace: Trace, device: str, flops_by_operator: Mapping[str, flo
             total_device[parent] += total_device[index]
 
     on_gpu = device != "cpu"
-    operators = _rank_operators(
-        host, is_operator, self_cpu, self_device, total_device, steps, on_gpu, flops_by_operator
-    )
+    flops = _attribute_flops(host, parents, is_operator, window, step_flops)
+    operators = _rank_operators(host, is_operator, self_cpu, self_device, total_device, steps, on_gpu, flops)
     ranges = _ranges(host, total_device, steps)
     kernel_rows = _kernel_rows(kernels, kernel_owners, steps)
     anatomy = _anatomy(trace, host, is_operator, device_events, window, on_gpu, device)
@@ -305,6 +323,54 @@ def _launching_operators(
     return owners
 
 
+def _attribute_flops(
+    host: Sequence[TraceEvent],
+    parents: Sequence[int | None],
+    is_operator: Sequence[bool],
+    window: _Steps,
+    step_flops: Sequence[CountedCall],
+) -> dict[str, float]:
+    """FLOPs over all traced steps per operator name, each call's on the operator that implements it.
+
+    Calls are matched by order within each step (operators on all threads, by start time: on CUDA the
+    backward runs on the autograd engine's own thread). Where a step's events of a counted operator do not
+    match the counted calls one for one, that operator's FLOPs stay on its own row, so the total still holds.
+    """
+    counted: dict[str, list[float]] = defaultdict(list)
+    for call in step_flops:
+        counted[call.operator].append(call.flops)
+    children: dict[int, list[int]] = defaultdict(list)
+    for index, parent in enumerate(parents):
+        if parent is not None and is_operator[index]:
+            children[parent].append(index)
+    events: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for index, event in enumerate(host):
+        step = window.index(event.start_us)
+        if is_operator[index] and event.name in counted and step is not None:
+            events[(event.name, step)].append(index)
+    flops: dict[str, float] = defaultdict(float)
+    for step in range(len(window.steps)):
+        for name, calls in counted.items():
+            matched = sorted(events.get((name, step), []), key=lambda i: host[i].start_us)
+            if len(matched) != len(calls):
+                flops[name] += sum(calls)
+                continue
+            for index, call_flops in zip(matched, calls, strict=True):
+                flops[host[_implementation(index, host, children)].name] += call_flops
+    return dict(flops)
+
+
+def _implementation(index: int, host: Sequence[TraceEvent], children: Mapping[int, Sequence[int]]) -> int:
+    """The operator that does the work of the counted call `index`: follow the one child of the same family."""
+    family = next((pattern for pattern in _IMPLEMENTATION_FAMILIES if pattern.search(host[index].name)), None)
+    while family is not None:
+        same = [child for child in children.get(index, ()) if family.search(host[child].name)]
+        if len(same) != 1:
+            break
+        index = same[0]
+    return index
+
+
 def _rank_operators(
     host: Sequence[TraceEvent],
     is_operator: Sequence[bool],
@@ -313,7 +379,7 @@ def _rank_operators(
     total_device: Sequence[float],
     steps: int,
     on_gpu: bool,
-    flops_by_operator: Mapping[str, float] | None,
+    flops: Mapping[str, float],
 ) -> tuple[OperatorStats, ...]:
     sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0, 0.0])
     for index, event in enumerate(host):
@@ -327,7 +393,6 @@ def _rank_operators(
         entry[4] += total_device[index]
     ranked_by = 3 if on_gpu else 1
     total = sum(entry[ranked_by] for entry in sums.values()) or 1.0
-    flops = flops_by_operator or {}
     rows = [
         OperatorStats(
             operator=name,
@@ -337,7 +402,7 @@ def _rank_operators(
             self_device_ms=entry[3] / steps / 1000,
             total_device_ms=entry[4] / steps / 1000,
             share_pct=100.0 * entry[ranked_by] / total,
-            mflops=flops.get(name, 0.0) / steps / 1e6,
+            mflops=flops[name] / steps / 1e6 if name in flops else None,
         )
         for name, entry in sums.items()
     ]

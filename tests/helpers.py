@@ -232,7 +232,8 @@ def make_record(
 
     Its step analysis: a traced step twice the timed one, 1 MFLOP per sample, a 100 GFLOP/s peak."""
     combination = Combination(batch, device, mode)  # type: ignore[arg-type]
-    rows = tuple(OperatorRow(name, 1.0, 0.1, 0.1, 0.0, 0.0, share, 0.0) for name, share in operators)
+    device_ms = None if device == "cpu" else 0.0  # no GPU traced: no number
+    rows = tuple(OperatorRow(name, 1.0, 0.1, 0.1, device_ms, device_ms, share, None) for name, share in operators)
     timing = Timing(
         step_time_ms_median=step_ms,
         step_time_ms_iqr=step_ms * 0.1,

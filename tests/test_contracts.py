@@ -42,6 +42,34 @@ def test_committed_profile_records_match_the_code() -> None:
         assert record.timing.per_sample_ms == pytest.approx(record.timing.step_time_ms_median / combination.batch_size)
 
 
+def test_format_2_records_still_read_with_their_zeros_as_no_number() -> None:
+    """Records written before format 3 (the project's H100 records, older workspace profiles) stay readable:
+    a 0 MFLOPs (no profiler formula) and a CPU run's 0 GPU ms become None; real numbers stay as they were."""
+    folders = [REPO_ROOT / "profiles", REPO_ROOT / "tests" / "data" / "h100-2026-11-22" / "profiles"]
+    paths = [path for folder in folders for path in sorted(folder.glob("*/profile.json"))]
+    old = [(path, raw) for path in paths if (raw := json.loads(path.read_text()))["format"] == 2]
+    assert any("cuda" in path.parent.name for path, _ in old)
+    for path, raw in old:
+        combination = parse_combination(path.parent.name.split("-"))
+        record = read_record(path, combination)
+        assert record.format == 2  # how its FLOPs were counted stays visible
+        for row, before in zip(record.top_operators, raw["top_operators"], strict=True):
+            assert row.mflops == (before["mflops"] or None)
+            on_gpu = combination.device != "cpu"
+            assert row.self_device_ms == (before["self_device_ms"] if on_gpu else None)
+            assert row.total_device_ms == (before["total_device_ms"] if on_gpu else None)
+
+
+def test_only_optional_unions_are_record_fields(tmp_path: Path) -> None:
+    record = make_record(16, "cpu", "train", 4.0, (("aten::mkldnn_convolution", 35.0),))
+    raw = record.as_dict()
+    raw["top_operators"][0]["mflops"] = "12.5"
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(PipelineError, match=r"OperatorRow\.mflops must be float, got str"):
+        read_record(path, record.combination)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

@@ -125,7 +125,7 @@ def test_report_is_built_from_profile_records_without_running_the_pipeline(
     assert sorted(p.name for p in figures.iterdir()) == ["per_sample_time.png", "roofline.png", "throughput.png"]
     assert "`metrics/train.json` is missing: run `dvc repro train`." in report.markdown
     # Step analysis: anatomy with a verdict per row, FLOP/s against the peak, and how to add a GPU.
-    assert "| 64 | cpu | inference | 8.000 | 16.000 | 90.0 | 10.0 | - | **device-bound** |" in report.markdown
+    assert "| 64 | cpu | inference | 8.000 | 16.000 | 90.0 | 10.0 | – | **device-bound** |" in report.markdown
     assert "| 64 | cpu | inference | 64.0 | 8.000 | 8.00 | 100 | 8.00 |" in report.markdown  # 64 MFLOP in 8 ms
     assert "cpu: a 100 GFLOP/s stand-in" in report.markdown
     assert "## 8. CPU vs GPU\n\n" + ADD_A_GPU in report.markdown

@@ -20,9 +20,10 @@ import torch
 
 from pipeline.errors import PipelineError
 from pipeline.model import LabNet
+from pipeline.model_summary import summarize
 from pipeline.profile_record import Combination
-from pipeline.profiling import make_step, profile_combination
-from pipeline.trace_analysis import OPERATOR_NAME, analyse_trace, read_trace, short_kernel_name
+from pipeline.profiling import count_step_flops, make_step, profile_combination
+from pipeline.trace_analysis import OPERATOR_NAME, CountedCall, analyse_trace, read_trace, short_kernel_name
 from tests.helpers import LAB_MODEL, REPO_ROOT
 
 SHARED_REFERENCE = Path(
@@ -204,7 +205,10 @@ def test_cpu_trace_ranks_operators_and_measures_time_inside_them(tmp_path: Path)
         time_budget_s=0.5,
     )
 
-    analysis = analyse_trace(read_trace(trace_path), "cpu", {"aten::addmm": 3e6})
+    # fc1's and fc2's forward, as counted; the hand-made numbers land on the two addmm calls of each step.
+    analysis = analyse_trace(
+        read_trace(trace_path), "cpu", (CountedCall("aten::addmm", 0.6e6), CountedCall("aten::addmm", 0.4e6))
+    )
     names = [row.operator for row in analysis.operators]
     assert names
     assert all(name.startswith("aten::") for name in names)
@@ -234,6 +238,72 @@ def test_cpu_trace_ranks_operators_and_measures_time_inside_them(tmp_path: Path)
     assert anatomy.launches_per_step == 0
     assert anatomy.verdict in {"host-bound", "device-bound"}
     assert "inside ATen operators" in anatomy.reason
+
+
+@pytest.mark.parametrize("name", ["1-cuda-inference", "1-cuda-train", "64-cuda-inference", "64-cuda-train"])
+def test_h100_trace_credits_flops_to_cudnn_and_backward_and_adds_up_to_the_model(name: str, tmp_path: Path) -> None:
+    """The real H100 traces with FLOPs counted here, on the CPU, for the same model and batch (same shapes, same
+    formulas): the cuDNN call carries the forward convolutions, `aten::convolution_backward` the backward ones,
+    wrappers carry none, and the operators' FLOPs sum to the model summary's FLOPs per step."""
+    batch_text, _, mode = name.split("-")
+    batch = int(batch_text)
+    model = LabNet(LAB_MODEL)
+    summary = summarize(model, model.input_shape)
+    images, labels = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
+    calls = count_step_flops(make_step(model, "inference" if mode == "inference" else "train", images, labels, 1.0))
+    analysis = analyse_trace(read_trace(reference_trace(name, tmp_path)), "cuda", calls)
+
+    rows = {row.operator: row for row in analysis.operators}
+    conv_forward = batch * sum(row.flops_per_sample for row in summary.rows if row.kind == "Conv2d") / 1e6
+    assert rows["aten::cudnn_convolution"].mflops == pytest.approx(conv_forward, rel=1e-9)
+    assert rows["aten::cudnn_convolution"].self_device_ms > 0  # the row that launched the convolution kernels
+    for wrapper in ("aten::conv2d", "aten::convolution", "aten::_convolution", "aten::linear"):
+        assert rows[wrapper].mflops is None, wrapper
+    assert rows["aten::relu"].mflops is None  # element-wise: no formula
+    per_sample = summary.forward_flops_per_sample if mode == "inference" else summary.training_flops_per_sample
+    attributed = sum(row.mflops for row in analysis.operators if row.mflops is not None)
+    assert attributed == pytest.approx(per_sample * batch / 1e6, rel=1e-9)
+    if mode == "train":
+        backward = sum(call.flops for call in calls if call.operator == "aten::convolution_backward") / 1e6
+        assert backward > conv_forward  # weight and input gradients of conv2, weight gradient of conv1
+        assert rows["aten::convolution_backward"].mflops == pytest.approx(backward, rel=1e-9)
+        assert rows["aten::mm"].mflops == pytest.approx(2 * rows["aten::addmm"].mflops, rel=1e-9)  # two grads each
+    else:
+        assert "aten::convolution_backward" not in rows
+
+
+def test_flops_follow_the_one_implementing_child_and_stay_put_when_calls_do_not_match(tmp_path: Path) -> None:
+    """Hand-made: a convolution whose chain forks at a bias add keeps to the conv kernel; an operator whose
+    traced calls outnumber the counted ones keeps its FLOPs on its own row (the total is never lost)."""
+    events: list[dict[str, Any]] = []
+    for step, base in enumerate((1000.0, 1200.0)):
+        events += [
+            _event(f"ProfilerStep#{step + 2}", "user_annotation", base, 200),
+            _event("aten::conv2d", "cpu_op", base + 1, 50),
+            _event("aten::convolution", "cpu_op", base + 2, 48),
+            _event("aten::_convolution", "cpu_op", base + 3, 46),
+            _event("aten::thnn_conv2d", "cpu_op", base + 4, 30),
+            _event("aten::_slow_conv2d_forward", "cpu_op", base + 5, 28),
+            _event("aten::add_", "cpu_op", base + 40, 5),
+            _event("aten::convolution", "cpu_op", base + 60, 40),
+            _event("aten::_convolution", "cpu_op", base + 61, 38),
+            _event("aten::mkldnn_convolution", "cpu_op", base + 62, 30),
+            _event("aten::mm", "cpu_op", base + 110, 10),
+            _event("aten::mm", "cpu_op", base + 130, 10),  # counted once below: a mismatch
+        ]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    calls = (
+        CountedCall("aten::convolution", 1e6),
+        CountedCall("aten::convolution", 3e6),
+        CountedCall("aten::mm", 5e6),
+    )
+    rows = {row.operator: row for row in analyse_trace(read_trace(path), "cpu", calls).operators}
+    assert rows["aten::_slow_conv2d_forward"].mflops == pytest.approx(1.0)  # the first call's, per step
+    assert rows["aten::mkldnn_convolution"].mflops == pytest.approx(3.0)
+    assert rows["aten::mm"].mflops == pytest.approx(5.0)  # 2 traced calls for 1 counted: not split, not lost
+    for name in ("aten::conv2d", "aten::convolution", "aten::_convolution", "aten::thnn_conv2d", "aten::add_"):
+        assert rows[name].mflops is None, name
 
 
 def _event(
