@@ -357,6 +357,11 @@ class Tracker:
         """A text artifact in MLflow only (e.g. an HTML page TensorBoard would show as source)."""
         self.client.log_text(self.run_id, text, artifact_file)
 
+    def log_png_file(self, tag: str, path: Path) -> None:
+        """A PNG file in TensorBoard's Images tab under `tag`, torch-free (the report stage never imports torch).
+        TensorBoard only: log the file to MLflow with `log_artifact`."""
+        self.events.add_png(tag, path.read_bytes())
+
 
 # Shown as each run's description in the MLflow UI (the `mlflow.note.content` tag).
 STAGE_DESCRIPTIONS = {
