@@ -3,56 +3,25 @@ through TensorBoard's EventAccumulator and sanitizer and through the MLflow clie
 
 from __future__ import annotations
 
-import copy
 import re
-import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 from mlflow import MlflowClient
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugin_util import markdown_to_safe_html
 
-from pipeline.paths import profile_outputs
-from pipeline.profile_record import write_record
-from pipeline.profiling import operators_markdown
 from pipeline.report import GRAPH_FIGURE, figure_paths, markdown_for_mlflow, markdown_for_tensorboard
-from tests.helpers import REPO_PARAMS, REPO_ROOT, make_record
+from tests.helpers import run_report_stage
 
-# Committed stage outputs the report reads for its training and graph figures (copied, never written).
-COPIED_OUTPUTS = ("metrics/train.json", "plots/train_epochs.csv", "plots/train_steps.csv", "graph/model_graph.svg")
 RELATIVE_IMAGE = re.compile(r"!\[[^\]]*\]\(figures/")
+EXPERIMENT = "report-in-tools"
 
 
 @pytest.fixture(scope="module")
 def reported(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A temp project with two profile records and the committed training/graph outputs, after the report stage."""
-    import stages.report
-
-    project = tmp_path_factory.mktemp("report-in-tools")
-    params = copy.deepcopy(REPO_PARAMS)
-    params["profile"].update(batch_sizes=[1, 64], devices=["cpu"], modes=["inference"])
-    params["tracking"].update(experiment="report-in-tools", tensorboard_dir="runs")
-    (project / "params.yaml").write_text(yaml.safe_dump(params))
-    for name in COPIED_OUTPUTS:
-        (project / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(REPO_ROOT / name, project / name)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(project)
-        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
-        patch.delenv("DVC_EXP_NAME", raising=False)
-        for record in (
-            make_record(1, "cpu", "inference", 0.5, (("aten::mkldnn_convolution", 40.0),)),
-            make_record(64, "cpu", "inference", 8.0, (("aten::max_pool2d", 30.0),)),
-        ):
-            paths = profile_outputs(record.combination.name)
-            paths.folder.mkdir(parents=True)
-            paths.record.write_text(write_record(record))
-            paths.table_markdown.write_text(operators_markdown(record))
-        stages.report.main()
-    return project
+    return run_report_stage(tmp_path_factory.mktemp("report-in-tools"), EXPERIMENT)
 
 
 def test_the_report_file_keeps_its_relative_figures_and_they_exist(reported: Path) -> None:
@@ -94,7 +63,8 @@ def test_tensorboard_sanitizer_drops_data_uris_so_figures_cannot_be_inlined() ->
 
 def test_mlflow_report_md_names_figure_artifacts_and_report_html_inlines_them(reported: Path) -> None:
     client = MlflowClient(f"sqlite:///{reported / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("report-in-tools")
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    assert experiment is not None
     (run,) = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'report'")
     folder = Path(client.download_artifacts(run.info.run_id, "", str(reported / "downloaded")))
     markdown = (folder / "report.md").read_text()
