@@ -13,9 +13,9 @@ import json
 import re
 import shutil
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pipeline.analysis_figures import cpu_vs_gpu_figure, roofline_figure
@@ -47,6 +47,7 @@ from pipeline.timing_statistics import NOISY_ADVICE, Interval, ratio
 
 TITLE = "AI-System Lab 1: MNIST CNN — training, dataflow graph and operator profile"
 CONVOLUTION = re.compile(r"conv", re.IGNORECASE)
+GRAPH_FIGURE = "figures/model_graph.svg"
 
 
 @dataclass
@@ -307,8 +308,8 @@ def build_report(params: Params, figures: Path) -> Report:
         "## 2. Model and dataflow graph\n",
     ]
     if GRAPH_SVG.exists():
-        shutil.copy(GRAPH_SVG, figures / "model_graph.svg")
-        sections.append("![dataflow graph](figures/model_graph.svg)\n")
+        shutil.copy(GRAPH_SVG, figures / PurePosixPath(GRAPH_FIGURE).name)
+        sections.append(f"![dataflow graph]({GRAPH_FIGURE})\n")
     else:
         sections.append("_Graph picture not available (see Missing inputs)._\n")
     sections.append(inputs.model_summary or "_Model summary not available (see Missing inputs)._\n")
@@ -427,3 +428,74 @@ def markdown_to_html(markdown_text: str, title: str, folder: Path) -> str:
 
     body = markdown.markdown(markdown_text, extensions=["tables", "fenced_code"])
     return embed_images(HTML_TEMPLATE.format(title=title, body=body), folder)
+
+
+# --- the report as the tracking tools show it ------------------------------------------------------------
+#
+# report/report.md keeps relative `figures/*.png` images: they resolve on the forge and in an editor beside
+# the folder. Neither tool resolves them, and neither shows an image written as a data: URI (read from the
+# installed packages, TensorBoard 2.21 and MLflow 3.17.2):
+# - TensorBoard's Text tab renders markdown through `tensorboard.plugin_util.markdown_to_safe_html`, a bleach
+#   Cleaner with bleach's default protocols (http, https, mailto): `![x](data:image/png;base64,...)` and
+#   `<img src="data:...">` come out as `<img alt="x">` (a broken image), and `figures/x.png` is kept but
+#   resolves against TensorBoard's own address (HTTP 404). Its Images tab shows PNG summaries.
+# - MLflow's artifact preview of a .md file (server/js/build chunk 9830, react-markdown) replaces an image
+#   whose src has no scheme with the text `[alt](src)`, and its urlTransform (react-markdown's default,
+#   allowing http(s), irc(s), mailto, xmpp) empties a data: src; files over 100 KB open as source, not
+#   rendered. Its .html preview (a sandboxed iframe) shows report.html with its inlined figures.
+# Both behaviours were confirmed in headless Chromium against `tensorboard` and `mlflow server`. Only an absolute
+# http(s) image URL would show in both, but the stage cannot know the address either tool will be served at.
+# So each tool gets a variant whose images are replaced by a line saying where the figure is shown.
+FIGURE_IMAGE = re.compile(r"!\[(?P<alt>[^\]]*)\]\((?P<path>figures/[^)\s]+)\)")
+TENSORBOARD_IMAGE_PREFIX = "report/"
+
+
+def figure_paths(markdown_text: str) -> list[str]:
+    """The `figures/...` images the report shows, in order."""
+    return [match.group("path") for match in FIGURE_IMAGE.finditer(markdown_text)]
+
+
+def tensorboard_image_tag(path: str) -> str | None:
+    """The Images-tab tag of a report figure (`report/<name>`); None for a non-PNG (the SVG graph), which the
+    Images tab cannot show."""
+    figure = PurePosixPath(path)
+    return f"{TENSORBOARD_IMAGE_PREFIX}{figure.stem}" if figure.suffix == ".png" else None
+
+
+def _with_note(markdown_text: str, note: str, figure_line: Callable[[str, str], str]) -> str:
+    """`markdown_text` with every figure image replaced by `figure_line(alt, path)` and `note` under the title."""
+    replaced = FIGURE_IMAGE.sub(lambda match: figure_line(match.group("alt"), match.group("path")), markdown_text)
+    title, _, rest = replaced.partition("\n")
+    return f"{title}\n\n{note}\n{rest}"
+
+
+def markdown_for_tensorboard(markdown_text: str) -> str:
+    """The report for TensorBoard's Text tab: each PNG figure named by its Images-tab tag (the stage logs it
+    there with `tensorboard_image_tag`), the SVG graph by where it is shown; no image left to break."""
+
+    def figure_line(alt: str, path: str) -> str:
+        tag = tensorboard_image_tag(path)
+        if tag is not None:
+            return f"**Figure: {alt}**: TensorBoard's Images tab, tag `{tag}`."
+        where = "the Graphs tab (export_graph run) shows the graph; " if path == GRAPH_FIGURE else ""
+        return f"**Figure: {alt}**: {where}`{path}` is an MLflow artifact of this run and inline in `report.html`."
+
+    note = (
+        f"_Figures: TensorBoard's Images tab, tags `{TENSORBOARD_IMAGE_PREFIX}...`; "
+        "`report/report.html` and the MLflow run's `report.html` show the report with every figure inline._"
+    )
+    return _with_note(markdown_text, note, figure_line)
+
+
+def markdown_for_mlflow(markdown_text: str) -> str:
+    """The report.md logged to MLflow: each figure named by its artifact path (the stage logs the figures under
+    `figures/`), since MLflow's markdown preview shows no relative or data: image."""
+
+    def figure_line(alt: str, path: str) -> str:
+        return f"**Figure: {alt}**: artifact `{path}` of this run (open it in the artifact tree)."
+
+    note = (
+        "_Figures: this run's `figures/` artifacts; `report.html` beside this file shows the report with every "
+        "figure inline._"
+    )
+    return _with_note(markdown_text, note, figure_line)

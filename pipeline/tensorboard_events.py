@@ -49,8 +49,28 @@ class EventWriter:
             Summary(value=[Summary.Value(tag=f"{tag}/text_summary", metadata=metadata, tensor=tensor)]), step
         )
 
+    def add_png(self, tag: str, png: bytes, step: int = 0) -> None:
+        """A PNG file's bytes in the Images tab as they are (no decode, no torch): the summary needs only
+        the size and channel count, read from the PNG header."""
+        width, height, channels = png_header(png)
+        image = Summary.Image(height=height, width=width, colorspace=channels, encoded_image_string=png)
+        self.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+
     def flush(self) -> None:
         self._file.flush()
 
     def close(self) -> None:
         self._file.close()
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# PNG colour type -> channels, the `colorspace` of TensorBoard's Image summary (1 grey, 2 grey+alpha, 3 RGB, 4 RGBA).
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}
+
+
+def png_header(png: bytes) -> tuple[int, int, int]:
+    """Width, height and channels from a PNG's IHDR chunk (always the first, at a fixed offset)."""
+    if png[:8] != PNG_SIGNATURE or png[12:16] != b"IHDR":
+        raise ValueError("not a PNG file (no PNG signature and IHDR chunk at its start)")
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    return width, height, _PNG_CHANNELS.get(png[25], 3)

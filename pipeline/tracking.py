@@ -358,6 +358,11 @@ class Tracker:
         """A text artifact in MLflow only (e.g. an HTML page TensorBoard would show as source)."""
         self.client.log_text(self.run_id, text, artifact_file)
 
+    def log_png_file(self, tag: str, path: Path) -> None:
+        """A PNG file in TensorBoard's Images tab under `tag`, torch-free (the report stage never imports torch).
+        TensorBoard only: log the file to MLflow with `log_artifact`."""
+        self.events.add_png(tag, path.read_bytes())
+
     def link_training(self, model_digest: str) -> str | None:
         """Point this run at the train run that wrote the checkpoint `model_digest` names and at the model it
         logged: tags `train.run_id`, `model.id`, `model.uri`, and the model as an input of this run (MLflow

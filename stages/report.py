@@ -7,7 +7,16 @@ from pipeline.atomic import AtomicOutputs
 from pipeline.cli import run_stage
 from pipeline.config import load_params
 from pipeline.paths import PROFILE_COMPARISON_PLOT, REPORT_FIGURES, REPORT_HTML, REPORT_MARKDOWN
-from pipeline.report import COMPARISON_PLOT_FIELDS, TITLE, build_report, markdown_to_html, report_input_runs
+from pipeline.report import (
+    COMPARISON_PLOT_FIELDS,
+    TITLE,
+    build_report,
+    markdown_for_mlflow,
+    markdown_for_tensorboard,
+    markdown_to_html,
+    report_input_runs,
+    tensorboard_image_tag,
+)
 from pipeline.tables import rows_csv
 from pipeline.tracking import STAGE_DESCRIPTIONS, open_tracker
 
@@ -28,8 +37,13 @@ def main() -> None:
         for figure in sorted(figures.iterdir()):
             outputs.staged(REPORT_FIGURES / figure.name).write_bytes(figure.read_bytes())
             tracker.log_artifact(figure, "figures")
+            tag = tensorboard_image_tag(f"figures/{figure.name}")
+            if tag is not None:
+                tracker.log_png_file(tag, figure)
         outputs.write_text(PROFILE_COMPARISON_PLOT, rows_csv(COMPARISON_PLOT_FIELDS, report.comparison_csv_rows()))
-        tracker.log_text("report/markdown", report.markdown, "report.md")
+        # Neither tool shows the file's relative `figures/` images: each gets a variant naming where they are.
+        tracker.log_text("report/markdown", markdown_for_tensorboard(report.markdown))
+        tracker.log_artifact_text(markdown_for_mlflow(report.markdown), "report.md")
         tracker.log_artifact_text(html, "report.html")
         tracker.log_metrics({"combinations": len(report.rows)}, prefix="report/")
         tracker.link_inputs(report_input_runs(report), STAGE_DESCRIPTIONS["report"])

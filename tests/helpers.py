@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import gzip
 import hashlib
 import os
@@ -292,3 +293,38 @@ def running_mlflow_server(folder: Path, backend_store_uri: str | None = None) ->
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+# Committed stage outputs the report reads for its training and graph figures (copied, never written).
+REPORT_INPUTS = ("metrics/train.json", "plots/train_epochs.csv", "plots/train_steps.csv", "graph/model_graph.svg")
+
+
+def run_report_stage(project: Path, experiment: str) -> Path:
+    """The report stage run in process in `project` (an empty folder): two profile records, the committed
+    training and graph outputs, its own MLflow store (`mlflow.db`, `experiment`) and TensorBoard folder (`runs`)."""
+    import stages.report
+    from pipeline.paths import profile_outputs
+    from pipeline.profile_record import write_record
+    from pipeline.profiling import operators_markdown
+
+    params = copy.deepcopy(REPO_PARAMS)
+    params["profile"].update(batch_sizes=[1, 64], devices=["cpu"], modes=["inference"])
+    params["tracking"].update(experiment=experiment, tensorboard_dir="runs")
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    for name in REPORT_INPUTS:
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO_ROOT / name, project / name)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(project)
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        patch.delenv("DVC_EXP_NAME", raising=False)
+        for record in (
+            make_record(1, "cpu", "inference", 0.5, (("aten::mkldnn_convolution", 40.0),)),
+            make_record(64, "cpu", "inference", 8.0, (("aten::max_pool2d", 30.0),)),
+        ):
+            paths = profile_outputs(record.combination.name)
+            paths.folder.mkdir(parents=True)
+            paths.record.write_text(write_record(record))
+            paths.table_markdown.write_text(operators_markdown(record))
+        stages.report.main()
+    return project
