@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import re
 import sqlite3
@@ -473,8 +474,12 @@ def open_tracker(
         if stage in STAGE_DESCRIPTIONS:
             tags[NOTE_TAG] = STAGE_DESCRIPTIONS[stage]
         parent = parent_run_id(client, experiment_id, pipeline)
-        if system_metrics and not os.environ.get("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"):
-            mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)  # type: ignore[no-untyped-call]
+        if system_metrics:
+            # Its start/stop/"skip GPU" INFO lines would join every training's console output; failures
+            # are warnings and still show.
+            logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+            if not os.environ.get("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"):
+                mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)  # type: ignore[no-untyped-call]
         run = mlflow.start_run(
             experiment_id=experiment_id,
             run_name=run_name,
