@@ -303,9 +303,6 @@ def run_report_stage(project: Path, experiment: str) -> Path:
     """The report stage run in process in `project` (an empty folder): two profile records, the committed
     training and graph outputs, its own MLflow store (`mlflow.db`, `experiment`) and TensorBoard folder (`runs`)."""
     import stages.report
-    from pipeline.paths import profile_outputs
-    from pipeline.profile_record import write_record
-    from pipeline.profiling import operators_markdown
 
     params = copy.deepcopy(REPO_PARAMS)
     params["profile"].update(batch_sizes=[1, 64], devices=["cpu"], modes=["inference"])
@@ -318,13 +315,23 @@ def run_report_stage(project: Path, experiment: str) -> Path:
         patch.chdir(project)
         patch.delenv("MLFLOW_TRACKING_URI", raising=False)
         patch.delenv("DVC_EXP_NAME", raising=False)
-        for record in (
-            make_record(1, "cpu", "inference", 0.5, (("aten::mkldnn_convolution", 40.0),)),
-            make_record(64, "cpu", "inference", 8.0, (("aten::max_pool2d", 30.0),)),
-        ):
-            paths = profile_outputs(record.combination.name)
-            paths.folder.mkdir(parents=True)
-            paths.record.write_text(write_record(record))
-            paths.table_markdown.write_text(operators_markdown(record))
+        write_two_profiles()
         stages.report.main()
     return project
+
+
+def write_two_profiles() -> None:
+    """Profile records and tables of batch 1 and 64 (cpu, inference) in the current folder, as the profile
+    stage writes them: the report's inputs without running the pipeline."""
+    from pipeline.paths import profile_outputs
+    from pipeline.profile_record import write_record
+    from pipeline.profiling import operators_markdown
+
+    for record in (
+        make_record(1, "cpu", "inference", 0.5, (("aten::mkldnn_convolution", 40.0),)),
+        make_record(64, "cpu", "inference", 8.0, (("aten::max_pool2d", 30.0),)),
+    ):
+        paths = profile_outputs(record.combination.name)
+        paths.folder.mkdir(parents=True)
+        paths.record.write_text(write_record(record))
+        paths.table_markdown.write_text(operators_markdown(record))

@@ -14,12 +14,9 @@ from mlflow import MlflowClient
 from PIL import Image
 
 from pipeline.config import params_from_mapping
-from pipeline.paths import profile_outputs
-from pipeline.profile_record import write_record
-from pipeline.profiling import operators_markdown
 from pipeline.report import analysis, build_report, comparison_markdown, comparison_rows, read_inputs
 from pipeline.step_report import ADD_A_GPU, analysis_sentences, step_facts
-from tests.helpers import REPO_ROOT, make_record, read_params, reproduced_copy, write_params
+from tests.helpers import REPO_ROOT, make_record, read_params, reproduced_copy, write_params, write_two_profiles
 
 
 def test_analysis_states_scaling_dominant_operators_and_gpu_speedup() -> None:
@@ -104,14 +101,7 @@ def test_report_is_built_from_profile_records_without_running_the_pipeline(
     monkeypatch.chdir(tmp_path)
     repo_params["profile"].update(batch_sizes=[1, 64], devices=["cpu"], modes=["inference"])
     params = params_from_mapping(repo_params)
-    for record in (
-        make_record(1, "cpu", "inference", 0.5, (("aten::mkldnn_convolution", 40.0),)),
-        make_record(64, "cpu", "inference", 8.0, (("aten::max_pool2d", 30.0),)),
-    ):
-        paths = profile_outputs(record.combination.name)
-        paths.folder.mkdir(parents=True)
-        paths.record.write_text(write_record(record))
-        paths.table_markdown.write_text(operators_markdown(record))
+    write_two_profiles()
     figures = tmp_path / "figures"
     figures.mkdir()
     report = build_report(params, figures)
