@@ -64,11 +64,6 @@ def log_download(tracker: Tracker, config: DataConfig, result: DownloadResult) -
     tracker.log_image("data/train_samples_by_class", grid, "samples_by_class.png")
 
 
-def split_digest(file_digests: Mapping[str, str]) -> str:
-    """The MLflow digest of one split (its images and labels files), as MLflow's 36-character column holds it."""
-    return dataset_digest(file_digests)[:MLFLOW_DIGEST_LENGTH]
-
-
 def split_dataset(
     split: Split, file_digests: Mapping[str, str], source: str, image_shape: Sequence[int]
 ) -> MetaDataset:
@@ -80,7 +75,7 @@ def split_dataset(
     return MetaDataset(  # type: ignore[abstract]  # concrete at run time; MLflow's annotation is off
         source=_dataset_source(source),
         name=f"mnist-{split}",
-        digest=split_digest(file_digests),
+        digest=dataset_digest(file_digests)[:MLFLOW_DIGEST_LENGTH],
         schema=Schema(
             [
                 TensorSpec(np.dtype(np.uint8), (-1, *image_shape), "image"),

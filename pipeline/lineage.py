@@ -103,27 +103,32 @@ def mark_current(
 ) -> None:
     """Tag `run_id` as the producer of the workspace's outputs of `stage_run_name`, older ones of the same
     machine (`machine_id`; runs without the tag count as this machine's) superseded."""
-    experiment = os.environ.get("DVC_EXP_NAME", "")
-    query = f"attributes.run_name = '{stage_run_name}' and tags.`{OUTPUTS_TAG}` = 'current'"
-    for run in client.search_runs([experiment_id], filter_string=query, max_results=1000):
-        same_machine = run.data.tags.get(ID_TAG, machine_id) == machine_id
-        if run.info.run_id != run_id and same_machine and run.data.tags.get("dvc.experiment", "") == experiment:
+    for run in _current_runs(client, experiment_id, stage_run_name, machine_id):
+        if run.info.run_id != run_id:
             client.set_tag(run.info.run_id, OUTPUTS_TAG, "superseded")
     client.set_tag(run_id, OUTPUTS_TAG, "current")
+
+
+def _current_runs(client: MlflowClient, experiment_id: str, stage_run_name: str, machine_id: str) -> list[Run]:
+    """Runs of `stage_run_name` tagged current for this workspace, newest first: same machine (`machine_id`;
+    runs without the tag count as this machine's) and same DVC experiment (each has its own workspace)."""
+    experiment = os.environ.get("DVC_EXP_NAME", "")
+    query = f"attributes.run_name = '{stage_run_name}' and tags.`{OUTPUTS_TAG}` = 'current'"
+    runs = client.search_runs(
+        [experiment_id], filter_string=query, order_by=["attributes.start_time DESC"], max_results=1000
+    )
+    return [
+        run
+        for run in runs
+        if run.data.tags.get(ID_TAG, machine_id) == machine_id and run.data.tags.get("dvc.experiment", "") == experiment
+    ]
 
 
 def current_run(client: MlflowClient, experiment_id: str, stage_run_name: str, machine_id: str = "") -> Run | None:
     """The run `mark_current` tagged as the producer of the workspace's outputs of `stage_run_name` on this
     machine and DVC experiment; None when this store never saw it (outputs checked out from a DVC remote)."""
-    experiment = os.environ.get("DVC_EXP_NAME", "")
-    query = f"attributes.run_name = '{stage_run_name}' and tags.`{OUTPUTS_TAG}` = 'current'"
-    for run in client.search_runs(
-        [experiment_id], filter_string=query, order_by=["attributes.start_time DESC"], max_results=100
-    ):
-        tags = run.data.tags
-        if tags.get(ID_TAG, machine_id) == machine_id and tags.get("dvc.experiment", "") == experiment:
-            return run
-    return None
+    runs = _current_runs(client, experiment_id, stage_run_name, machine_id)
+    return runs[0] if runs else None
 
 
 def training_run(client: MlflowClient, experiment_id: str, model_digest: str) -> Run | None:

@@ -47,7 +47,7 @@ from pipeline.atomic import AtomicOutputs
 from pipeline.cli import run_stage
 from pipeline.errors import PipelineError
 from pipeline.machine_identity import ID_TAG, NAME_TAG, machine_id, machine_name, machine_tags
-from pipeline.profile_record import Combination
+from pipeline.profile_record import METRIC_PREFIX, Combination
 from pipeline.tables import rows_csv
 from pipeline.timing_statistics import Interval, Ratio, ratio
 from pipeline.tracking import check_tracking_server, tracking_uri
@@ -66,7 +66,6 @@ PROFILE_STAGE = "profile"
 MODEL_DIGEST_TAG = "model.digest"
 COMBINATION_PARAMS = ("batch_size", "device", "mode")
 HARDWARE_PREFIX = "hardware."
-METRIC_PREFIX = "profile/"
 # Run params that do not change what is measured: the machine's own thread count (0 = one per core
 # gives 2 on a laptop, 16 on a server), how long the timing may run and how tight it aims (they set the
 # width of the interval, which the report shows), and how many steps are traced for the operator table.

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from pipeline.atomic import AtomicOutputs
 from pipeline.paths import ProfileOutputs
-from pipeline.profile_record import OperatorRow, ProfileRecord, write_record
+from pipeline.profile_record import METRIC_PREFIX, OperatorRow, ProfileRecord, write_record
 from pipeline.profiling import operators_markdown
 from pipeline.step_report import kernels_markdown, step_metrics
 from pipeline.tables import records_csv
@@ -44,8 +44,8 @@ def write_profile_outputs(outputs: AtomicOutputs, paths: ProfileOutputs, record:
 def log_profile(
     tracker: Tracker, outputs: AtomicOutputs, paths: ProfileOutputs, record: ProfileRecord, texts: ProfileTexts
 ) -> None:
-    tracker.log_metrics(profile_metrics(record), prefix="profile/")
-    tracker.log_curve("profile/block_step_time_ms", record.block_times_ms)
+    tracker.log_metrics(profile_metrics(record), prefix=METRIC_PREFIX)
+    tracker.log_curve(f"{METRIC_PREFIX}block_step_time_ms", record.block_times_ms)
     combination, timing = record.combination, record.timing
     # TensorBoard's HParams view: the combinations as a table (batch size x device x mode) beside their times.
     tracker.log_hparams(

@@ -27,6 +27,8 @@ from pipeline.trace_analysis import KernelStats, RangeStats, StepAnatomy
 # Profiling runs the trained weights in fp32 whatever precision training used: the lab compares
 # operators and batch sizes, and a mixed-precision step would be a different program.
 PROFILE_PRECISION = "fp32"
+# Section of the profile runs' metrics in MLflow and TensorBoard (`profile/step_time_ms_median`, ...).
+METRIC_PREFIX = "profile/"
 # 2: median step time with its confidence interval, measurement conditions, and the step analysis
 # (anatomy, kernels, achieved FLOP/s).
 # 3: operator rows say "no number" as null: MFLOPs counted by torch.utils.flop_counter on the operator that
