@@ -128,8 +128,10 @@ class _Proxy:
                     threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
 
     def _pump(self, source: socket.socket, target: socket.socket) -> None:
+        # The mode is checked after each recv: a relay idle in recv when `stall()` came must not forward the
+        # next request (it did, so a stage's next call could still succeed and the stall go unnoticed).
         try:
-            while self.mode == "forward" and (data := source.recv(65536)):
+            while (data := source.recv(65536)) and self.mode == "forward":
                 target.sendall(data)
         except OSError:
             pass
