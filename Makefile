@@ -33,11 +33,12 @@ test-fast: install
 test-browser: install
 	python -m pytest -m browser tests/browser
 
-# Lint, format and types: what CI runs before the tests.
+# Lint, format, types and the import rules between the wings (pyproject.toml): what CI runs before the tests.
 check: install
 	ruff check .
 	ruff format --check .
 	mypy
+	lint-imports
 
 # Re-pin after changing the ranges in pyproject.toml.
 requirements: install

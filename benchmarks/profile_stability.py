@@ -3,7 +3,7 @@
     python -m benchmarks.profile_stability [--repeats 2] [--goal-pct 5] [--device cpu]
 
 For each repeat, every batch size x mode of params.yaml's `profile` section is timed in its own new
-Python process, with the stage's own code path (pipeline.profiling.make_step + pipeline.timing.time_steps)
+Python process, with the stage's own code path (pipeline.profiling.run.make_step + pipeline.profiling.timing.time_steps)
 and settings (threads, warm-up, `ci_target_pct`, `time_budget_s`). All combinations run once before any
 runs again, so the two measurements of one combination are minutes apart, as two `dvc repro`s would be.
 Prints per combination the medians, each 95 % CI, their difference and the machine's load; exits 0 when
@@ -25,22 +25,22 @@ import sys
 import time
 from typing import Any
 
-from pipeline.config import load_params
-from pipeline.hardware import cpu_model
-from pipeline.timing_statistics import Interval, available_cores, cpu_pressure
+from pipeline.common.machine import cpu_model
+from pipeline.params.loading import load_params
+from pipeline.profiling.statistics import Interval, available_cores, cpu_pressure
 
 
 def measure(batch_size: int, device_name: str, mode: str) -> dict[str, Any]:
     """One combination, in this process: what the profile stage's timing would record."""
     import torch
 
-    from pipeline.model import LabNet
-    from pipeline.paths import DATA_ROOT, MODEL_CHECKPOINT
-    from pipeline.profile_record import Combination
-    from pipeline.profiling import make_step, prepare_profile
-    from pipeline.runtime import select_device
-    from pipeline.timing import time_steps
-    from pipeline.training import MEMORY_FORMAT
+    from pipeline.common.paths import DATA_ROOT, MODEL_CHECKPOINT
+    from pipeline.data.tensors import MEMORY_FORMAT
+    from pipeline.model.network import LabNet
+    from pipeline.profiling.record import Combination
+    from pipeline.profiling.run import make_step, prepare_profile
+    from pipeline.profiling.timing import time_steps
+    from pipeline.training.runtime import select_device
 
     params = load_params()
     config = params.profile

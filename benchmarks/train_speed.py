@@ -27,13 +27,15 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset
 from torchvision import datasets, transforms
 
-from pipeline.config import TrackingConfig, load_params
-from pipeline.data import load_split
-from pipeline.model import LabNet
-from pipeline.paths import DATA_ROOT
-from pipeline.runtime import pin_runtime, select_device, select_precision
-from pipeline.tracking import open_tracker
-from pipeline.training import MNIST_MEAN, MNIST_STD, evaluate, first_samples, to_device_data, train_model
+from pipeline.common.paths import DATA_ROOT
+from pipeline.data.mnist import load_split
+from pipeline.data.tensors import MNIST_MEAN, MNIST_STD, first_samples, to_device_data
+from pipeline.model.network import LabNet
+from pipeline.params.loading import load_params
+from pipeline.params.schema import TrackingConfig
+from pipeline.tracking.tracker import open_tracker
+from pipeline.training.loop import evaluate, train_model
+from pipeline.training.runtime import pin_runtime, select_device, select_precision
 
 CPU = torch.device("cpu")
 
@@ -177,7 +179,7 @@ def run_variants(variants, repeats: int, first_seed: int, ratio_of: str) -> dict
 
 def cuda_benchmark(train_config, samples: int, repeats: int, device: torch.device) -> None:
     """Reference vs eager vs CUDA graph on a GPU, each precision, plus what `auto` chooses there."""
-    from pipeline.execution import choose_precision, measure_step_ms
+    from pipeline.training.execution import choose_precision, measure_step_ms
 
     pin_runtime(device, "fp32", train_config.threads, train_config.seed)
     train = to_device_data(*first_samples(*load_split(DATA_ROOT, "train"), samples), device)

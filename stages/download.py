@@ -1,11 +1,11 @@
 """DVC stage `download`: fetch and verify MNIST, log it, write data/MNIST atomically."""
 
-from pipeline.cli import run_stage
-from pipeline.config import load_params
-from pipeline.data import fetch_mnist, mirror_candidates, write_dataset
-from pipeline.data_tracking import log_download
-from pipeline.paths import DATA_ROOT
-from pipeline.tracking import open_tracker
+from pipeline.common.paths import DATA_ROOT
+from pipeline.common.stage_runner import run_stage
+from pipeline.data.artifacts import log_download
+from pipeline.data.mnist import fetch_mnist, mirror_candidates, write_dataset
+from pipeline.params.loading import load_params
+from pipeline.tracking.tracker import open_tracker
 
 
 def main() -> None:

@@ -1,14 +1,16 @@
 """DVC stage `export_graph`: the trained model's dataflow graph in TensorBoard, .pt2, ONNX, a summary and a picture."""
 
-from pipeline.atomic import AtomicOutputs
-from pipeline.checkpoint import checkpoint_digest, load_checkpoint
-from pipeline.cli import run_stage
-from pipeline.config import load_params, section_as_dict
-from pipeline.data import load_split
-from pipeline.graph_artifacts import export_graph, log_graph_export
-from pipeline.paths import DATA_ROOT, GRAPH_ONNX, GRAPH_PT2, GRAPH_SVG, MODEL_CHECKPOINT
-from pipeline.tracking import open_tracker
-from pipeline.training import normalize_images
+from pipeline.common.outputs import AtomicOutputs
+from pipeline.common.paths import DATA_ROOT, GRAPH_ONNX, GRAPH_PT2, GRAPH_SVG, MODEL_CHECKPOINT
+from pipeline.common.stage_runner import run_stage
+from pipeline.data.mnist import load_split
+from pipeline.data.tensors import normalize_images
+from pipeline.graph.artifacts import export_graph, log_graph_export
+from pipeline.model.checkpoint import checkpoint_digest, load_checkpoint
+from pipeline.params.loading import load_params
+from pipeline.params.schema import section_as_dict
+from pipeline.tracking.tags import DATA_DIGEST_TAG, MODEL_DIGEST_TAG
+from pipeline.tracking.tracker import open_tracker
 
 
 def main() -> None:
@@ -21,7 +23,7 @@ def main() -> None:
     with open_tracker("export_graph", params.tracking) as tracker, AtomicOutputs() as outputs:
         tracker.log_params(section_as_dict(config), prefix="graph.")
         digest = checkpoint_digest(MODEL_CHECKPOINT)
-        tracker.set_tags({"data.digest": checkpoint.data_digest, "model.digest": digest})
+        tracker.set_tags({DATA_DIGEST_TAG: checkpoint.data_digest, MODEL_DIGEST_TAG: digest})
         tracker.link_training(digest)
         result = export_graph(checkpoint.model, images, config, outputs)
         log_graph_export(tracker, checkpoint.model, images[:1], result, outputs)

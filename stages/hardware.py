@@ -6,10 +6,10 @@ profile stages that depend on it rerun after a move to other hardware and stay c
 
 import json
 
-from pipeline.atomic import AtomicOutputs
-from pipeline.cli import run_stage
-from pipeline.hardware import machine_fingerprint
-from pipeline.paths import HARDWARE_FINGERPRINT
+from pipeline.common.machine import machine_fingerprint
+from pipeline.common.outputs import AtomicOutputs
+from pipeline.common.paths import HARDWARE_FINGERPRINT
+from pipeline.common.stage_runner import run_stage
 
 
 def main() -> None:

@@ -3,20 +3,22 @@
     python -m stages.profile                         # under DVC: the combination is the stage's name
     python -m stages.profile BATCH_SIZE DEVICE MODE  # a direct run
 
-DVC's command line holds no matrix value (see pipeline/matrix.py); every other setting comes from
+DVC's command line holds no matrix value (see pipeline/profiling/matrix.py); every other setting comes from
 params.yaml as usual.
 """
 
 import sys
 
-from pipeline.atomic import AtomicOutputs
-from pipeline.cli import run_stage
-from pipeline.config import load_params
-from pipeline.matrix import stage_combination
-from pipeline.paths import DATA_ROOT, MODEL_CHECKPOINT, profile_outputs
-from pipeline.profile_artifacts import log_profile, write_profile_outputs
-from pipeline.profiling import measurement_warnings, prepare_profile, run_parameters, run_profile
-from pipeline.tracking import open_tracker
+from pipeline.common.outputs import AtomicOutputs
+from pipeline.common.paths import DATA_ROOT, MODEL_CHECKPOINT, profile_outputs
+from pipeline.common.stage_runner import run_stage
+from pipeline.params.loading import load_params
+from pipeline.profiling.artifacts import log_profile, write_profile_outputs
+from pipeline.profiling.matrix import stage_combination
+from pipeline.profiling.run import prepare_profile, run_parameters, run_profile
+from pipeline.profiling.texts import measurement_warnings
+from pipeline.tracking.tags import DATA_DIGEST_TAG, MODEL_DIGEST_TAG, hardware_tags
+from pipeline.tracking.tracker import open_tracker
 
 
 def main() -> None:
@@ -30,11 +32,11 @@ def main() -> None:
         tracker.log_params(run_parameters(setup, config.top_k))
         tracker.set_tags(
             {
-                "data.digest": setup.data_digest,
-                "model.digest": setup.model_digest,
+                DATA_DIGEST_TAG: setup.data_digest,
+                MODEL_DIGEST_TAG: setup.model_digest,
                 "combination": combination.name,
                 # Tags, as on the train run: they say where it ran; MLflow's Compare lists params to compare.
-                **{f"hardware.{key}": value for key, value in setup.hardware.items()},
+                **hardware_tags(setup.hardware),
             }
         )
         tracker.link_training(setup.model_digest)

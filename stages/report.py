@@ -3,22 +3,20 @@
 import tempfile
 from pathlib import Path
 
-from pipeline.atomic import AtomicOutputs
-from pipeline.cli import run_stage
-from pipeline.config import load_params
-from pipeline.paths import PROFILE_COMPARISON_PLOT, REPORT_FIGURES, REPORT_HTML, REPORT_MARKDOWN
-from pipeline.report import (
-    COMPARISON_PLOT_FIELDS,
-    TITLE,
-    build_report,
+from pipeline.common.outputs import AtomicOutputs
+from pipeline.common.paths import PROFILE_COMPARISON_PLOT, REPORT_FIGURES, REPORT_HTML, REPORT_MARKDOWN
+from pipeline.common.stage_runner import run_stage
+from pipeline.common.tables import rows_csv
+from pipeline.params.loading import load_params
+from pipeline.report.comparison import COMPARISON_PLOT_FIELDS
+from pipeline.report.lab_report import TITLE, build_report, report_input_runs
+from pipeline.report.rendering import (
     markdown_for_mlflow,
     markdown_for_tensorboard,
     markdown_to_html,
-    report_input_runs,
     tensorboard_image_tag,
 )
-from pipeline.tables import rows_csv
-from pipeline.tracking import STAGE_DESCRIPTIONS, open_tracker
+from pipeline.tracking.tracker import STAGE_DESCRIPTIONS, open_tracker
 
 
 def main() -> None:

@@ -1,24 +1,34 @@
 """DVC stage `train`: train the lab CNN on in-memory MNIST, log it, write checkpoint + metrics atomically."""
 
-from pipeline.atomic import AtomicOutputs
-from pipeline.checkpoint import checkpoint_digest, checkpoint_payload, save_checkpoint
-from pipeline.cli import run_stage
-from pipeline.config import load_params, section_as_dict
-from pipeline.data import load_split, read_manifest
-from pipeline.data_tracking import log_training_inputs
-from pipeline.execution import choose_precision, measure_step_ms, resolve_execution
-from pipeline.paths import DATA_ROOT, MODEL_CHECKPOINT, TRAIN_EPOCHS_PLOT, TRAIN_METRICS, TRAIN_SPEED, TRAIN_STEPS_PLOT
-from pipeline.runtime import hardware_description, pin_runtime, select_device, select_precision
-from pipeline.tables import records_csv
-from pipeline.tracking import open_tracker
-from pipeline.train_artifacts import (
+from pipeline.common.outputs import AtomicOutputs
+from pipeline.common.paths import (
+    DATA_ROOT,
+    MODEL_CHECKPOINT,
+    TRAIN_EPOCHS_PLOT,
+    TRAIN_METRICS,
+    TRAIN_SPEED,
+    TRAIN_STEPS_PLOT,
+)
+from pipeline.common.stage_runner import run_stage
+from pipeline.common.tables import records_csv
+from pipeline.data.artifacts import log_training_inputs
+from pipeline.data.mnist import load_split, read_manifest
+from pipeline.data.tensors import first_samples, to_device_data
+from pipeline.model.checkpoint import checkpoint_digest, checkpoint_payload, save_checkpoint
+from pipeline.params.loading import load_params
+from pipeline.params.schema import section_as_dict
+from pipeline.tracking.tags import MODEL_DIGEST_TAG
+from pipeline.tracking.tracker import open_tracker
+from pipeline.training.artifacts import (
     log_model,
     log_training_result,
     log_training_setup,
     quality_metrics,
     speed_metrics,
 )
-from pipeline.training import EpochRecord, StepRecord, first_samples, to_device_data, train_model
+from pipeline.training.execution import choose_precision, measure_step_ms, resolve_execution
+from pipeline.training.loop import EpochRecord, StepRecord, train_model
+from pipeline.training.runtime import hardware_description, pin_runtime, select_device, select_precision
 
 
 def main() -> None:
@@ -51,7 +61,7 @@ def main() -> None:
         payload = checkpoint_payload(result.model, train_params, data_digest, runtime_record, metrics)
         checkpoint = outputs.staged(MODEL_CHECKPOINT)
         save_checkpoint(payload, checkpoint)
-        tracker.set_tags({"model.digest": checkpoint_digest(checkpoint)})  # the profile runs of it carry the same tag
+        tracker.set_tags({MODEL_DIGEST_TAG: checkpoint_digest(checkpoint)})  # the profile runs of it carry the same tag
         outputs.write_json(TRAIN_METRICS, metrics)
         outputs.write_json(TRAIN_SPEED, speed_metrics(result, runtime_record))
         outputs.write_text(TRAIN_STEPS_PLOT, records_csv(StepRecord, result.steps))

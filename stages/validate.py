@@ -5,8 +5,8 @@ run it first; on bad params it fails and DVC stops before deleting any other sta
 running any other command. The output's content never changes, so valid edits rerun nothing extra.
 """
 
-from pipeline.cli import run_stage
-from pipeline.validation import write_params_checked
+from pipeline.common.stage_runner import run_stage
+from pipeline.params.validation import write_params_checked
 
 if __name__ == "__main__":
     run_stage("validate", write_params_checked)

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.config import ModelConfig
-from pipeline.idx import encode_idx
-from pipeline.profile_record import (
+from pipeline.data.idx import encode_idx
+from pipeline.params.schema import ModelConfig
+from pipeline.profiling.record import (
     PROFILE_PRECISION,
     Combination,
     OperatorRow,
@@ -35,8 +35,8 @@ from pipeline.profile_record import (
     Timing,
     flop_rate,
 )
-from pipeline.timing_statistics import GOVERNOR_NOT_EXPOSED, MeasurementConditions
-from pipeline.trace_analysis import StepAnatomy
+from pipeline.profiling.statistics import GOVERNOR_NOT_EXPOSED, MeasurementConditions
+from pipeline.profiling.trace_analysis import StepAnatomy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LAB_MODEL = ModelConfig(conv1_channels=32, conv2_channels=64, hidden_units=128, conv_dropout=0.25, hidden_dropout=0.5)
@@ -323,9 +323,9 @@ def run_report_stage(project: Path, experiment: str) -> Path:
 def write_two_profiles() -> None:
     """Profile records and tables of batch 1 and 64 (cpu, inference) in the current folder, as the profile
     stage writes them: the report's inputs without running the pipeline."""
-    from pipeline.paths import profile_outputs
-    from pipeline.profile_record import write_record
-    from pipeline.profiling import operators_markdown
+    from pipeline.common.paths import profile_outputs
+    from pipeline.profiling.record import write_record
+    from pipeline.profiling.texts import operators_markdown
 
     for record in (
         make_record(1, "cpu", "inference", 0.5, (("aten::mkldnn_convolution", 40.0),)),

@@ -5,7 +5,7 @@ For the machines-report tests: results measured on another machine (the H100 ref
 server, with that machine's `hardware.*` params and `machine.*` tags. Reads raw JSON, so records written
 before the current record type load too. Such an older record holds the per-step times of its timed pass
 but only their mean: by default its steps are re-estimated the way the profile stage estimates now
-(pipeline.timing_statistics: median with its 95 % interval, each step a block of one), so it compares
+(pipeline.profiling.statistics: median with its 95 % interval, each step a block of one), so it compares
 with current runs; `retime=False` logs its mean and CV as an older run did.
 """
 
@@ -22,8 +22,9 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
-from pipeline.machine_identity import IDENTITY_KEYS, identity_tags
-from pipeline.timing_statistics import Block, estimate_step_time
+from pipeline.common.machine import IDENTITY_KEYS
+from pipeline.profiling.statistics import Block, estimate_step_time
+from pipeline.tracking.tags import identity_tags
 from tests.helpers import REPO_PARAMS, REPO_ROOT
 
 

@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
-from pipeline.config import Params, load_params, params_from_mapping, section_as_dict
-from pipeline.errors import PipelineError
+from pipeline.common.errors import PipelineError
+from pipeline.params.loading import load_params
+from pipeline.params.parsing import params_from_mapping
+from pipeline.params.schema import Params, section_as_dict
 from tests.helpers import REPO_ROOT, write_params
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +15,8 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from pipeline.errors import PipelineError
-from pipeline.profile_record import (
+from pipeline.common.errors import PipelineError
+from pipeline.profiling.record import (
     RECORD_FORMAT,
     Combination,
     ProfileRecord,
@@ -21,7 +24,7 @@ from pipeline.profile_record import (
     read_record,
     write_record,
 )
-from pipeline.tensorboard_events import EventWriter
+from pipeline.tracking.tensorboard_events import EventWriter
 from tests.helpers import REPO_ROOT, make_record
 
 
@@ -174,8 +177,8 @@ def test_dvc_yaml_code_deps_are_exactly_the_stage_import_closure(stage: str) -> 
 
 def test_the_closure_follows_imports_through_modules() -> None:
     closure = import_closure("stages/train.py")
-    assert "pipeline/hardware.py" in closure  # reached only through pipeline/runtime.py
-    assert "pipeline/tracking.py" in closure and "stages/train.py" in closure
+    assert "pipeline/common/machine.py" in closure  # reached only through pipeline/training/runtime.py
+    assert "pipeline/tracking/tracker.py" in closure and "stages/train.py" in closure
 
 
 # --- TensorBoard files written without torch ------------------------------------------------------
@@ -203,8 +206,8 @@ def test_stage_runs_of_one_pipeline_run_share_a_parent_and_the_latest_is_current
 ) -> None:
     from mlflow import MlflowClient
 
-    from pipeline.config import TrackingConfig
-    from pipeline.tracking import open_tracker
+    from pipeline.params.schema import TrackingConfig
+    from pipeline.tracking.tracker import open_tracker
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("DVC_EXP_NAME", raising=False)
@@ -230,3 +233,38 @@ def test_stage_runs_of_one_pipeline_run_share_a_parent_and_the_latest_is_current
     assert "Train the lab CNN" in runs[run_ids[0]].data.tags["mlflow.note.content"]
     experiment = client.get_experiment_by_name("lineage")
     assert "one run per DVC stage" in experiment.tags["mlflow.note.content"]
+
+
+# --- the wings: package faces stay empty, import rules hold and bite ---------------------------------
+
+
+def test_every_package_init_holds_only_a_docstring() -> None:
+    """Importing one module of a wing runs its __init__.py: kept empty, it imports nothing (the torch-free
+    stages rely on it) and need not be a dvc.yaml dep."""
+    inits = sorted((REPO_ROOT / "pipeline").rglob("__init__.py"))
+    assert len(inits) >= 10
+    for init in inits:
+        body = ast.parse(init.read_text()).body
+        assert len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant), init
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        ("pipeline/common/errors.py", "import pipeline.tracking.tags", "stages -> wings -> tracking/params -> common"),
+        ("pipeline/report/figures.py", "import torch", "no torch in the torch-free stages"),
+    ],
+)
+def test_import_rules_fail_when_broken(tmp_path: Path, module: str, line: str, contract: str) -> None:
+    """`make check` runs lint-imports: a copy of the code with one forbidden import must break the named contract."""
+    for name in ("pipeline", "stages", "benchmarks"):
+        shutil.copytree(REPO_ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO_ROOT / "pyproject.toml", tmp_path)
+    lint = [str(Path(sys.executable).parent / "lint-imports")]
+    kept = subprocess.run(lint, cwd=tmp_path, capture_output=True, text=True, check=False, timeout=300)
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    target = tmp_path / module
+    target.write_text(target.read_text() + f"\n{line}\n")
+    broken = subprocess.run(lint, cwd=tmp_path, capture_output=True, text=True, check=False, timeout=300)
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert f"{contract} BROKEN" in broken.stdout

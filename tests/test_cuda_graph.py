@@ -20,19 +20,28 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from pipeline.checkpoint import checkpoint_payload, load_checkpoint, save_checkpoint
-from pipeline.config import Precision, TrackingConfig, TrainConfig, params_from_mapping, section_as_dict
-from pipeline.cuda_graph import GraphLearningRate, ShapeGraphs, make_graphable_step, time_graph_replays
-from pipeline.data import fetch_mnist, load_split, write_dataset
-from pipeline.errors import PipelineError
-from pipeline.execution import BF16_MARGIN, choose_precision, decide_from_timings, measure_step_ms, resolve_execution
-from pipeline.model import LabNet
-from pipeline.profile_record import Combination, read_record, write_record
-from pipeline.profiling import operators_markdown, prepare_profile, run_profile
-from pipeline.runtime import pin_runtime, select_precision
-from pipeline.tracking import open_tracker
-from pipeline.train_artifacts import log_model, serving_device
-from pipeline.training import TrainingResult, evaluate, first_samples, to_device_data, train_model
+from pipeline.common.errors import PipelineError
+from pipeline.data.mnist import fetch_mnist, load_split, write_dataset
+from pipeline.data.tensors import first_samples, to_device_data
+from pipeline.model.checkpoint import checkpoint_payload, load_checkpoint, save_checkpoint
+from pipeline.model.network import LabNet
+from pipeline.params.parsing import params_from_mapping
+from pipeline.params.schema import Precision, TrackingConfig, TrainConfig, section_as_dict
+from pipeline.profiling.record import Combination, read_record, write_record
+from pipeline.profiling.run import prepare_profile, run_profile
+from pipeline.profiling.texts import operators_markdown
+from pipeline.tracking.tracker import open_tracker
+from pipeline.training.artifacts import log_model, serving_device
+from pipeline.training.cuda_graph import GraphLearningRate, ShapeGraphs, make_graphable_step, time_graph_replays
+from pipeline.training.execution import (
+    BF16_MARGIN,
+    choose_precision,
+    decide_from_timings,
+    measure_step_ms,
+    resolve_execution,
+)
+from pipeline.training.loop import TrainingResult, evaluate, train_model
+from pipeline.training.runtime import pin_runtime, select_precision
 from tests.helpers import LAB_MODEL, REPO_PARAMS, make_record
 
 CPU = torch.device("cpu")

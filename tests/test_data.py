@@ -17,18 +17,12 @@ import numpy as np
 import pytest
 import torchvision
 
-from pipeline.config import DataConfig, params_from_mapping
-from pipeline.data import (
-    MNIST_SHA256,
-    fetch_mnist,
-    load_split,
-    mirror_candidates,
-    read_manifest,
-    write_dataset,
-)
-from pipeline.data_tracking import sample_grid
-from pipeline.errors import PipelineError
-from pipeline.idx import IdxFormatError, encode_idx, parse_idx
+from pipeline.common.errors import PipelineError
+from pipeline.data.artifacts import sample_grid
+from pipeline.data.idx import IdxFormatError, encode_idx, parse_idx
+from pipeline.data.mnist import MNIST_SHA256, fetch_mnist, load_split, mirror_candidates, read_manifest, write_dataset
+from pipeline.params.parsing import params_from_mapping
+from pipeline.params.schema import DataConfig
 from tests.helpers import closed_port, make_synthetic_mnist
 
 TRAIN_IMAGES = "train-images-idx3-ubyte"

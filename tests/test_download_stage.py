@@ -14,8 +14,8 @@ from mlflow import MlflowClient
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from pipeline.data import MNIST_SHA256, dataset_digest, load_split
-from pipeline.data_tracking import sample_grid
+from pipeline.data.artifacts import sample_grid
+from pipeline.data.mnist import MNIST_SHA256, dataset_digest, load_split
 from tests.helpers import closed_port, write_params
 
 pytestmark = pytest.mark.slow

@@ -15,11 +15,11 @@ import torch
 from mlflow import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from pipeline.checkpoint import load_checkpoint
-from pipeline.data import load_split
-from pipeline.model import LabNet
-from pipeline.model_summary import summarize, summary_csv, summary_markdown
-from pipeline.training import normalize_images
+from pipeline.data.mnist import load_split
+from pipeline.data.tensors import normalize_images
+from pipeline.model.checkpoint import load_checkpoint
+from pipeline.model.network import LabNet
+from pipeline.model.summary import summarize, summary_csv, summary_markdown
 from tests.helpers import LAB_MODEL, read_params, reproduced_copy, write_params
 
 

@@ -1,7 +1,7 @@
 """Bad files and environments (issue 17, points 2, 5-9): secrets, damaged data, checkpoints and stores,
 full or read-only disks, a rename that fails halfway, what killed runs leave behind.
 
-Each case runs the way a stage runs it (pipeline.cli.run_stage): exit code 2, one paragraph naming the
+Each case runs the way a stage runs it (pipeline.common.stage_runner.run_stage): exit code 2, one paragraph naming the
 file and the fix, no traceback. Full and read-only file systems are real: tmpfs and read-only bind
 mounts inside `unshare -rm` (a user and mount namespace: no root needed where the kernel allows it).
 """
@@ -28,26 +28,18 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from pipeline.atomic import AtomicOutputs, sweep_stale_partials
-from pipeline.checkpoint import checkpoint_payload, load_checkpoint
-from pipeline.cli import prepare_output_folders, run_stage
-from pipeline.config import DataConfig, TrackingConfig, params_from_mapping
-from pipeline.credentials import redact, split_user_info
-from pipeline.data import (
-    MNIST_BYTES,
-    MNIST_SHA256,
-    fetch_mnist,
-    load_split,
-    write_dataset,
-)
-from pipeline.errors import PipelineError
-from pipeline.graph_export import check_onnx
-from pipeline.model import LabNet
-from pipeline.tracking import (
-    check_tracking_server,
-    credentials_out_of_uri,
-    open_tracker,
-)
+from pipeline.common.credentials import redact, split_user_info
+from pipeline.common.errors import PipelineError
+from pipeline.common.outputs import AtomicOutputs, sweep_stale_partials
+from pipeline.common.stage_runner import prepare_output_folders, run_stage
+from pipeline.data.mnist import MNIST_BYTES, MNIST_SHA256, fetch_mnist, load_split, write_dataset
+from pipeline.graph.export import check_onnx
+from pipeline.model.checkpoint import checkpoint_payload, load_checkpoint
+from pipeline.model.network import LabNet
+from pipeline.params.parsing import params_from_mapping
+from pipeline.params.schema import DataConfig, TrackingConfig
+from pipeline.tracking.store import check_tracking_server, credentials_out_of_uri
+from pipeline.tracking.tracker import open_tracker
 from tests.helpers import (
     LAB_MODEL,
     REPO_ROOT,
@@ -574,11 +566,11 @@ for name, (how, folder, module) in json.loads(sys.argv[2]).items():
     report[name] = as_stage(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
     subprocess.run(["umount", folder], check=True)
 
-from pipeline.atomic import AtomicOutputs
-from pipeline.checkpoint import checkpoint_payload, save_checkpoint
-from pipeline.cli import run_stage
-from pipeline.errors import PipelineError
-from pipeline.model import LabNet
+from pipeline.common.outputs import AtomicOutputs
+from pipeline.model.checkpoint import checkpoint_payload, save_checkpoint
+from pipeline.common.stage_runner import run_stage
+from pipeline.common.errors import PipelineError
+from pipeline.model.network import LabNet
 from tests.helpers import LAB_MODEL
 
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=70m", "tmpfs", "models"], check=True)

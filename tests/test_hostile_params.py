@@ -18,14 +18,16 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.cli import run_stage
-from pipeline.config import ModelConfig, load_params, params_from_mapping
-from pipeline.errors import PipelineError
-from pipeline.matrix import stage_combination
-from pipeline.model import LabNet
-from pipeline.profile_record import Combination
-from pipeline.resources import check_params_fit_memory, parameter_count
-from pipeline.validation import MARKER_TEXT, write_params_checked
+from pipeline.common.errors import PipelineError
+from pipeline.common.stage_runner import run_stage
+from pipeline.model.network import LabNet
+from pipeline.params.loading import load_params
+from pipeline.params.memory import check_params_fit_memory, parameter_count
+from pipeline.params.parsing import params_from_mapping
+from pipeline.params.schema import ModelConfig
+from pipeline.params.validation import MARKER_TEXT, write_params_checked
+from pipeline.profiling.matrix import stage_combination
+from pipeline.profiling.record import Combination
 from tests.helpers import (
     REPO_ROOT,
     TRACKED_OUTPUTS,
@@ -53,7 +55,7 @@ def _set(raw: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
 
 
 def _stage_exit(main: Callable[[], None], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    """Run `main` the way a stage script does (pipeline.cli.run_stage); return the exit code and stderr."""
+    """Run `main` the way a stage script does (stage_runner.run_stage); return the exit code and stderr."""
     with pytest.raises(SystemExit) as exited:
         run_stage("probe", main)  # a name without output folders: nothing is checked or created
     return int(exited.value.code or 0), capsys.readouterr().err
@@ -204,7 +206,7 @@ def test_validation_marker_never_changes_and_is_not_rewritten(tmp_path: Path, mo
 
 def test_validate_stage_imports_no_torch_or_mlflow() -> None:
     code = (
-        "import sys, stages.validate, pipeline.validation; "
+        "import sys, stages.validate, pipeline.params.validation; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'mlflow', 'numpy'}))"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)

@@ -16,31 +16,21 @@ from typing import Any
 import pytest
 from mlflow import MlflowClient
 
-from pipeline.config import TrackingConfig
-from pipeline.errors import PipelineError
-from pipeline.hardware import machine_fingerprint
-from pipeline.machine_identity import (
-    ID_TAG,
+from pipeline.common.errors import PipelineError
+from pipeline.common.machine import (
     IDENTITY_KEYS,
     LABEL_VARIABLE,
-    NAME_TAG,
-    identity_tags,
+    machine_fingerprint,
     machine_id,
     machine_name,
-    machine_tags,
     short_cpu_name,
 )
-from pipeline.machines import (
-    LeftOut,
-    Machine,
-    MachinesReport,
-    ProfileRun,
-    StepTime,
-    build_machines_report,
-    read_store,
-)
-from pipeline.profile_record import Combination
-from pipeline.tracking import open_tracker
+from pipeline.machines.report import MachinesReport, build_machines_report
+from pipeline.machines.runs import LeftOut, Machine, ProfileRun, StepTime, read_store
+from pipeline.params.schema import TrackingConfig
+from pipeline.profiling.record import Combination
+from pipeline.tracking.tags import ID_TAG, NAME_TAG, identity_tags, machine_tags
+from pipeline.tracking.tracker import open_tracker
 from tests.helpers import REPO_ROOT, run_command, stage_environment
 from tests.profile_runs import copy_profiles, gpu_reference, log_profile_folder, profile_run_params
 
@@ -150,8 +140,8 @@ def test_loader_logs_the_params_the_profile_stage_logs() -> None:
     """tests/profile_runs.py stands in for the profile stage: the same param names, or the report test lies."""
     import torch
 
-    from pipeline.profile_record import ProfileSettings
-    from pipeline.profiling import ProfileSetup, run_parameters
+    from pipeline.profiling.record import ProfileSettings
+    from pipeline.profiling.run import ProfileSetup, run_parameters
 
     record = json.loads((gpu_reference() / "profiles" / "16-cuda-train" / "profile.json").read_text())
     setup = ProfileSetup(

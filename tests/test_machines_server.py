@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from mlflow import MlflowClient
 
-from pipeline.hardware import machine_fingerprint
-from pipeline.machine_identity import ID_TAG, NAME_TAG, identity_tags
-from pipeline.timing_statistics import Interval, ratio
+from pipeline.common.machine import machine_fingerprint
+from pipeline.profiling.statistics import Interval, ratio
+from pipeline.tracking.tags import ID_TAG, NAME_TAG, identity_tags
 from tests.helpers import (
     copy_without_outputs,
     read_params,

@@ -18,21 +18,16 @@ import torch
 from mlflow import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from pipeline.config import ProfileMode
-from pipeline.model import LabNet
-from pipeline.model_summary import summarize
-from pipeline.profile_record import Combination, OperatorRow, flop_rate, read_record
-from pipeline.profiling import (
-    ProfileResult,
-    make_step,
-    measurement_warnings,
-    operators_markdown,
-    profile_combination,
-)
-from pipeline.tables import NO_NUMBER, records_csv
-from pipeline.timing import StepTiming
-from pipeline.timing_statistics import Block, MeasurementConditions, estimate_step_time
-from pipeline.trace_analysis import StepAnatomy, TraceAnalysis
+from pipeline.common.tables import NO_NUMBER, records_csv
+from pipeline.model.network import LabNet
+from pipeline.model.summary import summarize
+from pipeline.params.schema import ProfileMode
+from pipeline.profiling.record import Combination, OperatorRow, flop_rate, read_record
+from pipeline.profiling.run import ProfileResult, make_step, profile_combination
+from pipeline.profiling.statistics import Block, MeasurementConditions, estimate_step_time
+from pipeline.profiling.texts import measurement_warnings, operators_markdown
+from pipeline.profiling.timing import StepTiming
+from pipeline.profiling.trace_analysis import StepAnatomy, TraceAnalysis
 from tests.helpers import (
     LAB_MODEL,
     REPO_ROOT,
@@ -357,7 +352,7 @@ def test_kineto_noise_is_kept_out_of_the_console_but_real_errors_are_not() -> No
     probe = (
         "import os, torch\n"
         "from torch.profiler import ProfilerActivity, profile\n"
-        "from pipeline.native_stderr import filtered_native_stderr\n"
+        "from pipeline.common.native_stderr import filtered_native_stderr\n"
         "with filtered_native_stderr():\n"
         "    with profile(activities=[ProfilerActivity.CPU]):\n"
         "        torch.ones(3).add(1)\n"

@@ -13,9 +13,10 @@ import pytest
 from mlflow import MlflowClient
 from PIL import Image
 
-from pipeline.config import params_from_mapping
-from pipeline.report import analysis, build_report, comparison_markdown, comparison_rows, read_inputs
-from pipeline.step_report import ADD_A_GPU, analysis_sentences, step_facts
+from pipeline.params.parsing import params_from_mapping
+from pipeline.report.comparison import analysis, comparison_markdown, comparison_rows
+from pipeline.report.lab_report import build_report, read_inputs
+from pipeline.report.step_analysis import ADD_A_GPU, analysis_sentences, step_facts
 from tests.helpers import REPO_ROOT, make_record, read_params, reproduced_copy, write_params, write_two_profiles
 
 
@@ -124,7 +125,7 @@ def test_report_is_built_from_profile_records_without_running_the_pipeline(
 
 def test_report_stage_imports_no_torch() -> None:
     """The report only reads records: importing torch would cost every report run ~4 s."""
-    probe = "import sys, stages.report, pipeline.tracking; assert 'torch' not in sys.modules, 'torch imported'"
+    probe = "import sys, stages.report, pipeline.tracking.tracker; assert 'torch' not in sys.modules, 'torch imported'"
     result = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
 

@@ -12,7 +12,8 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugin_util import markdown_to_safe_html
 
-from pipeline.report import GRAPH_FIGURE, figure_paths, markdown_for_mlflow, markdown_for_tensorboard
+from pipeline.report.lab_report import GRAPH_FIGURE
+from pipeline.report.rendering import figure_paths, markdown_for_mlflow, markdown_for_tensorboard
 from tests.helpers import run_report_stage
 
 RELATIVE_IMAGE = re.compile(r"!\[[^\]]*\]\(figures/")

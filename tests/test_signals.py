@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from mlflow import MlflowClient
 
-from pipeline.processes import host_name, process_identity
-from pipeline.tracking import HOST_TAG, PROCESS_TAG, STALE_TAG
+from pipeline.common.processes import host_name, process_identity
+from pipeline.tracking.tags import HOST_TAG, PROCESS_TAG, STALE_TAG
 from tests.helpers import (
     copy_project,
     read_params,

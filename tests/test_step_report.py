@@ -14,21 +14,21 @@ import pytest
 import torch
 from PIL import Image
 
-from pipeline.analysis_figures import cpu_vs_gpu_figure, roofline_figure
-from pipeline.peak import measure_peak
-from pipeline.profile_record import StepAnalysis, flop_rate
-from pipeline.step_report import (
+from pipeline.profiling.artifacts import step_metrics
+from pipeline.profiling.peak import measure_peak
+from pipeline.profiling.record import StepAnalysis, flop_rate
+from pipeline.profiling.statistics import Interval, ratio
+from pipeline.profiling.texts import kernel_table_markdown
+from pipeline.profiling.trace_analysis import KernelStats, StepAnatomy
+from pipeline.report.figures import cpu_vs_gpu_figure, roofline_figure
+from pipeline.report.step_analysis import (
     ADD_A_GPU,
     StepFacts,
     analysis_sentences,
     anatomy_markdown,
     cpu_vs_gpu_markdown,
     flop_rate_markdown,
-    kernel_table_markdown,
-    step_metrics,
 )
-from pipeline.timing_statistics import Interval, ratio
-from pipeline.trace_analysis import KernelStats, StepAnatomy
 from tests.helpers import REPO_ROOT
 from tests.test_trace_analysis import SHARED_REFERENCE as REFERENCE  # its timing.json files ship in ../shared
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from pipeline.timing import MIN_BLOCKS, device_clock, time_steps
+from pipeline.profiling.timing import MIN_BLOCKS, device_clock, time_steps
 from tests.conftest import REPO_ROOT
 
 CPU = torch.device("cpu")
@@ -128,7 +128,7 @@ def test_device_clock_waits_for_queued_gpu_work() -> None:
 def test_importing_the_timer_prints_nothing() -> None:
     """torch.utils.benchmark imports cpp_extension, which logs about CUDA_HOME on toolkit-without-GPU machines."""
     result = subprocess.run(
-        [sys.executable, "-c", "import pipeline.timing"],
+        [sys.executable, "-c", "import pipeline.profiling.timing"],
         check=False,
         cwd=REPO_ROOT,
         capture_output=True,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from scipy.stats import binom  # type: ignore[import-untyped]  # no stubs; an independent oracle
 
-from pipeline.timing_statistics import (
+from pipeline.profiling.statistics import (
     GOVERNOR_NOT_EXPOSED,
     NOISY_ADVICE,
     Block,

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import torch
 
-from pipeline.errors import PipelineError
-from pipeline.model import LabNet
-from pipeline.model_summary import summarize
-from pipeline.profile_record import Combination
-from pipeline.profiling import count_step_flops, make_step, profile_combination
-from pipeline.trace_analysis import OPERATOR_NAME, CountedCall, analyse_trace, read_trace, short_kernel_name
+from pipeline.common.errors import PipelineError
+from pipeline.model.network import LabNet
+from pipeline.model.summary import summarize
+from pipeline.profiling.record import Combination
+from pipeline.profiling.run import count_step_flops, make_step, profile_combination
+from pipeline.profiling.trace_analysis import OPERATOR_NAME, CountedCall, analyse_trace, read_trace, short_kernel_name
 from tests.helpers import LAB_MODEL, REPO_ROOT
 
 SHARED_REFERENCE = Path(

@@ -19,7 +19,7 @@ from typing import IO, Any
 import pytest
 from mlflow import MlflowClient
 
-from pipeline.data import MNIST_SHA256, dataset_digest
+from pipeline.data.mnist import MNIST_SHA256, dataset_digest
 from tests.helpers import REPO_ROOT, closed_port, running_mlflow_server
 
 pytestmark = pytest.mark.slow
@@ -85,9 +85,9 @@ def test_failing_server_is_reported_not_retried_for_minutes(project_copy: Path, 
 
 PROBE = """
 import sys
-from pipeline.cli import run_stage
-from pipeline.config import TrackingConfig
-from pipeline.tracking import open_tracker
+from pipeline.common.stage_runner import run_stage
+from pipeline.params.schema import TrackingConfig
+from pipeline.tracking.tracker import open_tracker
 
 def main() -> None:
     config = TrackingConfig(experiment="server-faults", tensorboard_dir="runs", registered_model="lab-model")

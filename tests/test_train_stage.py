@@ -15,9 +15,10 @@ import torch
 from mlflow import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from pipeline.checkpoint import load_checkpoint
-from pipeline.data import MNIST_SHA256, dataset_digest, load_split
-from pipeline.training import evaluate, to_device_data
+from pipeline.data.mnist import MNIST_SHA256, dataset_digest, load_split
+from pipeline.data.tensors import to_device_data
+from pipeline.model.checkpoint import load_checkpoint
+from pipeline.training.loop import evaluate
 from tests.helpers import read_params, reproduced_copy, started_training, write_params
 
 pytestmark = pytest.mark.slow

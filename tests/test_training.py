@@ -12,16 +12,18 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from pipeline.atomic import AtomicOutputs
-from pipeline.checkpoint import checkpoint_payload, load_checkpoint, save_checkpoint
-from pipeline.config import ModelConfig, TrackingConfig, TrainConfig, params_from_mapping, section_as_dict
-from pipeline.data import fetch_mnist, load_split, write_dataset
-from pipeline.errors import PipelineError
-from pipeline.model import Dropout, LabNet
-from pipeline.runtime import pin_runtime, select_device, select_precision
-from pipeline.tables import records_csv
-from pipeline.tracking import open_tracker
-from pipeline.training import StepRecord, evaluate, first_samples, to_device_data, train_model
+from pipeline.common.errors import PipelineError
+from pipeline.common.outputs import AtomicOutputs
+from pipeline.common.tables import records_csv
+from pipeline.data.mnist import fetch_mnist, load_split, write_dataset
+from pipeline.data.tensors import first_samples, to_device_data
+from pipeline.model.checkpoint import checkpoint_payload, load_checkpoint, save_checkpoint
+from pipeline.model.network import Dropout, LabNet
+from pipeline.params.parsing import params_from_mapping
+from pipeline.params.schema import ModelConfig, TrackingConfig, TrainConfig, section_as_dict
+from pipeline.tracking.tracker import open_tracker
+from pipeline.training.loop import StepRecord, evaluate, train_model
+from pipeline.training.runtime import pin_runtime, select_device, select_precision
 from tests.helpers import REPO_PARAMS
 
 CPU = torch.device("cpu")

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from pipeline.config import TrackingConfig
-from pipeline.tracking import open_tracker
+from pipeline.params.schema import TrackingConfig
+from pipeline.tracking.tracker import open_tracker
 from tests.helpers import running_mlflow_server
 
 pytestmark = pytest.mark.browser

@@ -2,7 +2,7 @@
 image or image markdown printed as text (`make test-browser`; needs Debian's `chromium`).
 
 MLflow 3.17 prints a scheme-less image as the text `[alt](src)` and renders a data: image as `<img src="">`:
-the logged report.md names each figure's artifact instead (see pipeline/report.py).
+the logged report.md names each figure's artifact instead (see pipeline/report/lab_report.py).
 """
 
 from __future__ import annotations

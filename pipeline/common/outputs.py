@@ -1,0 +1,200 @@
+"""All-or-nothing outputs: write every file of a stage to a temp folder, rename them all at the end.
+
+A stage that fails or is interrupted before `commit()` leaves none of its outputs behind, so DVC
+never sees a half-written checkpoint or a metrics file from a run that did not finish. `commit()`
+itself is all-or-nothing too: if one rename fails (a file made immutable, a read-only mount), the
+files already replaced are put back, so the outputs are either all new or all as before.
+
+A process killed with SIGKILL cannot clean up: `sweep_stale_partials` removes the temp folders of
+dead processes when a later stage starts (pipeline.common.stage_runner does it for each stage's output folders).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from pipeline.common.errors import PipelineError
+from pipeline.common.processes import pid_alive
+
+PARTIAL_PREFIX = ".partial-"
+# `.partial-<pid>` (AtomicOutputs) and `.<name>.partial-<pid>-<random>` / `.<name>.old-<pid>-<random>`
+# (whole folders replaced at once, pipeline.data.mnist): the pid says whose it is.
+_STALE_NAME = re.compile(r"^(?:\.partial-|\.[^/]+\.(?:partial|old)-)(?P<pid>\d+)(?:-[^/]*)?$")
+
+
+def partial_folder(final: Path, pid: int | None = None) -> Path:
+    return Path(final).parent / f"{PARTIAL_PREFIX}{os.getpid() if pid is None else pid}"
+
+
+class AtomicOutputs:
+    """Use as a context manager: `staged(path)` gives a temp path; a clean exit renames them all.
+
+    A staged file keeps its final name, inside a hidden `.partial-<pid>` folder beside its final
+    place (same file system, so the rename is atomic), so it can be logged as an artifact under its
+    real name before the outputs are committed.
+    """
+
+    def __init__(self) -> None:
+        self._staged: dict[Path, Path] = {}
+
+    def staged(self, final: Path) -> Path:
+        final = Path(final)
+        folder = partial_folder(final)
+        folder.mkdir(parents=True, exist_ok=True)
+        temporary = folder / final.name
+        self._staged[final] = temporary
+        return temporary
+
+    def write_text(self, final: Path, text: str) -> None:
+        try:
+            self.staged(final).write_text(text)
+        except OSError as error:  # disk full, quota, read-only: say which output, not just errno
+            raise PipelineError(f"{write_error_message(error, final)} Nothing was written.") from None
+
+    def write_json(self, final: Path, payload: Any) -> None:
+        self.write_text(final, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+    def commit(self) -> None:
+        """Rename every staged file into place; on any failure restore what was there before."""
+        try:
+            _replace_all(self._staged)
+        finally:
+            self._remove_folders()
+
+    def discard(self) -> None:
+        self._remove_folders()
+
+    def _remove_folders(self) -> None:
+        for folder in {temporary.parent for temporary in self._staged.values()}:
+            shutil.rmtree(folder, ignore_errors=True)
+        self._staged.clear()
+
+    def __enter__(self) -> AtomicOutputs:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if kind is None:
+            self.commit()
+        else:
+            self.discard()
+
+
+def _replace_all(staged: dict[Path, Path]) -> None:
+    """Two phases, each undone on failure: move the old finals aside, then the new files in.
+
+    Moving an old file aside is the step an immutable file or a read-only mount refuses, so most
+    failures happen before any output changed; a failure in the second phase moves the new files
+    out again and the old ones back.
+    """
+    retired: list[tuple[Path, Path]] = []  # (final, where its old version waits)
+    placed: list[Path] = []
+    current: Path | None = None
+    try:
+        for index, (final, temporary) in enumerate(staged.items()):
+            current = final
+            if final.exists() or final.is_symlink():
+                backup = temporary.parent / f".old-{index}-{final.name}"
+                os.replace(final, backup)
+                retired.append((final, backup))
+        for final, temporary in staged.items():
+            current = final
+            os.replace(temporary, final)
+            placed.append(final)
+    except OSError as error:
+        for final in placed:
+            final.unlink(missing_ok=True)
+        for final, backup in reversed(retired):
+            os.replace(backup, final)
+        raise PipelineError(
+            f"could not replace {current} ({error.strerror}); every output of this stage was left as it was "
+            f"before. Make {current} replaceable (`lsattr`/`chattr -i`, a read-only mount, permissions) and run again."
+        ) from None
+
+
+def sweep_stale_partials(folder: Path) -> list[Path]:
+    """Remove the temp folders that dead processes left in `folder` and its sub-folders; return them.
+
+    One level of sub-folders is searched too, for outputs like `profiles/<combination>/`.
+    """
+    if not folder.is_dir():
+        return []
+    removed = []
+    for candidate in [*folder.glob(".*"), *folder.glob("*/.*")]:
+        match = _STALE_NAME.match(candidate.name)
+        if match and candidate.is_dir() and not candidate.is_symlink() and not pid_alive(int(match["pid"])):
+            shutil.rmtree(candidate, ignore_errors=True)
+            removed.append(candidate)
+    return removed
+
+
+# Below this much free space a stage does not start: every output of one stage is smaller (the data
+# set, the largest, is ~55 MB), and a nearly full disk fails halfway otherwise.
+MIN_FREE_BYTES = 64 << 20
+
+
+def check_output_folder(folder: Path, min_free: int = MIN_FREE_BYTES) -> None:
+    """`folder` exists (created if needed), accepts a new file, and has `min_free` bytes free."""
+    fix = "Nothing was run."
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(prefix=".write-probe-", dir=folder)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        raise PipelineError(
+            f"cannot write into {folder}/ ({error.strerror}): {_access_fix(error, folder)} {fix}"
+        ) from None
+    free = shutil.disk_usage(folder).free
+    if free < min_free:
+        raise PipelineError(
+            f"{folder}/ has only {_size(free)} free on its file system; this stage needs at least {_size(min_free)} "
+            f"there for its outputs. Free space on the file system holding {folder}/ and run again. {fix}"
+        )
+
+
+def write_error_message(error: OSError, path: Path | str | None = None, folders: Sequence[Path] = ()) -> str:
+    """One paragraph for an OSError met while writing outputs: which path, what happened, the fix.
+
+    A failed write() names no file; then the `folders` the stage writes into are checked, and the
+    full ones named.
+    """
+    reason = error.strerror or str(error)
+    where = path if path is not None else error.filename
+    if where is not None:
+        return f"could not write {where} ({reason}): {_access_fix(error, Path(str(where)).parent)}"
+    full = [(folder, shutil.disk_usage(folder).free) for folder in folders if folder.is_dir()]
+    full = [(folder, free) for folder, free in full if free < MIN_FREE_BYTES]
+    if full:
+        listing = "; ".join(f"{folder}/ has only {_size(free)} free" for folder, free in full)
+        return f"could not write ({reason}): {listing}. Free space there and run again."
+    shown = ", ".join(f"{folder}/" for folder in folders) or "the output folders"
+    return f"could not write an output ({reason}): check free space and permissions of {shown} and run again."
+
+
+def _access_fix(error: OSError, folder: Path) -> str:
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"the file system holding {folder}/ is full (or over quota); free space there and run again."
+    if error.errno == errno.EROFS:
+        return f"{folder}/ is on a read-only file system; remount it writable or run the project elsewhere."
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return f"make {folder}/ writable for this user (permissions, `chattr -i`) and run again."
+    return "check the path and run again."
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if count < 1024 or unit == "PiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} PiB"

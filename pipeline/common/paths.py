@@ -1,0 +1,92 @@
+"""Where stages write their outputs, relative to the project root; dvc.yaml declares the same paths."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DATA_ROOT = Path("data")  # torchvision root: data/MNIST/raw/...
+MODEL_CHECKPOINT = Path("models/model.pt")
+TRAIN_METRICS = Path("metrics/train.json")  # deterministic: accuracy, loss
+TRAIN_SPEED = Path("metrics/train_speed.json")  # wall-clock: differs run to run
+TRAIN_STEPS_PLOT = Path("plots/train_steps.csv")
+TRAIN_EPOCHS_PLOT = Path("plots/train_epochs.csv")
+GRAPH_DIR = Path("graph")
+GRAPH_PT2 = GRAPH_DIR / "model.pt2"  # torch.export archive, dynamic batch
+GRAPH_PROGRAM = GRAPH_DIR / "model_pt2_graph.txt"  # the exported ATen graph as text
+GRAPH_ONNX = GRAPH_DIR / "model.onnx"
+GRAPH_DOT = GRAPH_DIR / "model_graph.dot"
+GRAPH_SVG = GRAPH_DIR / "model_graph.svg"  # committed to git: shown in README
+SUMMARY_MARKDOWN = GRAPH_DIR / "summary.md"
+SUMMARY_CSV = GRAPH_DIR / "summary.csv"
+SUMMARY_JSON = GRAPH_DIR / "summary.json"
+GRAPH_METRICS = Path("metrics/graph.json")
+HARDWARE_FINGERPRINT = Path("hardware/fingerprint.json")
+PROFILES_DIR = Path("profiles")
+
+
+@dataclass(frozen=True)
+class ProfileOutputs:
+    """Files of one profile combination, under profiles/<batch>-<device>-<mode>/ (as in dvc.yaml)."""
+
+    folder: Path
+
+    @property
+    def trace(self) -> Path:
+        return self.folder / "trace.json.gz"  # Chrome/Perfetto trace (both open it gzipped)
+
+    @property
+    def table_markdown(self) -> Path:
+        return self.folder / "top_operators.md"
+
+    @property
+    def table_csv(self) -> Path:
+        return self.folder / "top_operators.csv"
+
+    @property
+    def kernel_table_markdown(self) -> Path:
+        return self.folder / "top_kernels.md"  # GPU kernels (a one-line note on the CPU)
+
+    @property
+    def kernel_table_csv(self) -> Path:
+        return self.folder / "top_kernels.csv"  # with each kernel's full name
+
+    @property
+    def step_analysis(self) -> Path:
+        return self.folder / "step_analysis.json"  # numbers only: DVC metrics (busy %, achieved FLOP/s)
+
+    @property
+    def record(self) -> Path:
+        return self.folder / "profile.json"  # combination, hardware, settings, timing, top operators
+
+    @property
+    def timing(self) -> Path:
+        return self.folder / "timing.json"  # numbers only: DVC metrics
+
+
+def profile_outputs(combination_name: str) -> ProfileOutputs:
+    return ProfileOutputs(PROFILES_DIR / combination_name)
+
+
+REPORT_DIR = Path("report")
+REPORT_MARKDOWN = REPORT_DIR / "report.md"
+REPORT_HTML = REPORT_DIR / "report.html"  # self-contained: figures embedded
+REPORT_FIGURES = REPORT_DIR / "figures"
+PROFILE_COMPARISON_PLOT = Path("plots/profile_comparison.csv")  # for `dvc plots show`
+
+# Written by the `validate` stage, which every other stage depends on, so that DVC checks params.yaml
+# before it deletes (and reruns) any other stage's outputs. Its content never changes.
+PARAMS_CHECKED = Path("checks/params.ok")
+
+# The folders each stage writes its outputs into (dvc.yaml's outs; tests keep the two in step).
+# Before a stage starts, pipeline.common.stage_runner checks them (writable, room left) and removes temp folders
+# that killed runs left there.
+STAGE_OUTPUT_FOLDERS: dict[str, tuple[Path, ...]] = {
+    "validate": (PARAMS_CHECKED.parent,),
+    "download": (DATA_ROOT,),
+    "train": (MODEL_CHECKPOINT.parent, TRAIN_METRICS.parent, TRAIN_STEPS_PLOT.parent),
+    "export_graph": (GRAPH_DIR, GRAPH_METRICS.parent),
+    "hardware": (HARDWARE_FINGERPRINT.parent,),
+    "profile": (PROFILES_DIR,),
+    "report": (REPORT_DIR, PROFILE_COMPARISON_PLOT.parent),
+}

@@ -1,0 +1,69 @@
+"""Entry-point wrapper shared by every stage script: user errors, Ctrl-C and SIGTERM become exit codes."""
+
+from __future__ import annotations
+
+import errno
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+from pipeline.common.credentials import redact
+from pipeline.common.errors import PipelineError
+from pipeline.common.outputs import check_output_folder, sweep_stale_partials, write_error_message
+from pipeline.common.paths import STAGE_OUTPUT_FOLDERS
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT: 128 + 2
+EXIT_TERMINATED = 143  # 128 + SIGTERM (15), what `timeout`, schedulers and container stops send
+# Environment problems the user fixes (full disk, quota, read-only or forbidden folder), not bugs.
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the stage is; a KeyboardInterrupt so every Ctrl-C cleanup path runs too
+    (temp outputs discarded, the MLflow run ended KILLED)."""
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    # Later SIGTERMs are ignored: the cleanup this one starts must be allowed to finish.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated()
+
+
+def run_stage(name: str, main: Callable[[], None]) -> None:
+    """Run a stage's `main`, exiting non-zero with a readable message on user errors, Ctrl-C or SIGTERM.
+
+    Before `main`, the stage's output folders are checked (writable, room left) and temp folders
+    left by killed runs are removed. Every message passes through `redact`: no URL password is
+    printed. Programming errors keep their traceback on purpose: those are bugs to report, not
+    inputs to fix.
+    """
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        prepare_output_folders(name)
+        main()
+    except PipelineError as error:
+        print(redact(f"\nerror in stage '{name}': {error}"), file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
+    except OSError as error:
+        if error.errno not in _WRITE_ERRNOS:
+            raise
+        folders = (*STAGE_OUTPUT_FOLDERS.get(name, ()), Path("mlartifacts"), Path("runs"))
+        message = write_error_message(error, folders=folders)
+        print(redact(f"\nerror in stage '{name}': {message} No outputs were written."), file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
+    except Terminated:
+        print(f"\nstage '{name}' terminated (SIGTERM); no outputs were written.", file=sys.stderr)
+        sys.exit(EXIT_TERMINATED)
+    except KeyboardInterrupt:
+        print(f"\nstage '{name}' interrupted; no outputs were written.", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def prepare_output_folders(stage: str, root: Path = Path(".")) -> None:
+    """Remove dead runs' temp folders from the stage's output folders, then check each can take outputs."""
+    for folder in STAGE_OUTPUT_FOLDERS.get(stage, ()):
+        sweep_stale_partials(root / folder)
+        check_output_folder(root / folder)

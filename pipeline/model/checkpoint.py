@@ -1,0 +1,176 @@
+"""Self-describing checkpoints: weights plus everything needed to rebuild and trust them.
+
+Only tensors, dicts, lists, strings and numbers go in, so `torch.load(weights_only=True)` (no
+arbitrary unpickling) reads them, and a later stage rebuilds the model from the file alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import pickle
+import shutil
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.common.errors import PipelineError
+from pipeline.model.network import MNIST_INPUT_SHAPE, LabNet
+from pipeline.params.memory import check_model_fits_memory
+from pipeline.params.parsing import params_from_section
+from pipeline.params.schema import ModelConfig
+
+CHECKPOINT_FORMAT = 1
+
+
+def checkpoint_payload(
+    model: LabNet, train_params: dict[str, Any], data_digest: str, runtime: dict[str, Any], metrics: dict[str, float]
+) -> dict[str, Any]:
+    # Weights always saved from CPU and in the default layout, so the bytes do not depend on
+    # the training device or memory format.
+    state = {name: tensor.detach().to("cpu").contiguous() for name, tensor in model.state_dict().items()}
+    _refuse_diverged(state, metrics)
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "state_dict": state,
+        "model": model.describe(),
+        "train_params": train_params,
+        "data_digest": data_digest,
+        "runtime": runtime,
+        "metrics": metrics,
+        "torch_version": str(torch.__version__),  # TorchVersion would need an unpickling allow-list
+    }
+
+
+def _refuse_diverged(
+    state: Mapping[str, torch.Tensor], metrics: Mapping[str, float], consequence: str = "so no checkpoint was written"
+) -> None:
+    """A NaN/inf model is no result: say so instead of saving it (or passing it downstream)."""
+    bad_metrics = sorted(key for key, value in metrics.items() if not math.isfinite(value))
+    bad_weights = sorted(
+        name for name, tensor in state.items() if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
+    )
+    if bad_metrics or bad_weights:
+        raise PipelineError(
+            f"training diverged: {', '.join(bad_metrics + bad_weights)} hold NaN or infinity, {consequence}. "
+            "Lower `train.lr` (or use `train.precision: fp32`) in params.yaml and retrain (`dvc repro train`)."
+        )
+
+
+def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
+    try:
+        torch.save(payload, path)
+    except (OSError, RuntimeError) as error:  # torch reports a failed write (disk full) as RuntimeError
+        free = shutil.disk_usage(path.parent).free
+        reason = " ".join(str(error).split())[:200]
+        folder = path.parent.parent if path.parent.name.startswith(".partial-") else path.parent  # the output's
+        raise PipelineError(
+            f"could not write the checkpoint {path} ({reason}); {free / 2**20:.1f} MiB are free on its file system. "
+            f"Free space (or fix permissions) in {folder}/ and run again. Nothing was written."
+        ) from None
+
+
+def checkpoint_digest(path: Path) -> str:
+    """SHA-256 of the checkpoint file: the model's identity across machines (tag `model.digest`).
+
+    The bytes are reproducible for the same params, data and CPU, and identical wherever the file
+    came from through `dvc pull`, so equal digests mean the very same weights were profiled.
+    """
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    model: LabNet  # in eval mode, on the CPU
+    data_digest: str
+    train_params: dict[str, Any]
+    metrics: dict[str, float]
+
+
+_FIX = "Restore it with `dvc checkout models/model.pt`, or retrain with `dvc repro -f train`."
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Read a checkpoint written by the train stage; clear error when missing, damaged or not ours.
+
+    `weights_only=True` refuses anything but tensors and plain containers (no code runs while
+    loading); then the structure and the model config are checked before the network is built, and
+    the weights must match its shapes.
+    """
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise PipelineError(f"{path} is missing: run the train stage first (`dvc repro train`).") from None
+    except pickle.UnpicklingError as error:  # damaged bytes, or what weights_only refuses to load
+        # torch's own text suggests `weights_only=False`, advice never to follow for an untrusted
+        # file: only the unpickler's reason is shown.
+        reason = str(error.__context__ or error).split(". Please")[0].strip().splitlines()[0][:200]
+        what = (
+            "holds objects that would run code when loaded; it was refused"
+            if "Unsupported global" in reason
+            else "is not a readable checkpoint"
+        )
+        raise PipelineError(f"{path} {what} ({reason}). {_FIX}") from None
+    except (RuntimeError, zipfile.BadZipFile, EOFError, OSError, ValueError, TypeError) as error:
+        reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+        raise PipelineError(f"{path} is not a readable checkpoint ({reason}). {_FIX}") from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise PipelineError(
+            f"{path} is not a checkpoint of format {CHECKPOINT_FORMAT} written by this pipeline's train stage. {_FIX}"
+        )
+    problem = _structure_problem(payload)
+    if problem:
+        raise PipelineError(f"{path} is damaged or not written by this pipeline: {problem}. {_FIX}")
+    description = payload["model"]
+    model_config = params_from_section(
+        ModelConfig, description["model_config"], f"{path}", _FIX, prefix="model_config."
+    )
+    check_model_fits_memory(model_config, f"{path} (model_config)", _FIX)
+    with torch.device("meta"):  # shapes only: no memory until the weights are assigned
+        model = LabNet(model_config, input_shape=MNIST_INPUT_SHAPE)
+    try:
+        model.load_state_dict(payload["state_dict"], assign=True)
+    except RuntimeError as error:
+        detail = " ".join(str(error).split())[:400]
+        raise PipelineError(f"{path} holds weights that do not fit its own model config ({detail}). {_FIX}") from None
+    _refuse_diverged(payload["state_dict"], payload["metrics"], f"so {path} is not used")
+    model.eval()
+    return Checkpoint(
+        model=model,
+        data_digest=payload["data_digest"],
+        train_params=payload["train_params"],
+        metrics=payload["metrics"],
+    )
+
+
+def _structure_problem(payload: dict[str, Any]) -> str | None:
+    expected: dict[str, type] = {
+        "state_dict": dict,
+        "model": dict,
+        "data_digest": str,
+        "train_params": dict,
+        "metrics": dict,
+    }
+    for key, kind in expected.items():
+        if not isinstance(payload.get(key), kind):
+            return f"`{key}` is missing or not a {kind.__name__}"
+    if not all(
+        isinstance(name, str) and isinstance(tensor, torch.Tensor) for name, tensor in payload["state_dict"].items()
+    ):
+        return "`state_dict` holds something other than named tensors"
+    if any(tensor.dtype != torch.float32 for tensor in payload["state_dict"].values()):
+        return "`state_dict` holds tensors that are not float32"
+    description = payload["model"]
+    if not isinstance(description.get("model_config"), dict):
+        return "`model.model_config` is missing"
+    if description.get("input_shape") != list(MNIST_INPUT_SHAPE):
+        return (
+            f"`model.input_shape` is {str(description.get('input_shape'))[:60]}, not MNIST's {list(MNIST_INPUT_SHAPE)}"
+        )
+    if not all(isinstance(value, (int, float)) for value in payload["metrics"].values()):
+        return "`metrics` holds something other than numbers"
+    return None

@@ -1,0 +1,90 @@
+"""The lab network, and nothing else.
+
+conv 1→32 3×3 → ReLU → conv 32→64 3×3 → ReLU → max-pool 2 → dropout → flatten → fc →128 → ReLU →
+dropout → fc →10 → log-softmax (pytorch/examples mnist). Layer widths and dropout come from
+`train.model` in params.yaml; the flatten size is derived from the input shape, not hard-coded.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import asdict
+
+import torch
+from torch import nn
+
+from pipeline.params.schema import ModelConfig
+
+MNIST_INPUT_SHAPE = (1, 28, 28)  # channels, height, width of one sample
+MNIST_CLASSES = 10
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout with the keep-mask drawn as `uniform >= p` and applied with `where`.
+
+    Same distribution and the same expectation-preserving scaling as nn.Dropout. On CPU,
+    `bernoulli_` (what nn.Dropout uses) draws ~2.4x slower than `uniform_` — 4.5 vs 1.9 ms for the
+    64×64×12×12 activation at batch 64 on 2 threads — and was the costliest op of a training
+    step; `where` also beats multiplying by the mask. Together: +10 % training images/s.
+    """
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return inputs
+        keep = torch.empty_like(inputs).uniform_() >= self.p
+        return torch.where(keep, inputs * (1.0 / (1.0 - self.p)), 0.0)
+
+
+class LabNet(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        input_shape: Sequence[int] = MNIST_INPUT_SHAPE,
+        classes: int = MNIST_CLASSES,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.input_shape = tuple(input_shape)
+        channels = self.input_shape[0]
+        # Named modules (not a bare Sequential) so graphs and summaries read "conv1", "fc1", ...
+        self.features = nn.Sequential(
+            OrderedDict(
+                conv1=nn.Conv2d(channels, config.conv1_channels, kernel_size=3, stride=1),
+                relu1=nn.ReLU(),
+                conv2=nn.Conv2d(config.conv1_channels, config.conv2_channels, kernel_size=3, stride=1),
+                relu2=nn.ReLU(),
+                pool=nn.MaxPool2d(kernel_size=2),
+                dropout1=Dropout(
+                    config.conv_dropout
+                ),  # element-wise, as upstream: Dropout2d on 2-D input is deprecated
+            )
+        )
+        self.classifier = nn.Sequential(
+            OrderedDict(
+                flatten=nn.Flatten(),
+                fc1=nn.Linear(self._flattened_features(), config.hidden_units),
+                relu3=nn.ReLU(),
+                dropout2=Dropout(config.hidden_dropout),
+                fc2=nn.Linear(config.hidden_units, classes),
+                log_softmax=nn.LogSoftmax(dim=1),
+            )
+        )
+
+    def _flattened_features(self) -> int:
+        # 64 × 12 × 12 = 9216 for the lab's widths on 28×28 input; computed on the meta device (no memory).
+        with torch.device("meta"):
+            return int(self.features(torch.empty(1, *self.input_shape)).numel())
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """(N, 1, 28, 28) normalized images → (N, 10) log-probabilities."""
+        log_probabilities: torch.Tensor = self.classifier(self.features(images))
+        return log_probabilities
+
+    def describe(self) -> dict[str, object]:
+        """What a checkpoint stores to rebuild this network without params.yaml."""
+        return {"model_config": asdict(self.config), "input_shape": list(self.input_shape)}
+
+    @classmethod
+    def from_description(cls, description: dict[str, object]) -> LabNet:
+        return cls(ModelConfig(**description["model_config"]), input_shape=description["input_shape"])  # type: ignore[arg-type]

@@ -1,0 +1,78 @@
+"""What one profile stage writes (tables, record, metrics for DVC) and logs (MLflow, TensorBoard)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.common.outputs import AtomicOutputs
+from pipeline.common.paths import ProfileOutputs
+from pipeline.common.tables import records_csv
+from pipeline.profiling.record import METRIC_PREFIX, OperatorRow, ProfileRecord, StepAnalysis, write_record
+from pipeline.profiling.texts import kernels_markdown, operators_markdown
+from pipeline.profiling.trace_analysis import KernelStats
+from pipeline.tracking.tracker import Tracker
+
+
+@dataclass(frozen=True)
+class ProfileTexts:
+    operators: str  # markdown table of the top operators, with the timing summary
+    kernels: str  # markdown table of the top kernels (a note on the CPU)
+
+    def console(self, record: ProfileRecord) -> str:
+        anatomy = record.analysis.anatomy
+        return f"{self.operators}\n{self.kernels}\n{anatomy.verdict}: {anatomy.reason}"
+
+
+def profile_metrics(record: ProfileRecord) -> dict[str, float]:
+    """timing.json + step_analysis.json together: the MLflow/TensorBoard metrics of every combination."""
+    return {**record.metrics(), **step_metrics(record.analysis)}
+
+
+def write_profile_outputs(outputs: AtomicOutputs, paths: ProfileOutputs, record: ProfileRecord) -> ProfileTexts:
+    texts = ProfileTexts(operators_markdown(record), kernels_markdown(record))
+    outputs.write_text(paths.table_markdown, texts.operators)
+    outputs.write_text(paths.table_csv, records_csv(OperatorRow, record.top_operators))
+    outputs.write_text(paths.kernel_table_markdown, texts.kernels)
+    outputs.write_text(paths.kernel_table_csv, records_csv(KernelStats, record.analysis.top_kernels))
+    outputs.write_text(paths.record, write_record(record))
+    outputs.write_json(paths.timing, record.metrics())
+    outputs.write_json(paths.step_analysis, step_metrics(record.analysis))
+    return texts
+
+
+def log_profile(
+    tracker: Tracker, outputs: AtomicOutputs, paths: ProfileOutputs, record: ProfileRecord, texts: ProfileTexts
+) -> None:
+    tracker.log_metrics(profile_metrics(record), prefix=METRIC_PREFIX)
+    tracker.log_curve(f"{METRIC_PREFIX}block_step_time_ms", record.block_times_ms)
+    combination, timing = record.combination, record.timing
+    # TensorBoard's HParams view: the combinations as a table (batch size x device x mode) beside their times.
+    tracker.log_hparams(
+        {"batch_size": combination.batch_size, "device": combination.device, "mode": combination.mode},
+        {
+            "hparam/step_time_ms_median": timing.step_time_ms_median,
+            "hparam/per_sample_ms": timing.per_sample_ms,
+            "hparam/throughput_samples_per_s": timing.throughput_samples_per_s,
+        },
+    )
+    tracker.log_text("profile/top_operators", texts.operators, "top_operators.md")
+    tracker.log_text("profile/top_kernels", texts.kernels, "top_kernels.md")
+    for path in (paths.table_csv, paths.kernel_table_csv, paths.record, paths.trace):
+        tracker.log_artifact(outputs.staged(path))
+
+
+def step_metrics(analysis: StepAnalysis) -> dict[str, float]:
+    """The step analysis as metrics, under the same names for every device and mode (MLflow's Compare
+    lines them up): `busy_pct` is GPU busy time on a GPU and time inside ATen operators on the CPU."""
+    anatomy, rate = analysis.anatomy, analysis.flop_rate
+    return {
+        "traced_step_ms": anatomy.step_ms,
+        "busy_pct": anatomy.busy_pct,
+        "idle_pct": anatomy.idle_pct,
+        "host_bound": 1.0 if anatomy.verdict == "host-bound" else 0.0,
+        "device_activities_per_step": anatomy.launches_per_step,
+        "launch_call_ms": anatomy.launch_call_ms,
+        "achieved_gflops_per_s": rate.achieved_gflops_per_s,
+        "peak_gflops_per_s": rate.peak_gflops_per_s,
+        "peak_pct": rate.peak_pct,
+    }

@@ -1,0 +1,311 @@
+"""The profile → report contract: what one `profile@<batch>-<device>-<mode>` stage records.
+
+Torch-free on purpose: the report stage (and any tool reading `profiles/*/profile.json`) imports it
+without paying for torch. The profile stage writes a `ProfileRecord`; the report reads it back with
+`read_record`, so a renamed or missing field fails a fast test and a clear error, never a KeyError
+deep in the report. Field names of `Timing` are also the metric names in timing.json, MLflow and
+TensorBoard (the same for every combination, so MLflow's Compare lines them up).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pipeline.common.errors import PipelineError
+from pipeline.params.schema import Device, ProfileConfig, ProfileMode
+from pipeline.profiling.statistics import Interval, MeasurementConditions
+from pipeline.profiling.trace_analysis import KernelStats, RangeStats, StepAnatomy
+
+# Profiling runs the trained weights in fp32 whatever precision training used: the lab compares
+# operators and batch sizes, and a mixed-precision step would be a different program.
+PROFILE_PRECISION = "fp32"
+# Section of the profile runs' metrics in MLflow and TensorBoard (`profile/step_time_ms_median`, ...).
+METRIC_PREFIX = "profile/"
+# 2: median step time with its confidence interval, measurement conditions, and the step analysis
+# (anatomy, kernels, achieved FLOP/s).
+# 3: operator rows say "no number" as null: MFLOPs counted by torch.utils.flop_counter on the operator that
+# runs them (forward and backward), null where none ran; GPU times null on CPU-only runs.
+RECORD_FORMAT = 3
+# Older formats the report still reads (committed records of earlier runs), converted by `_upgrade`.
+READABLE_FORMATS = (2, RECORD_FORMAT)
+
+
+@dataclass(frozen=True)
+class Combination:
+    batch_size: int
+    device: Device
+    mode: ProfileMode
+
+    @property
+    def name(self) -> str:
+        """Same order as DVC's matrix stage name `profile@<batch>-<device>-<mode>`."""
+        return f"{self.batch_size}-{self.device}-{self.mode}"
+
+
+def combinations(config: ProfileConfig) -> list[Combination]:
+    """Exactly the combinations params.yaml asks for: stale folders of removed values never count."""
+    return [Combination(b, d, m) for b in config.batch_sizes for d in config.devices for m in config.modes]
+
+
+@dataclass(frozen=True)
+class OperatorRow:
+    operator: str
+    calls_per_step: float
+    self_cpu_ms: float  # per step
+    total_cpu_ms: float  # per step, children included
+    self_device_ms: float | None  # per step; None on CPU-only runs (no GPU was traced)
+    total_device_ms: float | None
+    share_pct: float  # of the step's operator time (self CPU time on CPU, self device time on GPU)
+    # Per step: the FLOPs of the convolutions and matrix products this operator runs itself (forward and
+    # backward, torch.utils.flop_counter). None where it runs none: no FLOP formula (element-wise ops), or a
+    # wrapper (`aten::conv2d`, `aten::linear`) whose work is counted once, on the operator it calls.
+    # Format-2 records held torch.profiler's own counts (convolutions on `aten::conv2d`, forward only).
+    mflops: float | None
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Step-time estimate of the timed pass (no profiler attached; profiling.timing); field names are metric names.
+
+    The step time is the median of per-step block means with its 95 % confidence interval
+    (pipeline.profiling.statistics): `noisy` when the interval missed `profile.ci_target_pct`.
+    """
+
+    step_time_ms_median: float
+    step_time_ms_iqr: float  # spread of the blocks' per-step times (not the uncertainty of the median)
+    step_time_ms_ci_low: float  # 95 % confidence interval of the median
+    step_time_ms_ci_high: float
+    step_time_ci_pct: float  # the interval lies within median ± this %
+    steps_measured: int
+    blocks_measured: int
+    steps_per_block: int
+    per_sample_ms: float  # median ÷ batch size
+    throughput_samples_per_s: float  # batch size ÷ median
+    noisy: bool
+    timing_s: float  # wall time the timing took (it stops at the CI target or the time budget)
+    peak_memory_mb: float  # most memory torch had allocated on the device during the traced steps
+    top_operator_share_pct: float
+
+    def as_metrics(self) -> dict[str, float]:
+        return {name: float(value) for name, value in dataclasses.asdict(self).items()}
+
+    def step_interval(self) -> Interval:
+        return Interval(self.step_time_ms_median, self.step_time_ms_ci_low, self.step_time_ms_ci_high)
+
+    def per_sample_interval(self, batch_size: int) -> Interval:
+        return self.step_interval().scaled(1.0 / batch_size)
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    threads: int
+    precision: str
+    memory_format: str
+    warmup_steps: int
+    active_steps: int  # traced by torch.profiler
+    optimizer_lr: float  # Adadelta's lr in train mode: the one the checkpoint was trained with
+    ci_target_pct: float
+    time_budget_s: float
+
+
+@dataclass(frozen=True)
+class FlopRate:
+    """Arithmetic the step does ÷ the time it takes, against what the device can do."""
+
+    flops_per_step: float  # model FLOPs per sample (forward; forward + backward in training) x batch
+    step_ms: float  # the median timed step
+    achieved_gflops_per_s: float
+    peak_gflops_per_s: float  # measured on the same device by pipeline.profiling.peak; 0 if unknown
+    peak_pct: float  # achieved / peak; 0 if the peak is unknown
+
+
+def flop_rate(flops_per_sample: float, batch_size: int, step_ms: float, peak_gflops_per_s: float) -> FlopRate:
+    flops = flops_per_sample * batch_size
+    achieved = flops / (step_ms / 1000) / 1e9 if step_ms > 0 else 0.0
+    return FlopRate(
+        flops_per_step=flops,
+        step_ms=step_ms,
+        achieved_gflops_per_s=achieved,
+        peak_gflops_per_s=peak_gflops_per_s,
+        peak_pct=100.0 * achieved / peak_gflops_per_s if peak_gflops_per_s > 0 else 0.0,
+    )
+
+
+@dataclass(frozen=True)
+class StepAnalysis:
+    """Why the step costs what it costs, from its trace (pipeline.profiling.trace_analysis) and the measured peak."""
+
+    anatomy: StepAnatomy
+    flop_rate: FlopRate
+    peak_method: str  # how the peak was measured, for the report
+    ranges: tuple[RangeStats, ...]  # profiler ranges, listed apart from the operators
+    top_kernels: tuple[KernelStats, ...]  # empty on the CPU
+    unattributed_device_ms: float  # device time per step launched outside any operator
+
+
+@dataclass(frozen=True)
+class ProfileRecord:
+    combination: Combination
+    hardware: dict[str, str]
+    settings: ProfileSettings
+    timing: Timing
+    conditions: MeasurementConditions  # load, cores, threads, governor around the timing
+    block_times_ms: tuple[float, ...]  # per-step time of each timed block, in order (5 significant digits)
+    top_operators: tuple[OperatorRow, ...]  # ATen operators only: no profiler ranges, no raw kernels
+    data_digest: str
+    analysis: StepAnalysis
+    format: int = RECORD_FORMAT
+    # cuda only: the same step replayed from a CUDA graph, timed on the same clock (empty elsewhere).
+    graph_step_times_ms: tuple[float, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def metrics(self) -> dict[str, float]:
+        """timing.json, MLflow and TensorBoard: the same names for every combination (graph replay: cuda only)."""
+        return {**self.timing.as_metrics(), **self.conditions.metrics(), **self.graph_metrics()}
+
+    def graph_metrics(self) -> dict[str, float]:
+        """Where a graph replay was timed: its median step and the host overhead of an eager step.
+
+        Host overhead = eager median - graph median: what launching the step's kernels one by one from Python
+        costs beyond the GPU's own work, which a replay leaves out. Empty on other devices.
+        """
+        if not self.graph_step_times_ms:
+            return {}
+        graph = statistics.median(self.graph_step_times_ms)
+        eager = self.timing.step_time_ms_median
+        overhead = eager - graph
+        return {
+            "graph_step_time_ms_median": graph,
+            "host_overhead_ms": overhead,
+            "host_overhead_pct": 100.0 * overhead / eager if eager else 0.0,
+        }
+
+
+def write_record(record: ProfileRecord) -> str:
+    """The record as the JSON text of `profile.json`."""
+    return json.dumps(record.as_dict(), indent=2, sort_keys=True) + "\n"
+
+
+def read_record(path: Path, combination: Combination) -> ProfileRecord:
+    """Read `profile.json`; a missing, foreign or outdated file is a user error naming the fix."""
+    fix = f"rerun `dvc repro -f profile@{combination.name}`."
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise PipelineError(f"{path} is not valid JSON ({error}); {fix}") from None
+    if not isinstance(raw, dict) or raw.get("format") not in READABLE_FORMATS:
+        raise PipelineError(f"{path} is not a profile record of format {RECORD_FORMAT} from this pipeline; {fix}")
+    try:
+        record = _from_dict(ProfileRecord, _upgrade(raw))
+    except (KeyError, TypeError, ValueError) as error:
+        raise PipelineError(f"{path} does not match this pipeline's profile record ({error}); {fix}") from None
+    if record.combination != combination:
+        raise PipelineError(f"{path} holds combination {record.combination.name}, not {combination.name}; {fix}")
+    return record
+
+
+def _upgrade(raw: dict[str, Any]) -> dict[str, Any]:
+    """A format-2 record in this format's terms; its `format` stays 2, so readers can tell how its FLOPs were got.
+
+    Format 2 wrote 0 for "no number": MFLOPs of operators without a profiler formula, GPU times on the CPU.
+    """
+    if raw.get("format") != 2:
+        return raw
+    on_cpu = isinstance(raw.get("combination"), dict) and raw["combination"].get("device") == "cpu"
+    rows = raw.get("top_operators")
+    if not isinstance(rows, list):
+        return raw  # _from_dict names the problem
+    upgraded = []
+    for row in rows:
+        if isinstance(row, dict):
+            row = dict(row)
+            if row.get("mflops") == 0:
+                row["mflops"] = None
+            for field in ("self_device_ms", "total_device_ms"):
+                if on_cpu and row.get(field) == 0:
+                    row[field] = None
+        upgraded.append(row)
+    return {**raw, "top_operators": upgraded}
+
+
+RecordType = TypeVar("RecordType")
+
+
+def _from_dict(cls: type[RecordType], raw: Any) -> RecordType:
+    """Rebuild a (nested) record dataclass from its `asdict` form, checking every field's type."""
+    if not isinstance(raw, Mapping):
+        raise TypeError(f"{cls.__name__} must be an object, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {field.name: field for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = set(raw) - set(fields)
+    if unknown:
+        raise KeyError(f"unknown field(s) {sorted(unknown)} in {cls.__name__}")
+    values = {}
+    for name, field in fields.items():
+        if name not in raw:
+            if field.default is not dataclasses.MISSING:
+                continue
+            raise KeyError(f"{cls.__name__}.{name} is missing")
+        values[name] = _convert(hints[name], raw[name], f"{cls.__name__}.{name}")
+    return cls(**values)
+
+
+def _convert(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return _from_dict(hint, value)  # type: ignore[arg-type]
+    if origin is tuple:
+        item = typing.get_args(hint)[0]
+        if not isinstance(value, list):
+            raise TypeError(f"{where} must be a list")
+        return tuple(_convert(item, entry, f"{where}[]") for entry in value)
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise TypeError(f"{where} must be an object of strings")
+        return dict(value)
+    if origin is typing.Literal:
+        if value not in typing.get_args(hint):
+            raise ValueError(f"{where} is {value!r}, not one of {typing.get_args(hint)}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if len(options) != 2 or type(None) not in options:
+            raise TypeError(f"{where}: only `X | None` unions are supported in records")
+        if value is None:
+            return None
+        return _convert(next(option for option in options if option is not type(None)), value, where)
+    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, str, bool) and type(value) is hint:
+        return value
+    raise TypeError(f"{where} must be {getattr(hint, '__name__', hint)}, got {type(value).__name__}")
+
+
+def parse_combination(arguments: list[str]) -> Combination:
+    """The profile stage's command-line item (`BATCH DEVICE MODE`, a direct run) as a Combination.
+
+    A plain check instead of argparse: a bad value gets the same one-paragraph error naming the
+    params.yaml key as every other param mistake, not argparse's usage text.
+    """
+    usage = "usage: python -m stages.profile BATCH_SIZE DEVICE MODE (DVC runs it without them: see profiling/matrix.py)"
+    if len(arguments) != 3:
+        raise PipelineError(f"expected 3 arguments, got {len(arguments)}; {usage}.")
+    batch, device, mode = arguments
+    if not batch.isdigit() or int(batch) < 1:
+        raise PipelineError(f"`profile.batch_sizes` entry {batch!r} is not a whole number >= 1; fix it in params.yaml.")
+    devices, modes = typing.get_args(Device), typing.get_args(ProfileMode)
+    if device not in devices:
+        raise PipelineError(f"`profile.devices` entry {device!r} is not one of {list(devices)}; fix it in params.yaml.")
+    if mode not in modes:
+        raise PipelineError(f"`profile.modes` entry {mode!r} is not one of {list(modes)}; fix it in params.yaml.")
+    return Combination(int(batch), typing.cast(Device, device), typing.cast(ProfileMode, mode))

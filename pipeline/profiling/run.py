@@ -1,0 +1,345 @@
+"""Profile one batch size × device × mode: honest step timing, then torch.profiler's operator table.
+
+Two phases after an untimed warm-up (oneDNN/cuDNN create kernels per input shape, so a cold first
+step can cost 20x a warm one): first the step is timed with no profiler attached (profiler hooks would
+inflate the times) until the median step time is known to `ci_target_pct` or `time_budget_s` runs out
+(pipeline.profiling.timing), then `active_steps` steps are traced by torch.profiler for the Chrome/Perfetto trace.
+The operator table, kernel table and step anatomy are read from that trace (pipeline.profiling.trace_analysis:
+each microsecond counted once, profiler ranges kept apart). One more step runs under
+torch.utils.flop_counter, whose FLOPs per call (convolutions and matrix products, forward and backward)
+the analysis credits to the traced operators that run them. Last, a short matmul benchmark measures the
+device's attainable FLOP/s (pipeline.profiling.peak), the ceiling the step's achieved FLOP/s is compared with.
+
+Why not the profiler's own `with_flops`: in torch 2.15 it credits a convolution's forward FLOPs to the
+`aten::conv2d` wrapper (0 on `aten::mkldnn_convolution` / `aten::cudnn_convolution`, which do the work),
+has no formula for `aten::convolution_backward`, and counts the optimizer's element-wise `aten::add` /
+`aten::mul`, which the model summary's FLOPs leave out: its per-row numbers neither show where the work is
+nor add up to the model's FLOPs per step.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gzip
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile, schedule
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+from pipeline.common.errors import PipelineError
+from pipeline.common.native_stderr import filtered_native_stderr
+from pipeline.data.mnist import load_split
+from pipeline.data.tensors import MEMORY_FORMAT, normalize_images
+from pipeline.model.checkpoint import checkpoint_digest, load_checkpoint
+from pipeline.model.network import LabNet
+from pipeline.model.summary import summarize
+from pipeline.params.schema import ProfileConfig, ProfileMode
+from pipeline.profiling.peak import measure_peak
+from pipeline.profiling.record import (
+    PROFILE_PRECISION,
+    Combination,
+    OperatorRow,
+    ProfileRecord,
+    ProfileSettings,
+    StepAnalysis,
+    Timing,
+    flop_rate,
+)
+from pipeline.profiling.timing import StepTiming, time_steps
+from pipeline.profiling.trace_analysis import CountedCall, OperatorStats, TraceAnalysis, analyse_trace, read_trace
+from pipeline.training.cuda_graph import make_graphable_step, time_graph_replays
+from pipeline.training.runtime import hardware_description, select_device
+from pipeline.training.steps import inference_step
+
+_MEGABYTE = 1 << 20
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    combination: Combination
+    step_timing: StepTiming
+    operators: tuple[OperatorRow, ...]  # every ATen operator, most expensive first
+    peak_memory_mb: float  # most memory torch had allocated on the device during the measured steps
+    analysis: TraceAnalysis  # what the trace says: operators, ranges, kernels, step anatomy
+
+    def timing(self) -> Timing:
+        estimate = self.step_timing.estimate
+        top = self.operators[0] if self.operators else None
+        return Timing(
+            step_time_ms_median=estimate.median_ms,
+            step_time_ms_iqr=estimate.iqr_ms,
+            step_time_ms_ci_low=estimate.ci_low_ms,
+            step_time_ms_ci_high=estimate.ci_high_ms,
+            step_time_ci_pct=estimate.ci_half_width_pct,
+            steps_measured=estimate.steps,
+            blocks_measured=estimate.blocks,
+            steps_per_block=self.step_timing.steps_per_block,
+            per_sample_ms=estimate.per_sample.value,
+            throughput_samples_per_s=estimate.throughput_samples_per_s,
+            noisy=estimate.noisy,
+            timing_s=self.step_timing.seconds,
+            peak_memory_mb=self.peak_memory_mb,
+            top_operator_share_pct=top.share_pct if top else 0.0,
+        )
+
+    def block_times_ms(self) -> tuple[float, ...]:
+        """Per-step time of each block, to 5 significant digits (a record of ~1000 blocks stays ~10 kB)."""
+        return tuple(float(f"{block.step_ms:.5g}") for block in self.step_timing.blocks)
+
+
+def make_step(
+    model: LabNet, mode: ProfileMode, images: torch.Tensor, labels: torch.Tensor, lr: float
+) -> Callable[[], None]:
+    """One inference forward (eval, no autograd) or one training step (forward, backward, Adadelta at `lr`)."""
+    if mode == "inference":
+        return inference_step(model, images)
+    model.train()
+    optimizer = torch.optim.Adadelta(model.parameters(), lr=lr)  # the lab's optimizer: its update is profiled too
+
+    def training_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        F.nll_loss(model(images), labels).backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+
+    return training_step
+
+
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    """Wait for queued device work: without it GPU steps would time only the kernel launches."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    if device.type == "mps":
+        return torch.mps.synchronize
+    return lambda: None
+
+
+def profile_combination(
+    combination: Combination,
+    step: Callable[[], None],
+    device: torch.device,
+    warmup_steps: int,
+    active_steps: int,
+    trace_path: Path,
+    *,
+    ci_target_pct: float,
+    time_budget_s: float,
+) -> ProfileResult:
+    sync = synchronizer(device)
+    for _ in range(warmup_steps):
+        step()
+    sync()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    step_timing = time_steps(step, device, combination.batch_size, ci_target_pct, time_budget_s)
+
+    on_gpu = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    # wait 1 + warmup 1: the profiler's own start-up stays out of the traced steps. One cycle (repeat=1),
+    # so keeping its events (acc_events) changes nothing; saying so also silences torch 2.10-2.11, which
+    # warned "Profiler clears events at the end of each cycle" on every profiler start, cycles or not
+    # (pytorch/pytorch#180348, fixed in 2.12 by #180387): a warning no user of this stage could act on.
+    # Kineto's progress lines and its no-GPU-driver message stay out of the console (pipeline.common.native_stderr).
+    # No `with_flops`: FLOPs are counted apart (count_step_flops; the module docstring says why).
+    with filtered_native_stderr():
+        with profile(
+            activities=activities,
+            schedule=schedule(wait=1, warmup=1, active=active_steps, repeat=1),
+            profile_memory=True,
+            acc_events=True,
+        ) as profiler:
+            for _ in range(2 + active_steps):
+                step()
+                sync()
+                profiler.step()
+        profiler.export_chrome_trace(str(trace_path))
+    peak = torch.cuda.max_memory_allocated(device) if on_gpu else _peak_cpu_memory(trace_path)
+    step_flops = count_step_flops(step)  # after the peak memory is read: the counter's step stays out of it
+    sync()
+    analysis = analyse_trace(read_trace(trace_path), device.type, step_flops)
+    return ProfileResult(
+        combination=combination,
+        step_timing=step_timing,
+        operators=tuple(operator_row(row, on_gpu) for row in analysis.operators),
+        peak_memory_mb=peak / _MEGABYTE,
+        analysis=analysis,
+    )
+
+
+def count_step_flops(step: Callable[[], None]) -> tuple[CountedCall, ...]:
+    """Run `step` once under torch.utils.flop_counter and list each counted call's FLOPs in call order.
+
+    The counter's formulas (convolution, convolution_backward, mm, addmm, bmm, attention, ...) are the
+    ones the model summary's FLOPs come from; each is wrapped to also note the call, so that the trace
+    analysis can credit every call to the traced operator that ran it. The step is a real one (in train
+    mode the optimizer updates the weights once more), run outside the timed and traced passes.
+    """
+    calls: list[CountedCall] = []
+
+    def recording(operator: str, formula: Callable[..., int]) -> Callable[..., int]:
+        def count(*args: Any, out_val: Any = None, **kwargs: Any) -> int:
+            flops = formula(*args, out_val=out_val, **kwargs)
+            calls.append(CountedCall(operator, float(flops)))
+            return flops
+
+        count._get_raw = True  # type: ignore[attr-defined]  # FlopCounterMode: already takes (args, out_val)
+        return count
+
+    # `aten.convolution_backward` -> `aten::convolution_backward`, the name the trace gives the operator.
+    mapping = {
+        packet: recording(str(packet).replace(".", "::", 1), formula) for packet, formula in flop_registry.items()
+    }
+    with FlopCounterMode(display=False, custom_mapping=mapping):
+        step()
+    return tuple(calls)
+
+
+def operator_row(stats: OperatorStats, on_gpu: bool) -> OperatorRow:
+    """The record's row of an analysed operator: no GPU times where no GPU was traced (None, not 0)."""
+    row = OperatorRow(**dataclasses.asdict(stats))
+    return row if on_gpu else dataclasses.replace(row, self_device_ms=None, total_device_ms=None)
+
+
+def _peak_cpu_memory(trace_path: Path) -> float:
+    """Peak bytes allocated by torch on the CPU during the traced steps.
+
+    Read from the trace's `[memory]` events, whose `Total Allocated` is the allocator's running
+    total at each allocation and free (weights, inputs, activations, gradients, optimizer state).
+    """
+    with gzip.open(trace_path, "rt") if trace_path.suffix == ".gz" else trace_path.open() as trace:
+        events = json.load(trace)["traceEvents"]
+    totals = [
+        event["args"]["Total Allocated"]
+        for event in events
+        if event.get("name") == "[memory]" and event.get("args", {}).get("Device Type") == 0
+    ]
+    return float(max(totals, default=0))
+
+
+@dataclass(frozen=True)
+class ProfileSetup:
+    """Everything one combination is measured with, resolved from params, checkpoint and data."""
+
+    combination: Combination
+    device: torch.device
+    step: Callable[[], None]
+    hardware: dict[str, str]
+    settings: ProfileSettings
+    data_digest: str
+    flops_per_sample: float  # the model's forward FLOPs (inference) or forward + backward FLOPs (train)
+    model_digest: str  # SHA-256 of the checkpoint file: which weights were profiled, on any machine
+    graph_step: Callable[[], None] | None = None  # cuda: the same step, capturable, on a copy of the model
+
+
+def prepare_profile(
+    combination: Combination, config: ProfileConfig, checkpoint_path: Path, data_root: Path
+) -> ProfileSetup:
+    """Pick the device and threads, load the trained model and one batch of test images onto it."""
+    device = select_device(combination.device, param="profile.devices")
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    checkpoint = load_checkpoint(checkpoint_path)
+    summary = summarize(checkpoint.model, checkpoint.model.input_shape)  # on the CPU, before the move
+    model = checkpoint.model.to(device).to(memory_format=MEMORY_FORMAT)
+    test_images, test_labels = load_split(data_root, "test")
+    if combination.batch_size > len(test_labels):
+        raise PipelineError(
+            f"`profile.batch_sizes` has {combination.batch_size}, more than the {len(test_labels)} test images "
+            "a batch is drawn from; use a smaller batch size."
+        )
+    images = normalize_images(test_images[: combination.batch_size], device).contiguous(memory_format=MEMORY_FORMAT)
+    labels = torch.from_numpy(test_labels[: combination.batch_size].astype("int64")).to(device)
+    lr = float(checkpoint.train_params["lr"])
+    settings = ProfileSettings(
+        threads=torch.get_num_threads(),
+        precision=PROFILE_PRECISION,
+        memory_format=str(MEMORY_FORMAT).removeprefix("torch."),
+        warmup_steps=config.warmup_steps,
+        active_steps=config.active_steps,
+        optimizer_lr=lr,
+        ci_target_pct=config.ci_target_pct,
+        time_budget_s=config.time_budget_s,
+    )
+    return ProfileSetup(
+        combination=combination,
+        device=device,
+        step=make_step(model, combination.mode, images, labels, lr),
+        hardware=hardware_description(device),
+        settings=settings,
+        data_digest=checkpoint.data_digest,
+        flops_per_sample=float(
+            summary.forward_flops_per_sample if combination.mode == "inference" else summary.training_flops_per_sample
+        ),
+        model_digest=checkpoint_digest(checkpoint_path),
+        graph_step=(
+            make_graphable_step(copy.deepcopy(model), combination.mode, images, labels, lr)
+            if device.type == "cuda"
+            else None
+        ),
+    )
+
+
+def run_profile(setup: ProfileSetup, top_k: int, trace_path: Path) -> ProfileRecord:
+    """Time and trace the combination, then measure the device's peak; the record keeps the `top_k`
+    most expensive operators and kernels."""
+    settings = setup.settings
+    result = profile_combination(
+        setup.combination,
+        setup.step,
+        setup.device,
+        settings.warmup_steps,
+        settings.active_steps,
+        trace_path,
+        ci_target_pct=settings.ci_target_pct,
+        time_budget_s=settings.time_budget_s,
+    )
+    timing = result.timing()
+    peak = measure_peak(setup.device)
+    analysis = result.analysis
+    graph_times: tuple[float, ...] = ()
+    if setup.graph_step is not None:  # after the eager passes, so that graph memory pools stay out of them
+        graph_times = time_graph_replays(setup.graph_step, settings.warmup_steps, settings.active_steps)
+    return ProfileRecord(
+        combination=setup.combination,
+        hardware=setup.hardware,
+        settings=settings,
+        timing=timing,
+        conditions=result.step_timing.conditions,
+        block_times_ms=result.block_times_ms(),
+        top_operators=result.operators[:top_k],
+        data_digest=setup.data_digest,
+        analysis=StepAnalysis(
+            anatomy=analysis.anatomy,
+            flop_rate=flop_rate(
+                setup.flops_per_sample, setup.combination.batch_size, timing.step_time_ms_median, peak.gflops_per_s
+            ),
+            peak_method=peak.method,
+            ranges=analysis.ranges,
+            top_kernels=analysis.kernels[:top_k],
+            unattributed_device_ms=analysis.unattributed_device_ms,
+        ),
+        graph_step_times_ms=graph_times,
+    )
+
+
+def run_parameters(setup: ProfileSetup, top_k: int) -> dict[str, object]:
+    """What the MLflow run of one combination records as params."""
+    settings = setup.settings
+    return {
+        **dataclasses.asdict(setup.combination),
+        "threads": settings.threads,
+        "precision": settings.precision,
+        "memory_format": settings.memory_format,
+        "optimizer_lr": settings.optimizer_lr,
+        "profile.warmup_steps": settings.warmup_steps,
+        "profile.active_steps": settings.active_steps,
+        "profile.ci_target_pct": settings.ci_target_pct,
+        "profile.time_budget_s": settings.time_budget_s,
+        "profile.top_k": top_k,
+    }

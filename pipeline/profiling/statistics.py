@@ -1,0 +1,318 @@
+"""Step-time estimates with their uncertainty, ratios between them, and the conditions they were measured under.
+
+Torch-free: the report stage and the tests use it without importing torch. (Named `timing_statistics`,
+not `statistics`, so it never shadows the standard library module it builds on.)
+
+The estimate is the **median of per-step block means**. A block is a run of consecutive steps timed
+as one (pipeline.profiling.timing makes each block >= 10 ms), so timer overhead and short jitter average out
+inside it; the median over blocks ignores the rare block hit by a long stall, where a mean of steps
+would not (one 40 ms stall among 30 steps of 7 ms moves the mean by 15 %).
+
+Its 95 % confidence interval is the distribution-free order-statistic interval of the median: with n
+independent blocks, the number below the true median is Binomial(n, 1/2), so
+[x_(j), x_(n-j+1)] covers the true median with probability 1 - 2 P(B <= j - 1) whatever the
+distribution of block times (skewed, heavy-tailed, bimodal: all seen on this lab's machines). It needs
+no random numbers (the same blocks always give the same interval, unlike a bootstrap, which is also
+known to be erratic for the median because the median takes few distinct values) and no normality
+assumption (unlike mean ± t·s/√n). Its one assumption is that blocks are independent: slow drift
+(another job starting, the CPU clock changing) correlates neighbouring blocks, and then the interval
+is too narrow. Re-running in a fresh process (benchmarks/profile_stability.py) checks that.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+CONFIDENCE = 0.95
+NOISY_ADVICE = "noisy: rerun on a quiet machine or raise the budget"
+GOVERNOR_PATH = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
+CPU_PRESSURE_PATH = Path("/proc/pressure/cpu")
+
+
+@dataclass(frozen=True)
+class Block:
+    """`steps` consecutive steps timed together in `seconds` (wall clock, device synchronised)."""
+
+    steps: int
+    seconds: float
+
+    @property
+    def step_ms(self) -> float:
+        return 1000.0 * self.seconds / self.steps
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate and its confidence interval, in one unit (ms, or a unitless ratio)."""
+
+    value: float
+    low: float
+    high: float
+
+    @property
+    def half_width_pct(self) -> float:
+        """The larger side of the interval in % of the value: the interval lies within value ± this."""
+        if self.value <= 0:
+            return math.inf
+        return 100.0 * max(self.value - self.low, self.high - self.value) / self.value
+
+    def scaled(self, factor: float) -> Interval:
+        """The same estimate in another unit (factor > 0): per step -> per sample is a division by the batch."""
+        return Interval(self.value * factor, self.low * factor, self.high * factor)
+
+    def overlaps(self, other: Interval) -> bool:
+        return self.low <= other.high and other.low <= self.high
+
+
+def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Distribution-free confidence interval of the median of `values` (order statistics, exact binomial).
+
+    Coverage is at least `confidence` (the binomial is discrete, so typically a little more); None when
+    there are too few values for any such interval (fewer than 6 at 95 %: even [min, max] covers the
+    median of 5 values only with probability 1 - 2/32 = 93.75 %).
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
+    ordered = sorted(values)
+    n = len(ordered)
+    # Exact integer arithmetic: P(B <= j-1) <= alpha/2  <=>  2 * sum_{i<j} C(n, i) * den <= num * 2**n.
+    alpha = Fraction(1 - confidence).limit_denominator(10**9)
+    bound = alpha.numerator * (1 << n)
+    j, tail, term = 0, 0, 1  # tail = sum of C(n, i) for i < j; term = C(n, j), updated in place (O(n) steps)
+    while j < n // 2 and 2 * (tail + term) * alpha.denominator <= bound:
+        tail += term
+        term = term * (n - j) // (j + 1)
+        j += 1
+    if j == 0:
+        return None
+    return ordered[j - 1], ordered[n - j]
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """What one combination's timing says: the median step time, its spread and its uncertainty."""
+
+    batch_size: int
+    median_ms: float  # per step: median of the blocks' per-step means
+    iqr_ms: float  # interquartile range of the blocks' per-step means (their spread, not the uncertainty)
+    ci_low_ms: float  # 95 % confidence interval of the median
+    ci_high_ms: float
+    steps: int  # measured, over all blocks
+    blocks: int
+    ci_target_pct: float
+
+    @property
+    def interval(self) -> Interval:
+        return Interval(self.median_ms, self.ci_low_ms, self.ci_high_ms)
+
+    @property
+    def ci_half_width_pct(self) -> float:
+        return self.interval.half_width_pct
+
+    @property
+    def noisy(self) -> bool:
+        """The interval missed the target: the budget ran out before the median was pinned down."""
+        return not self.ci_half_width_pct <= self.ci_target_pct
+
+    @property
+    def per_sample(self) -> Interval:
+        return self.interval.scaled(1.0 / self.batch_size)
+
+    @property
+    def throughput_samples_per_s(self) -> float:
+        return 1000.0 * self.batch_size / self.median_ms
+
+    def metrics(self) -> dict[str, float]:
+        """Numbers only, under the same names for every combination (MLflow Compare, `dvc metrics diff`)."""
+        return {
+            "step_time_ms_median": self.median_ms,
+            "step_time_ms_iqr": self.iqr_ms,
+            "step_time_ms_ci_low": self.ci_low_ms,
+            "step_time_ms_ci_high": self.ci_high_ms,
+            "step_time_ci_pct": self.ci_half_width_pct,
+            "steps_measured": float(self.steps),
+            "blocks_measured": float(self.blocks),
+            "per_sample_ms": self.per_sample.value,
+            "throughput_samples_per_s": self.throughput_samples_per_s,
+            "noisy": float(self.noisy),
+        }
+
+
+def estimate_step_time(
+    blocks: Sequence[Block], batch_size: int, ci_target_pct: float, confidence: float = CONFIDENCE
+) -> StepEstimate:
+    """The median per-step time of `blocks` with its confidence interval and spread."""
+    if not blocks:
+        raise ValueError("no timed blocks: nothing to estimate")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    per_step = [block.step_ms for block in blocks]
+    median = statistics.median(per_step)
+    if len(per_step) >= 2:
+        first, _, third = statistics.quantiles(per_step, n=4, method="inclusive")
+        iqr = third - first
+    else:
+        iqr = 0.0
+    # Too few blocks for any interval at this confidence: record [0, 2 x median], i.e. +-100 %. It bounds
+    # nothing, flags the row noisy and makes every ratio with it "no measurable difference", while every
+    # number stays finite for JSON, MLflow and `dvc metrics diff`.
+    low, high = median_interval(per_step, confidence) or (0.0, 2.0 * median)
+    return StepEstimate(
+        batch_size=batch_size,
+        median_ms=median,
+        iqr_ms=iqr,
+        ci_low_ms=low,
+        ci_high_ms=high,
+        steps=sum(block.steps for block in blocks),
+        blocks=len(blocks),
+        ci_target_pct=ci_target_pct,
+    )
+
+
+def estimate_from_metrics(metrics: dict[str, float], batch_size: int, ci_target_pct: float) -> StepEstimate:
+    """Rebuild an estimate from its `metrics()` (what timing.json and profile.json hold), e.g. in the report."""
+    return StepEstimate(
+        batch_size=batch_size,
+        median_ms=metrics["step_time_ms_median"],
+        iqr_ms=metrics["step_time_ms_iqr"],
+        ci_low_ms=metrics["step_time_ms_ci_low"],
+        ci_high_ms=metrics["step_time_ms_ci_high"],
+        steps=int(metrics["steps_measured"]),
+        blocks=int(metrics["blocks_measured"]),
+        ci_target_pct=ci_target_pct,
+    )
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """numerator / denominator of two estimates, with an interval built from both intervals' ends.
+
+    [low_a / high_b, high_a / low_b] covers the true ratio whenever both intervals cover their true
+    values (at least 0.95² ≈ 90 % for two independent 95 % intervals; more in practice, as both
+    would have to miss on opposite sides). It contains 1 exactly when the two intervals overlap, so
+    "no measurable difference" and the printed interval can never disagree.
+    """
+
+    value: float
+    low: float
+    high: float
+
+    @property
+    def measurable(self) -> bool:
+        """False when the data cannot tell the two apart (the interval contains 1)."""
+        return not self.low <= 1.0 <= self.high
+
+    def bounds(self) -> str:
+        """`2.95-3.30x` (the 95 % interval), or a note that the data bound nothing."""
+        if not math.isfinite(self.high):
+            return "too few timed blocks to bound the ratio"
+        return f"{_format_ratio(self.low)}-{_format_ratio(self.high)}x"
+
+    def describe(self) -> str:
+        """`3.12x (2.95-3.30x)`, or `no measurable difference (0.97-1.04x)` when the interval contains 1."""
+        if not self.measurable:
+            return f"no measurable difference ({self.bounds()})"
+        return f"{_format_ratio(self.value)}x ({self.bounds()})"
+
+
+def ratio(numerator: Interval, denominator: Interval) -> Ratio:
+    if min(numerator.low, denominator.low, numerator.value, denominator.value) <= 0:
+        # An interval reaching 0 (too few blocks) or a zero time: the data bound nothing.
+        value = numerator.value / denominator.value if denominator.value > 0 else math.inf
+        return Ratio(value, 0.0, math.inf)
+    return Ratio(
+        numerator.value / denominator.value, numerator.low / denominator.high, numerator.high / denominator.low
+    )
+
+
+def _format_ratio(value: float) -> str:
+    return f"{value:.2f}" if value < 100 else f"{value:.0f}"
+
+
+GOVERNOR_NOT_EXPOSED = "not exposed"  # most VMs have no cpufreq interface
+
+
+@dataclass(frozen=True)
+class MeasurementConditions:
+    """The machine's state around a measurement: what a reader needs to trust (or distrust) it.
+
+    Plain int/float/str fields: it is stored as is in the profile record (pipeline.profiling.record).
+    """
+
+    load_average_before: float  # 1-minute load average (runnable + waiting threads), includes this process
+    load_average_after: float
+    cores: int  # CPUs this process may run on
+    threads: int  # torch intra-op threads used while timing
+    cpu_governor: str  # CPU frequency governor, or GOVERNOR_NOT_EXPOSED
+
+    @property
+    def busy(self) -> bool:
+        """More runnable threads than cores: the measured steps had to share the CPUs."""
+        return max(self.load_average_before, self.load_average_after) > self.cores
+
+    def warning(self) -> str | None:
+        if not self.busy:
+            return None
+        return (
+            f"the machine was busy while measuring (load average {self.load_average_before:.2f} before, "
+            f"{self.load_average_after:.2f} after, on {self.cores} cores): step times are likely inflated and "
+            "less stable; rerun on a quiet machine"
+        )
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "load_average_before": self.load_average_before,
+            "load_average_after": self.load_average_after,
+            "machine_busy": float(self.busy),
+        }
+
+
+def load_average() -> float:
+    """The 1-minute load average (0.0 where the platform has none)."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return 0.0
+
+
+def available_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def cpu_governor(path: Path = GOVERNOR_PATH) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def cpu_pressure(path: Path = CPU_PRESSURE_PATH) -> float | None:
+    """`some avg10` of Linux pressure-stall information: % of the last 10 s some runnable task waited."""
+    try:
+        first_line = path.read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    fields = dict(part.split("=", 1) for part in first_line.split()[1:] if "=" in part)
+    try:
+        return float(fields["avg10"])
+    except (KeyError, ValueError):
+        return None
+
+
+def measurement_conditions(load_before: float, threads: int) -> MeasurementConditions:
+    """Call right after measuring, with the load average read right before it."""
+    return MeasurementConditions(
+        load_average_before=load_before,
+        load_average_after=load_average(),
+        cores=available_cores(),
+        threads=threads,
+        cpu_governor=cpu_governor() or GOVERNOR_NOT_EXPOSED,
+    )

@@ -1,0 +1,146 @@
+"""What a profile stage prints and writes as text: timing summary and warnings, the operator and GPU-kernel
+markdown tables and the FLOPs note. Torch-free (it reads a ProfileRecord).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipeline.common.tables import NO_NUMBER
+from pipeline.profiling.record import (
+    ProfileRecord,
+)
+from pipeline.profiling.statistics import NOISY_ADVICE
+from pipeline.profiling.trace_analysis import (
+    KernelStats,
+)
+
+
+def measurement_warnings(record: ProfileRecord) -> list[str]:
+    """What a reader must know before trusting the timing: a busy machine, a median not pinned down."""
+    warnings = []
+    busy = record.conditions.warning()
+    if busy:
+        warnings.append(busy)
+    timing, settings = record.timing, record.settings
+    if timing.noisy:
+        warnings.append(
+            f"{NOISY_ADVICE} (the 95 % CI of the median step time is ±{timing.step_time_ci_pct:.1f} %, the target "
+            f"`profile.ci_target_pct` ±{settings.ci_target_pct:g} %, after {timing.timing_s:.1f} s of the "
+            f"{settings.time_budget_s:g} s `profile.time_budget_s`)"
+        )
+    return warnings
+
+
+def timing_summary(record: ProfileRecord) -> str:
+    """One sentence: the estimate, its uncertainty and what it was measured on."""
+    timing, conditions = record.timing, record.conditions
+    return (
+        f"Step time {timing.step_time_ms_median:.3f} ms median (IQR {timing.step_time_ms_iqr:.3f} ms; 95 % CI "
+        f"{timing.step_time_ms_ci_low:.3f}-{timing.step_time_ms_ci_high:.3f} ms, ±{timing.step_time_ci_pct:.1f} %; "
+        f"{timing.steps_measured} steps in {timing.blocks_measured} blocks); {timing.per_sample_ms:.4f} ms per sample; "
+        f"{timing.throughput_samples_per_s:.0f} samples/s. Measured with {conditions.threads} threads on "
+        f"{conditions.cores} cores, load average {conditions.load_average_before:.2f} before and "
+        f"{conditions.load_average_after:.2f} after, CPU governor {conditions.cpu_governor}."
+    )
+
+
+def operators_markdown(record: ProfileRecord) -> str:
+    """top_operators.md: the timing summary, the operator table (no GPU column where no GPU was traced,
+    NO_NUMBER where there is no number) and what its MFLOPs column holds."""
+    combination, rows = record.combination, record.top_operators
+    on_gpu = combination.device != "cpu"
+    ranked_by = "self device (GPU) time" if combination.device == "cuda" else "self CPU time"
+    gpu_header = ("self GPU ms | ", "---: | ") if on_gpu else ("", "")
+    lines = [
+        f"### Top {len(rows)} operators: batch {combination.batch_size}, {combination.device}, {combination.mode}",
+        "",
+        f"{timing_summary(record)} ATen operators ranked by {ranked_by}; times are per step.",
+        "",
+        *(f"**Warning:** {warning}.\n" for warning in measurement_warnings(record)),
+        f"| # | operator | calls | self CPU ms | total CPU ms | {gpu_header[0]}share % | MFLOPs |",
+        f"| ---: | --- | ---: | ---: | ---: | {gpu_header[1]}---: | ---: |",
+    ]
+    graph = record.graph_metrics()
+    if graph:
+        lines[3:3] = [
+            "",
+            f"The same step replayed from a CUDA graph: {graph['graph_step_time_ms_median']:.3f} ms median. "
+            f"Host overhead (eager - graph medians): {graph['host_overhead_ms']:.3f} ms, "
+            f"{graph['host_overhead_pct']:.0f} % of the eager step: launching kernels one by one from Python, "
+            "which a replay leaves out.",
+        ]
+    for rank, row in enumerate(rows, start=1):
+        gpu = f"{_number(row.self_device_ms, '.3f')} | " if on_gpu else ""
+        lines.append(
+            f"| {rank} | `{row.operator}` | {row.calls_per_step:g} | {row.self_cpu_ms:.3f} | {row.total_cpu_ms:.3f} | "
+            f"{gpu}{row.share_pct:.1f} | {_mflops(row.mflops)} |"
+        )
+    lines += ["", flops_note(record)]
+    if record.analysis.ranges:  # record_function ranges: their time is their operators' time, so never ranked
+        ranges = "; ".join(
+            f"`{r.name}` {r.cpu_ms:.3f} ms CPU" + (f", {r.device_ms:.3f} ms GPU" if combination.device != "cpu" else "")
+            for r in record.analysis.ranges
+        )
+        lines += ["", f"Profiler ranges, not ranked (their time is that of the operators inside them): {ranges}."]
+    return "\n".join(lines) + "\n"
+
+
+def flops_note(record: ProfileRecord) -> str:
+    """What the MFLOPs column holds, and how much of the step's counted work the rows shown carry."""
+    if record.format < 3:
+        return (
+            f"MFLOPs per step as torch.profiler counted them (a format-{record.format} record: a convolution's "
+            f"forward FLOPs on `aten::conv2d`, none for its backward); {NO_NUMBER} where it counted none. "
+            "Rerun the profile stage for FLOPs credited to the operators that run them."
+        )
+    shown = sum(row.mflops for row in record.top_operators if row.mflops is not None)
+    model = record.analysis.flop_rate.flops_per_step / 1e6
+    kind = "forward" if record.combination.mode == "inference" else "training (forward + backward)"
+    return (
+        "MFLOPs per step: convolutions and matrix products, forward and backward, counted by "
+        "torch.utils.flop_counter and credited once, to the operator that runs them (such as "
+        f"`aten::mkldnn_convolution`, `aten::cudnn_convolution`, `aten::convolution_backward`, `aten::addmm`, "
+        f"`aten::mm`); {NO_NUMBER} where an operator runs none itself: no FLOP formula (element-wise ops count "
+        "none, as in the model summary), or a wrapper such as `aten::conv2d` or `aten::linear`, whose work is "
+        f"on the operator it calls. The rows shown carry {shown:.1f} of the {model:.1f} MFLOPs per step of the "
+        f"model summary ({kind} FLOPs per sample x batch {record.combination.batch_size})."
+    )
+
+
+def _number(value: float | None, spec: str) -> str:
+    return NO_NUMBER if value is None else format(value, spec)
+
+
+def _mflops(value: float | None) -> str:
+    """One decimal, but never a non-zero count that reads as 0.0 (batch 1's last layer does 0.0026 MFLOPs)."""
+    if value is None:
+        return NO_NUMBER
+    return f"{value:.1f}" if value >= 0.1 or value == 0 else f"{value:.2g}"
+
+
+def kernels_markdown(record: ProfileRecord) -> str:
+    """The record's kernel table (top_kernels.md); on the CPU, a line saying there is none."""
+    combination, kernels = record.combination, record.analysis.top_kernels
+    where = f"batch {combination.batch_size}, {combination.device}, {combination.mode}"
+    if not kernels:
+        return f"### GPU kernels: {where}\n\n_None: this combination ran on the {combination.device}._\n"
+    return kernel_table_markdown(kernels, f"### Top {len(kernels)} GPU kernels: {where}")
+
+
+def kernel_table_markdown(kernels: Sequence[KernelStats], heading: str) -> str:
+    """Top kernels of one combination: readable name, the operator that launched it, time per step."""
+    lines = [
+        heading,
+        "",
+        "Share of the GPU's busy time; full kernel names are in the CSV.",
+        "",
+        "| # | kernel | launched by | launches | GPU ms | mean µs | share % |",
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for rank, row in enumerate(kernels, start=1):
+        lines.append(
+            f"| {rank} | {row.kernel} | `{row.launched_by}` | {row.launches_per_step:g} | {row.device_ms:.4f} | "
+            f"{row.mean_us:.1f} | {row.share_pct:.1f} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,163 @@
+"""Time a step until its median is known to a target precision, or a time budget runs out.
+
+After the caller's warm-up: blocks of consecutive steps are timed (each block >= `min_block_s`, so timer
+overhead and short jitter average out inside it) in rounds, and after each round the 95 % confidence
+interval of the median per-step time is computed over all blocks so far (pipeline.profiling.statistics).
+Sampling stops when its half-width is within `ci_target_pct`, or when the next round would not fit in
+`time_budget_s`; the estimate is then flagged noisy.
+
+The blocks are timed by `torch.utils.benchmark.Timer.blocked_autorange`, which brings what a hand-rolled
+loop would have to get right: the timing loop is timeit's compiled template (no Python bookkeeping
+between steps), the clock we give it synchronises the device before each reading (CUDA work is queued
+asynchronously; without it a block would time only the kernel launches), `num_threads` pins and then
+restores torch's thread count, and it grows the block until the clock's own overhead is below 0.01 %
+of it. Two parts of it do not fit, so they are driven from outside, through its public API only:
+- Its stopping rule (`adaptive_autorange`) stops when IQR/median of the blocks falls below a threshold.
+  That is the blocks' spread, which does not shrink as more blocks come in, so it cannot target the
+  uncertainty of the median; we call `blocked_autorange` in short rounds and test the median's
+  confidence interval between rounds.
+- Its block size grows in powers of 10 from 1 step and only until the clock overhead is negligible
+  (a 3.6 ms step stays a 1-step block), judged from one sample at the start of each call. We want
+  blocks of at least `min_block_s`, so the timed statement runs `steps_per_call` steps, chosen from a
+  short probe (Timer may still multiply it by 10; all blocks stay >= `min_block_s`). If the probe ran
+  while the machine was stalled and the steps turn out much faster, blocks come out too short: the
+  blocks so far are dropped and sampling restarts with longer ones, so every block averages alike.
+Timer's default `num_threads` is 1: it is always passed the current thread count, or it would time a
+single-threaded run and misreport the setting the stage records.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+import timeit
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.profiling.statistics import (
+    Block,
+    MeasurementConditions,
+    StepEstimate,
+    estimate_step_time,
+    load_average,
+    measurement_conditions,
+)
+
+# torch.utils.benchmark imports torch.utils.cpp_extension (for Timer's C++ mode, unused here), and that
+# import logs "No CUDA runtime is found, using CUDA_HOME=..." on machines with a CUDA toolkit but no GPU:
+# a note about compiling C++ extensions, which nothing here does. Quieted for the import only.
+_EXTENSION_LOG = logging.getLogger("torch.utils.cpp_extension")
+_previous_level = _EXTENSION_LOG.level
+_EXTENSION_LOG.setLevel(logging.ERROR)
+try:
+    from torch.utils.benchmark import Timer
+finally:
+    _EXTENSION_LOG.setLevel(_previous_level)
+
+MIN_BLOCK_S = 0.010  # shortest block: ~10^4 x the clock's overhead, several scheduler ticks of jitter averaged
+MIN_BLOCKS = 20  # never stop on fewer: an interval from a handful of blocks is too coarse to trust
+PROBE_S = 0.05  # the probe that sizes the blocks (it also finishes any warm-up the caller left)
+ROUND_S_LIMITS = (0.2, 2.0)  # a round is budget/10 within these: short enough to stop soon after the target
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    estimate: StepEstimate
+    blocks: tuple[Block, ...]
+    conditions: MeasurementConditions
+    steps_per_block: int  # the most steps in one block (blocks of one measurement can differ by Timer's x10)
+    seconds: float  # wall time spent, probe included
+
+    def metrics(self) -> dict[str, float]:
+        return {**self.estimate.metrics(), **self.conditions.metrics(), "timing_s": self.seconds}
+
+
+def _steps_for(min_block_s: float, step_s: float) -> int:
+    """Steps of `step_s` each that make a block of at least `min_block_s` (round: 0.01 / 2e-4 is 50.000...01)."""
+    return max(1, math.ceil(round(min_block_s / step_s, 6)))
+
+
+def device_clock(device: torch.device) -> Callable[[], float]:
+    """A wall clock that first waits for the device's queued work (CPU: no wait)."""
+    if device.type == "cuda":
+
+        def cuda_clock() -> float:
+            torch.cuda.synchronize(device)
+            return timeit.default_timer()
+
+        return cuda_clock
+    if device.type == "mps":
+
+        def mps_clock() -> float:
+            torch.mps.synchronize()
+            return timeit.default_timer()
+
+        return mps_clock
+    return timeit.default_timer
+
+
+def time_steps(
+    step: Callable[[], None],
+    device: torch.device,
+    batch_size: int,
+    ci_target_pct: float,
+    time_budget_s: float,
+    min_block_s: float = MIN_BLOCK_S,
+    clock: Callable[[], float] | None = None,
+) -> StepTiming:
+    """Time `step` (already warmed up) in blocks until the median's 95 % CI is within ±`ci_target_pct` %.
+
+    Blocks are timed with `clock` (default: `device_clock(device)`); the budget is always wall time.
+    """
+    threads = torch.get_num_threads()
+    load_before = load_average()
+    started = time.perf_counter()
+    deadline = started + time_budget_s
+    clock = clock or device_clock(device)
+    names = {"step": step}
+
+    def block_timer(steps_per_call: int) -> Timer:
+        return Timer(f"for _ in range({steps_per_call}):\n    step()", globals=names, timer=clock, num_threads=threads)
+
+    probe = Timer("step()", globals=names, timer=clock, num_threads=threads).blocked_autorange(min_run_time=PROBE_S)
+    # Sized from the fastest probe block, not the median: on a busy machine a stalled probe block (a
+    # descheduled thread costs a whole scheduler slice, 10-50 ms) would otherwise make blocks of 1 step.
+    steps_per_call = _steps_for(min_block_s, min(probe.times))
+    timer = block_timer(steps_per_call)
+    # Timer first re-sizes the block (about one block of time), then times blocks for `min_run_time`.
+    expected_block_s = steps_per_call * probe.median
+    round_s = min(max(time_budget_s / 10, ROUND_S_LIMITS[0]), ROUND_S_LIMITS[1])
+    blocks: list[Block] = []
+    estimate: StepEstimate | None = None
+    while True:
+        remaining = deadline - time.perf_counter()
+        if blocks and remaining < 2 * expected_block_s:
+            break
+        measurement = timer.blocked_autorange(min_run_time=max(min(round_s, remaining - expected_block_s), 0.0))
+        steps = steps_per_call * measurement.number_per_run
+        measured = [Block(steps, seconds) for seconds in measurement.raw_times]
+        fastest_step_s = min(block.seconds / block.steps for block in measured)
+        if min(block.seconds for block in measured) < min_block_s / 2 and remaining > 2 * round_s:
+            # The whole probe ran on a stalled machine and the steps are far faster now: blocks came out
+            # under half their length. Start over with longer blocks, so all blocks average alike.
+            steps_per_call = max(steps_per_call + 1, _steps_for(min_block_s, fastest_step_s))
+            timer = block_timer(steps_per_call)
+            expected_block_s = steps_per_call * statistics.median(block.seconds / block.steps for block in measured)
+            blocks.clear()
+            continue
+        blocks.extend(measured)
+        estimate = estimate_step_time(blocks, batch_size, ci_target_pct)
+        if len(blocks) >= MIN_BLOCKS and not estimate.noisy:
+            break
+    assert estimate is not None  # the loop always measures at least one round
+    return StepTiming(
+        estimate=estimate,
+        blocks=tuple(blocks),
+        conditions=measurement_conditions(load_before, threads),
+        steps_per_block=max(block.steps for block in blocks),
+        seconds=time.perf_counter() - started,
+    )

@@ -1,0 +1,573 @@
+"""What a torch.profiler Chrome trace says about each traced step: operators, kernels, idle time.
+
+Torch-free: it reads the trace file (`.json` or `.json.gz`) that `export_chrome_trace` wrote, so the
+same code runs in the profile stage and in tests on traces from a GPU machine, without a GPU.
+
+Why the trace and not `key_averages()`: on CUDA, `key_averages()` lists ATen operators,
+`record_function` ranges (`Optimizer.step#Adadelta.step`, whose GPU time is the kernels launched
+inside it) and raw kernels side by side, so the same kernel time is counted two or three times in the
+total every share is taken of. The trace keeps each kind apart and links every kernel to the call
+that launched it, so each microsecond is counted once:
+
+- an *operator* is a `cpu_op` event named `namespace::op` (`aten::addmm`), not an autograd node
+  (`AddmmBackward0`) and not a range (`ProfilerStep#3`, `Optimizer.step#…`, any `user_annotation`);
+- its *self CPU time* is its duration minus the operators and ranges nested in it on its thread
+  (the CUDA launch calls it makes stay in its own time: launching is part of its cost);
+- its *self device time* is the kernels, copies and memsets whose launch (matched by correlation id)
+  sits inside it and in no deeper operator (a kernel whose launch call was not recorded falls back to
+  the operator its `External id` names);
+- *GPU busy* is the union of those device intervals inside a `ProfilerStep#N` span; on the CPU the
+  counterpart is the union of the operators' intervals (time the step spends inside ATen).
+
+FLOPs are not in the trace: callers pass in the FLOPs of each counted call of one step, in call order
+(`CountedCall`, from torch.utils.flop_counter). The k-th call of `aten::convolution` counted is the k-th
+`aten::convolution` event of every traced step, and its FLOPs go to the operator that does the work: the
+call itself, or the one operator below it that implements it (`aten::convolution` → `aten::_convolution`
+→ `aten::mkldnn_convolution` / `aten::cudnn_convolution` / `aten::thnn_conv2d` → `aten::_slow_conv2d_forward`).
+Wrappers above or along that chain (`aten::conv2d`, `aten::linear`, `aten::_convolution`) get none, so
+every FLOP is counted once and the operators' FLOPs add up to the step's.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.common.errors import PipelineError
+
+STEP_PREFIX = "ProfilerStep#"
+OPERATOR_NAME = re.compile(r"^(?!autograd::|torch::autograd::)[A-Za-z_]\w*::\w")
+LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})  # cuDNN/cuBLAS launch some kernels via the driver API
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+RANGE_CATEGORIES = frozenset({"user_annotation"})
+HOST_BOUND_BELOW_PCT = 50.0  # busy share under which a step is called host-bound (see StepAnatomy.verdict)
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One complete ('X') event; times in microseconds as the trace stores them."""
+
+    name: str
+    category: str
+    start_us: float
+    duration_us: float
+    thread: str  # "pid/tid": CPU threads and GPU streams alike
+    correlation: int | None  # links a launch call to the kernel it launched
+    external_id: int | None = None  # links an operator to the kernels launched inside it (Kineto's "External id")
+
+    @property
+    def end_us(self) -> float:
+        return self.start_us + self.duration_us
+
+
+@dataclass(frozen=True)
+class Trace:
+    steps: tuple[TraceEvent, ...]  # the ProfilerStep#N ranges, in time order
+    host: tuple[TraceEvent, ...]  # operators, ranges and launch calls on CPU threads
+    device: tuple[TraceEvent, ...]  # kernels, copies, memsets on GPU streams
+
+    @property
+    def step_count(self) -> int:
+        return len(self.steps)
+
+
+@dataclass(frozen=True)
+class OperatorStats:
+    """One ATen operator, per traced step (the same fields as the profile record's operator rows)."""
+
+    operator: str
+    calls_per_step: float
+    self_cpu_ms: float
+    total_cpu_ms: float  # children included
+    self_device_ms: float  # kernels it launched itself; 0 without a GPU
+    total_device_ms: float  # kernels of it and the operators nested in it
+    share_pct: float  # of the ranked total: self device time on a GPU, self CPU time on the CPU
+    mflops: float | None  # per step, the work it runs itself; None: no counted FLOPs (no formula, or a wrapper)
+
+
+@dataclass(frozen=True)
+class CountedCall:
+    """One call of an operator with a FLOP formula in one step, as torch.utils.flop_counter counted it."""
+
+    operator: str  # the name the trace gives it: `aten::convolution`, `aten::convolution_backward`, `aten::mm`
+    flops: float
+
+
+# What implements a counted operator: an operator below it whose name says it does the same work. The chain is
+# followed while exactly one child matches (a bias `aten::add_` or `aten::reshape` beside the kernel never does).
+_IMPLEMENTATION_FAMILIES = (re.compile(r"conv"), re.compile(r"mm|gemm|matmul"), re.compile(r"attention"))
+
+
+@dataclass(frozen=True)
+class RangeStats:
+    """A profiler range (record_function / user annotation): listed apart, never ranked with operators."""
+
+    name: str
+    calls_per_step: float
+    cpu_ms: float  # its span on the CPU, per step
+    device_ms: float  # kernels launched inside it, per step
+
+
+@dataclass(frozen=True)
+class KernelStats:
+    """One GPU kernel (or copy / memset), per traced step."""
+
+    kernel: str  # short readable name
+    launches_per_step: float
+    device_ms: float  # GPU time per step
+    mean_us: float  # per launch
+    share_pct: float  # of all device activity time (the GPU's busy time when nothing overlaps, as on one stream)
+    launched_by: str  # the ATen operators whose calls launched it, most time first
+    full_name: str
+
+
+@dataclass(frozen=True)
+class StepAnatomy:
+    """Where a step's wall time goes.
+
+    `busy` is, on a GPU, the union of kernel/copy/memset intervals inside the step; on the CPU, the
+    union of the ATen operators' intervals (the step's time inside operators). `idle_pct` is the rest:
+    on a GPU the time it waits for the host to launch work, on the CPU the time spent in Python, the
+    autograd engine and the optimizer's loop between operators.
+    """
+
+    device: str  # cpu | cuda
+    traced_steps: int
+    step_ms: float  # median ProfilerStep span (traced: the profiler's hooks make it longer than untimed steps)
+    busy_ms: float  # per step, mean
+    busy_pct: float  # total busy time / total step span
+    idle_pct: float
+    launches_per_step: float  # device activities per step (kernels, copies, memsets); 0 on the CPU
+    mean_launch_us: float  # mean device activity length; 0 on the CPU
+    launch_call_ms: float  # per step, CPU time in the calls that launched device work (cudaLaunchKernel & co.)
+    verdict: str  # host-bound | device-bound
+    reason: str  # one line with the numbers behind the verdict
+
+
+@dataclass(frozen=True)
+class TraceAnalysis:
+    operators: tuple[OperatorStats, ...]  # every operator, most expensive first
+    ranges: tuple[RangeStats, ...]
+    kernels: tuple[KernelStats, ...]  # empty without a GPU
+    anatomy: StepAnatomy
+    unattributed_device_ms: float  # device time per step launched outside any operator
+
+
+def read_trace(path: Path) -> Trace:
+    """Parse a Chrome trace written by torch.profiler; only the events the analysis uses are kept."""
+    try:
+        with gzip.open(path, "rt") if path.name.endswith(".gz") else path.open() as handle:
+            document = json.load(handle)
+    except FileNotFoundError:
+        raise PipelineError(f"trace `{path}` is missing: run the profile stage that writes it (`dvc repro`).") from None
+    except (OSError, EOFError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise PipelineError(
+            f"trace `{path}` is not a readable Chrome trace ({error}); delete it and re-run its profile stage."
+        ) from None
+    raw = document.get("traceEvents") if isinstance(document, dict) else None
+    if not isinstance(raw, list):
+        raise PipelineError(f"trace `{path}` has no `traceEvents` list; it is not a torch.profiler trace.")
+    steps: list[TraceEvent] = []
+    host: list[TraceEvent] = []
+    device: list[TraceEvent] = []
+    for item in raw:
+        if not isinstance(item, dict) or item.get("ph") != "X" or "dur" not in item:
+            continue
+        category = str(item.get("cat", ""))
+        name = str(item.get("name", ""))
+        args = item.get("args") or {}
+        args = args if isinstance(args, dict) else {}
+        correlation, external_id = args.get("correlation"), args.get("External id")
+        event = TraceEvent(
+            name=name,
+            category=category,
+            start_us=float(item["ts"]),
+            duration_us=float(item["dur"]),
+            thread=f"{item.get('pid')}/{item.get('tid')}",
+            correlation=correlation if isinstance(correlation, int) else None,
+            external_id=external_id if isinstance(external_id, int) else None,
+        )
+        if category in RANGE_CATEGORIES and name.startswith(STEP_PREFIX):
+            steps.append(event)
+        elif category in DEVICE_CATEGORIES:
+            device.append(event)
+        elif category == "cpu_op" or category in RANGE_CATEGORIES or category in LAUNCH_CATEGORIES:
+            host.append(event)
+    if not steps:
+        raise PipelineError(
+            f"trace `{path}` has no `{STEP_PREFIX}N` ranges: it was not recorded with a profiler schedule "
+            "and `profiler.step()`, so steps cannot be told apart; re-run its profile stage."
+        )
+    steps.sort(key=lambda event: event.start_us)
+    return Trace(steps=tuple(steps), host=tuple(host), device=tuple(device))
+
+
+def analyse_trace(trace: Trace, device: str, step_flops: Sequence[CountedCall] = ()) -> TraceAnalysis:
+    """Per-step operator ranking, ranges, kernel table and step anatomy of one traced combination.
+
+    `device` is the combination's device (`cpu` ranks by self CPU time, anything else by self device
+    time); `step_flops` are the counted calls of one step, in call order (see the module's docstring).
+    """
+    steps = trace.step_count
+    window = _Steps(trace.steps)
+    host = [event for event in trace.host if window.index(event.start_us) is not None]
+    parents = _nest(host)
+    is_operator = [event.category == "cpu_op" and OPERATOR_NAME.match(event.name) is not None for event in host]
+    owner = _launching_operators(host, parents, is_operator)  # launch index -> innermost operator index
+    launches = {event.correlation: index for index, event in enumerate(host) if event.category in LAUNCH_CATEGORIES}
+    operator_ids = {event.external_id: i for i, event in enumerate(host) if is_operator[i] and event.external_id}
+
+    self_cpu = [event.duration_us for event in host]
+    for index, parent in enumerate(parents):
+        if parent is not None and host[index].category not in LAUNCH_CATEGORIES:
+            self_cpu[parent] -= host[index].duration_us
+    self_device = [0.0] * len(host)
+    unattributed = 0.0
+    kernels: dict[str, list[float]] = defaultdict(list)
+    kernel_owners: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    device_events: list[TraceEvent] = []
+    for event in trace.device:
+        launch = launches.get(event.correlation) if event.correlation is not None else None
+        named = operator_ids.get(event.external_id) if event.external_id is not None else None
+        if launch is None and named is None and window.index(event.start_us) is None:
+            continue  # neither launched nor run inside a traced step
+        device_events.append(event)
+        kernels[event.name].append(event.duration_us)
+        operator = owner.get(launch) if launch is not None else named
+        if operator is None:
+            unattributed += event.duration_us
+            kernel_owners[event.name]["(no operator)"] += event.duration_us
+        else:
+            self_device[operator] += event.duration_us
+            kernel_owners[event.name][host[operator].name] += event.duration_us
+
+    total_device = list(self_device)
+    for index in sorted(range(len(host)), key=lambda i: _depth(parents, i), reverse=True):  # children first
+        parent = parents[index]
+        if parent is not None:
+            total_device[parent] += total_device[index]
+
+    on_gpu = device != "cpu"
+    flops = _attribute_flops(host, parents, is_operator, window, step_flops)
+    operators = _rank_operators(host, is_operator, self_cpu, self_device, total_device, steps, on_gpu, flops)
+    ranges = _ranges(host, total_device, steps)
+    kernel_rows = _kernel_rows(kernels, kernel_owners, steps)
+    anatomy = _anatomy(trace, host, is_operator, device_events, window, on_gpu, device)
+    return TraceAnalysis(
+        operators=operators,
+        ranges=ranges,
+        kernels=kernel_rows,
+        anatomy=anatomy,
+        unattributed_device_ms=unattributed / steps / 1000,
+    )
+
+
+class _Steps:
+    """Which ProfilerStep span a timestamp falls in."""
+
+    def __init__(self, steps: Sequence[TraceEvent]) -> None:
+        self.steps = steps
+        self.starts = [step.start_us for step in steps]
+
+    def index(self, time_us: float) -> int | None:
+        position = bisect.bisect_right(self.starts, time_us) - 1
+        if position < 0 or time_us >= self.steps[position].end_us:
+            return None
+        return position
+
+
+def _nest(events: Sequence[TraceEvent]) -> list[int | None]:
+    """Parent index of each event: the innermost event on the same thread that encloses it."""
+    parents: list[int | None] = [None] * len(events)
+    by_thread: dict[str, list[int]] = defaultdict(list)
+    for index, event in enumerate(events):
+        by_thread[event.thread].append(index)
+    for indices in by_thread.values():
+        indices.sort(key=lambda i: (events[i].start_us, -events[i].duration_us))
+        stack: list[int] = []
+        for index in indices:
+            while stack and events[stack[-1]].end_us <= events[index].start_us:
+                stack.pop()
+            parents[index] = stack[-1] if stack else None
+            stack.append(index)
+    return parents
+
+
+def _depth(parents: Sequence[int | None], index: int) -> int:
+    depth, parent = 0, parents[index]
+    while parent is not None:
+        depth, parent = depth + 1, parents[parent]
+    return depth
+
+
+def _launching_operators(
+    events: Sequence[TraceEvent], parents: Sequence[int | None], is_operator: Sequence[bool]
+) -> dict[int, int]:
+    """Launch-call index -> the innermost operator around it (absent when no operator encloses it)."""
+    owners: dict[int, int] = {}
+    for index, event in enumerate(events):
+        if event.category not in LAUNCH_CATEGORIES:
+            continue
+        parent = parents[index]
+        while parent is not None and not is_operator[parent]:
+            parent = parents[parent]
+        if parent is not None:
+            owners[index] = parent
+    return owners
+
+
+def _attribute_flops(
+    host: Sequence[TraceEvent],
+    parents: Sequence[int | None],
+    is_operator: Sequence[bool],
+    window: _Steps,
+    step_flops: Sequence[CountedCall],
+) -> dict[str, float]:
+    """FLOPs over all traced steps per operator name, each call's on the operator that implements it.
+
+    Calls are matched by order within each step (operators on all threads, by start time: on CUDA the
+    backward runs on the autograd engine's own thread). Where a step's events of a counted operator do not
+    match the counted calls one for one, that operator's FLOPs stay on its own row, so the total still holds.
+    """
+    counted: dict[str, list[float]] = defaultdict(list)
+    for call in step_flops:
+        counted[call.operator].append(call.flops)
+    children: dict[int, list[int]] = defaultdict(list)
+    for index, parent in enumerate(parents):
+        if parent is not None and is_operator[index]:
+            children[parent].append(index)
+    events: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for index, event in enumerate(host):
+        step = window.index(event.start_us)
+        if is_operator[index] and event.name in counted and step is not None:
+            events[(event.name, step)].append(index)
+    flops: dict[str, float] = defaultdict(float)
+    for step in range(len(window.steps)):
+        for name, calls in counted.items():
+            matched = sorted(events.get((name, step), []), key=lambda i: host[i].start_us)
+            if len(matched) != len(calls):
+                flops[name] += sum(calls)
+                continue
+            for index, call_flops in zip(matched, calls, strict=True):
+                flops[host[_implementation(index, host, children)].name] += call_flops
+    return dict(flops)
+
+
+def _implementation(index: int, host: Sequence[TraceEvent], children: Mapping[int, Sequence[int]]) -> int:
+    """The operator that does the work of the counted call `index`: follow the one child of the same family."""
+    family = next((pattern for pattern in _IMPLEMENTATION_FAMILIES if pattern.search(host[index].name)), None)
+    while family is not None:
+        same = [child for child in children.get(index, ()) if family.search(host[child].name)]
+        if len(same) != 1:
+            break
+        index = same[0]
+    return index
+
+
+def _rank_operators(
+    host: Sequence[TraceEvent],
+    is_operator: Sequence[bool],
+    self_cpu: Sequence[float],
+    self_device: Sequence[float],
+    total_device: Sequence[float],
+    steps: int,
+    on_gpu: bool,
+    flops: Mapping[str, float],
+) -> tuple[OperatorStats, ...]:
+    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0, 0.0])
+    for index, event in enumerate(host):
+        if not is_operator[index]:
+            continue
+        entry = sums[event.name]
+        entry[0] += 1
+        entry[1] += self_cpu[index]
+        entry[2] += event.duration_us
+        entry[3] += self_device[index]
+        entry[4] += total_device[index]
+    ranked_by = 3 if on_gpu else 1
+    total = sum(entry[ranked_by] for entry in sums.values()) or 1.0
+    rows = [
+        OperatorStats(
+            operator=name,
+            calls_per_step=entry[0] / steps,
+            self_cpu_ms=entry[1] / steps / 1000,
+            total_cpu_ms=entry[2] / steps / 1000,
+            self_device_ms=entry[3] / steps / 1000,
+            total_device_ms=entry[4] / steps / 1000,
+            share_pct=100.0 * entry[ranked_by] / total,
+            mflops=flops[name] / steps / 1e6 if name in flops else None,
+        )
+        for name, entry in sums.items()
+    ]
+    rows.sort(key=lambda row: (row.share_pct, row.self_cpu_ms), reverse=True)
+    return tuple(rows)
+
+
+def _ranges(host: Sequence[TraceEvent], total_device: Sequence[float], steps: int) -> tuple[RangeStats, ...]:
+    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for index, event in enumerate(host):
+        if event.category in RANGE_CATEGORIES:
+            entry = sums[event.name]
+            entry[0] += 1
+            entry[1] += event.duration_us
+            entry[2] += total_device[index]
+    rows = [
+        RangeStats(name=name, calls_per_step=e[0] / steps, cpu_ms=e[1] / steps / 1000, device_ms=e[2] / steps / 1000)
+        for name, e in sums.items()
+    ]
+    return tuple(sorted(rows, key=lambda row: row.cpu_ms, reverse=True))
+
+
+def _kernel_rows(
+    kernels: Mapping[str, list[float]], owners: Mapping[str, Mapping[str, float]], steps: int
+) -> tuple[KernelStats, ...]:
+    total = sum(sum(durations) for durations in kernels.values()) or 1.0
+    rows = []
+    for name, durations in kernels.items():
+        by_owner = sorted(owners[name].items(), key=lambda item: item[1], reverse=True)
+        rows.append(
+            KernelStats(
+                kernel=short_kernel_name(name),
+                launches_per_step=len(durations) / steps,
+                device_ms=sum(durations) / steps / 1000,
+                mean_us=statistics.fmean(durations),
+                share_pct=100.0 * sum(durations) / total,
+                launched_by=", ".join(owner for owner, _ in by_owner),
+                full_name=name,
+            )
+        )
+    return tuple(sorted(rows, key=lambda row: row.device_ms, reverse=True))
+
+
+def _anatomy(
+    trace: Trace,
+    host: Sequence[TraceEvent],
+    is_operator: Sequence[bool],
+    device_events: Sequence[TraceEvent],
+    window: _Steps,
+    on_gpu: bool,
+    device: str,
+) -> StepAnatomy:
+    busy_sources = device_events if on_gpu else [event for index, event in enumerate(host) if is_operator[index]]
+    busy_total = sum(_covered(step, busy_sources) for step in trace.steps)
+    span_total = sum(step.duration_us for step in trace.steps) or 1.0
+    steps = trace.step_count
+    busy_pct = 100.0 * busy_total / span_total
+    step_ms = statistics.median(step.duration_us for step in trace.steps) / 1000
+    launches = len(device_events) / steps if on_gpu else 0.0
+    mean_launch = statistics.fmean(event.duration_us for event in device_events) if on_gpu and device_events else 0.0
+    # Only calls that started device work: cudaDeviceSynchronize & co. are waiting, not launching.
+    launched = {event.correlation for event in device_events}
+    launch_calls = (
+        sum(e.duration_us for e in host if e.category in LAUNCH_CATEGORIES and e.correlation in launched) / steps / 1000
+    )
+    verdict = "host-bound" if busy_pct < HOST_BOUND_BELOW_PCT else "device-bound"
+    if on_gpu:
+        reason = (
+            f"the GPU is busy {busy_pct:.1f} % of the {step_ms:.3f} ms traced step ({launches:.0f} kernels/copies of "
+            f"{mean_launch:.1f} µs mean) and idle {100 - busy_pct:.1f} % waiting for the host to launch work"
+            if verdict == "host-bound"
+            else f"the GPU is busy {busy_pct:.1f} % of the {step_ms:.3f} ms traced step: its arithmetic sets the pace"
+        )
+    else:
+        reason = (
+            f"{busy_pct:.1f} % of the {step_ms:.3f} ms traced step is inside ATen operators, "
+            f"{100 - busy_pct:.1f} % outside them (Python and framework code between operators)"
+        )
+    return StepAnatomy(
+        device=device,
+        traced_steps=steps,
+        step_ms=step_ms,
+        busy_ms=busy_total / steps / 1000,
+        busy_pct=busy_pct,
+        idle_pct=100.0 - busy_pct,
+        launches_per_step=launches,
+        mean_launch_us=mean_launch,
+        launch_call_ms=launch_calls if on_gpu else 0.0,
+        verdict=verdict,
+        reason=reason,
+    )
+
+
+def _covered(step: TraceEvent, events: Iterable[TraceEvent]) -> float:
+    """Microseconds of `step` covered by at least one of `events` (overlaps counted once)."""
+    intervals = sorted(
+        (max(event.start_us, step.start_us), min(event.end_us, step.end_us))
+        for event in events
+        if event.end_us > step.start_us and event.start_us < step.end_us
+    )
+    covered, reach = 0.0, step.start_us
+    for start, end in intervals:
+        if end > reach:
+            covered += end - max(start, reach)
+            reach = end
+    return covered
+
+
+# Readable names for the kernels this kind of model runs; the first matching rule wins.
+_KERNEL_KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern, re.IGNORECASE), label)
+    for pattern, label in (
+        (r"^Memcpy", "memory copy"),
+        (r"^Memset", "memset"),
+        (r"multi_tensor_apply_kernel", "optimizer multi-tensor update"),
+        (r"wgrad", "cuDNN convolution weight gradient"),
+        (r"dgrad", "cuDNN convolution input gradient"),
+        (r"fprop|implicit_gemm|implicit_convolve|convolve_|conv2d|winograd", "cuDNN convolution"),
+        (r"splitKreduce", "cuBLAS split-K reduction"),
+        (r"xmma_gemm|gemm|gemv|cublas|cutlass", "cuBLAS GEMM"),
+        (r"max_pool\w*forward|maxpool\w*fwd", "max pooling forward"),
+        (r"max_pool\w*backward|maxpool\w*bwd", "max pooling backward"),
+        (r"pool", "pooling"),
+        (r"log_softmax|softmax", "softmax"),
+        (r"nll_loss", "NLL loss"),
+        (r"fused_dropout|dropout|bernoulli", "dropout"),
+        (r"reduce_kernel", "reduction"),
+        (r"fill", "fill"),
+        (r"elementwise_kernel|elementwise", "elementwise"),
+        (r"index|scatter|gather", "indexing"),
+    )
+)
+_ARCH = re.compile(r"\b(sm\d{2,3})_")
+_HINTS = re.compile(
+    r"CUDAFunctor_(\w+?)\b|launch_(\w+?)_kernel|launch_(\w+?)_scalar|std::(plus|minus|multiplies|divides)\b|"
+    r"at::native::(Sqrt|Abs|Exp|Log|Reciprocal)<|(sum|mean|max|min|norm|argmax)_functor|(threshold|clamp|where|relu)"
+)
+
+
+def short_kernel_name(full_name: str) -> str:
+    """A name a student can read: what the kernel does, its library or arch, the operation it applies.
+
+    `sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_…_cudnn` -> "cuDNN convolution (sm90, TF32)";
+    `void at::native::…::multi_tensor_apply_kernel<…Sqrt…>` -> "optimizer multi-tensor update (sqrt)".
+    """
+    kind = next((label for pattern, label in _KERNEL_KINDS if pattern.search(full_name)), None)
+    if kind is None:
+        return _function_name(full_name)
+    if kind in ("memory copy", "memset"):
+        return full_name
+    details = []
+    arch = _ARCH.search(full_name)
+    if arch:
+        details.append(arch.group(1))
+    if "tf32" in full_name.lower():
+        details.append("TF32")
+    hint = _HINTS.search(full_name)
+    if hint and kind not in ("cuBLAS GEMM", "max pooling forward", "max pooling backward", "softmax"):
+        details.append(next(group for group in hint.groups() if group).lower())
+    return f"{kind} ({', '.join(details)})" if details else kind
+
+
+def _function_name(full_name: str) -> str:
+    """`void ns::(anonymous namespace)::foo<T>(args)` -> `foo`; a plain name is cut to 60 characters."""
+    name = full_name.removeprefix("void ").replace("(anonymous namespace)::", "")
+    cut = min((position for position in (name.find("<"), name.find("(")) if position > 0), default=len(name))
+    name = name[:cut].rsplit("::", 1)[-1]
+    return name if len(name) <= 60 else name[:59] + "…"

@@ -1,0 +1,156 @@
+"""The report's figures (PNG, matplotlib's headless Agg backend)."""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
+
+from pipeline.report.step_analysis import StepFacts
+
+matplotlib.use("Agg")  # no display: CI and servers
+
+DPI = 110
+
+
+def read_csv(path: Path) -> list[dict[str, float]]:
+    with path.open() as handle:
+        return [{key: float(value) for key, value in row.items()} for row in csv.DictReader(handle)]
+
+
+def training_curves(epochs: Sequence[dict[str, float]], steps: Sequence[dict[str, float]], target: Path) -> None:
+    """Loss and accuracy: per logged step (train) and per epoch (train and test)."""
+    figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(10, 3.8))
+    steps_per_epoch = max(row["step"] for row in steps) / max(row["epoch"] for row in epochs)
+    epoch_x = [row["epoch"] * steps_per_epoch for row in epochs]
+    loss_axes.plot(
+        [r["step"] for r in steps], [r["train_loss"] for r in steps], label="train (per logged step)", alpha=0.6
+    )
+    loss_axes.plot(epoch_x, [r["train_loss"] for r in epochs], "o-", label="train (epoch mean)")
+    loss_axes.plot(epoch_x, [r["test_loss"] for r in epochs], "s-", label="test")
+    loss_axes.set(xlabel="optimizer step", ylabel="NLL loss", title="Loss", yscale="log")
+    accuracy_axes.plot(
+        [r["step"] for r in steps], [r["train_accuracy"] for r in steps], label="train (per logged step)", alpha=0.6
+    )
+    accuracy_axes.plot(epoch_x, [r["train_accuracy"] for r in epochs], "o-", label="train (epoch mean)")
+    accuracy_axes.plot(epoch_x, [r["test_accuracy"] for r in epochs], "s-", label="test")
+    accuracy_axes.set(xlabel="optimizer step", ylabel="accuracy", title="Accuracy")
+    for axes in (loss_axes, accuracy_axes):
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(target, dpi=DPI)
+    plt.close(figure)
+
+
+def batch_size_plot(rows: Sequence[Mapping[str, Any]], value: str, label: str, target: Path) -> None:
+    """`value` against batch size, one line per device/mode (log-log: costs scale multiplicatively)."""
+    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for row in rows:
+        series[str(row["series"])].append((int(row["batch_size"]), float(row[value])))
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for name, points in sorted(series.items()):
+        points.sort()
+        axes.plot([p[0] for p in points], [p[1] for p in points], "o-", label=name)
+    batch_sizes = sorted({int(row["batch_size"]) for row in rows})
+    axes.set(xscale="log", yscale="log", xlabel="batch size", ylabel=label, title=f"{label} vs batch size")
+    axes.set_xticks(batch_sizes, [str(size) for size in batch_sizes])
+    axes.grid(alpha=0.3, which="both")
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(target, dpi=DPI)
+    plt.close(figure)
+
+
+matplotlib.use("Agg")  # no display: CI and servers
+
+DPI = 110
+DEVICE_COLOURS = {"cpu": "tab:blue", "cuda": "tab:green", "mps": "tab:purple"}
+MODE_STYLES = {"inference": "o-", "train": "s--"}
+
+
+def roofline_figure(facts: Sequence[StepFacts], peaks: Mapping[str, float], target: Path) -> None:
+    """Achieved GFLOP/s vs batch size, one line per device and mode, each device's measured peak dashed.
+
+    Roofline-style: the distance from a line up to its device's peak is arithmetic the step leaves
+    unused (log scale, so a factor of 10 looks the same everywhere).
+    """
+    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    series: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+    for fact in facts:
+        if fact.rate is not None:
+            series[(fact.device, fact.mode)].append((fact.batch_size, fact.rate.achieved_gflops_per_s))
+    for (device, mode), points in sorted(series.items()):
+        points.sort()
+        axes.plot(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            MODE_STYLES.get(mode, "o-"),
+            color=DEVICE_COLOURS.get(device, "tab:gray"),
+            label=f"{device} {mode}",
+        )
+    for device, peak in sorted(peaks.items()):
+        axes.axhline(peak, color=DEVICE_COLOURS.get(device, "tab:gray"), linestyle=":", linewidth=1.5)
+        axes.annotate(
+            f"{device} peak {peak:,.0f} GFLOP/s (fp32 matmul)",
+            (0.01, peak),
+            xycoords=("axes fraction", "data"),
+            va="bottom",
+            fontsize=7,
+        )
+    _batch_axis(axes, facts)
+    _plain_log_y(axes)
+    axes.set(ylabel="achieved GFLOP/s", title="Achieved FLOP/s vs batch size (dotted: measured peak)")
+    axes.legend(fontsize=8, loc="lower right")
+    _save(figure, target)
+
+
+def cpu_vs_gpu_figure(facts: Sequence[StepFacts], target: Path) -> None:
+    """Per-sample time vs batch size with both devices, one panel per mode (log-log)."""
+    modes = sorted({fact.mode for fact in facts})
+    figure, panels = plt.subplots(1, max(1, len(modes)), figsize=(5.2 * max(1, len(modes)), 3.8), squeeze=False)
+    for axes, mode in zip(panels[0], modes, strict=False):
+        by_device: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        for fact in facts:
+            if fact.mode == mode:
+                by_device[fact.device].append((fact.batch_size, fact.per_sample.value))
+        for device, points in sorted(by_device.items()):
+            points.sort()
+            axes.plot(
+                [p[0] for p in points], [p[1] for p in points], "o-", color=DEVICE_COLOURS.get(device), label=device
+            )
+        _batch_axis(axes, [fact for fact in facts if fact.mode == mode])
+        _plain_log_y(axes)
+        axes.set(ylabel="per-sample time (ms)", title=f"{mode}: CPU vs GPU")
+        axes.legend(fontsize=8)
+    _save(figure, target)
+
+
+def _batch_axis(axes: Axes, facts: Sequence[StepFacts]) -> None:
+    batch_sizes = sorted({fact.batch_size for fact in facts})
+    axes.set_xscale("log")
+    axes.set_xlabel("batch size")
+    if batch_sizes:
+        axes.set_xticks(batch_sizes, [str(size) for size in batch_sizes])
+    axes.grid(alpha=0.3, which="both")
+
+
+def _plain_log_y(axes: Axes) -> None:
+    """Log y axis labelled 0.01, 1, 100 ... instead of 10^-2 and unlabelled or cluttered minor ticks."""
+    axes.set_yscale("log")
+    axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _position: f"{value:g}"))
+    axes.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _save(figure: Figure, target: Path) -> None:
+    figure.tight_layout()
+    figure.savefig(target, dpi=DPI)
+    plt.close(figure)

@@ -1,0 +1,223 @@
+"""The lab report, generated from the stage outputs: environment, graph, training, profiles, analysis.
+
+Every number in it is read from a stage output (nothing is re-measured), and every input that is
+missing is named in the report with the command that produces it, never silently dropped.
+Torch-free: profiles are read through `pipeline.profiling.record`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pipeline.common.paths import (
+    GRAPH_METRICS,
+    GRAPH_SVG,
+    HARDWARE_FINGERPRINT,
+    SUMMARY_MARKDOWN,
+    TRAIN_EPOCHS_PLOT,
+    TRAIN_METRICS,
+    TRAIN_SPEED,
+    TRAIN_STEPS_PLOT,
+    profile_outputs,
+)
+from pipeline.params.schema import Params, ProfileConfig
+from pipeline.profiling.record import ProfileRecord, combinations, read_record
+from pipeline.profiling.texts import kernels_markdown
+from pipeline.report.comparison import ComparisonRow, analysis, comparison_markdown, comparison_rows
+from pipeline.report.figures import batch_size_plot, cpu_vs_gpu_figure, read_csv, roofline_figure, training_curves
+from pipeline.report.rendering import GRAPH_FIGURE
+from pipeline.report.step_analysis import (
+    StepFacts,
+    analysis_sentences,
+    anatomy_markdown,
+    cpu_vs_gpu_markdown,
+    flop_rate_markdown,
+    has_gpu_pairs,
+    step_facts,
+)
+
+TITLE = "AI-System Lab 1: MNIST CNN — training, dataflow graph and operator profile"
+
+
+@dataclass
+class ReportInputs:
+    hardware: dict[str, str] | None
+    train_metrics: dict[str, float] | None
+    train_speed: dict[str, Any] | None  # images_per_second, train_seconds, runtime (what ran)
+    graph_metrics: dict[str, float] | None
+    model_summary: str | None
+    profiles: list[ProfileRecord]  # in params order
+    missing: list[str] = field(default_factory=list)  # one sentence per absent input
+
+
+def read_json(path: Path, producer: str, missing: list[str]) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        missing.append(f"`{path}` is missing: run `dvc repro {producer}`.")
+        return None
+
+
+def read_inputs(config: ProfileConfig) -> ReportInputs:
+    missing: list[str] = []
+    profiles = []
+    for combination in combinations(config):
+        path = profile_outputs(combination.name).record
+        if path.exists():
+            profiles.append(read_record(path, combination))
+        else:
+            missing.append(f"`{path}` is missing: run `dvc repro profile@{combination.name}`.")
+    model_summary = SUMMARY_MARKDOWN.read_text() if SUMMARY_MARKDOWN.exists() else None
+    if model_summary is None:
+        missing.append(f"`{SUMMARY_MARKDOWN}` is missing: run `dvc repro export_graph`.")
+    return ReportInputs(
+        hardware=read_json(HARDWARE_FINGERPRINT, "hardware", missing),
+        train_metrics=read_json(TRAIN_METRICS, "train", missing),
+        train_speed=read_json(TRAIN_SPEED, "train", missing),
+        graph_metrics=read_json(GRAPH_METRICS, "export_graph", missing),
+        model_summary=model_summary,
+        profiles=profiles,
+        missing=missing,
+    )
+
+
+def environment_markdown(hardware: dict[str, str], profiles: Sequence[ProfileRecord]) -> str:
+    gpus = [name.strip() for name in hardware.get("gpus", "none").split(",") if name.strip() and name.strip() != "none"]
+    cuda_runtime = next((p.hardware["cuda_runtime"] for p in profiles if p.hardware.get("cuda_runtime")), None)
+    rows = [
+        ("CPU model", hardware["cpu"]),
+        ("vCPUs", hardware["cpu_count"]),
+        ("GPU model", ", ".join(sorted(set(gpus))) or "none"),
+        ("GPU count", str(len(gpus))),
+        ("OS", f"{hardware['os']} ({hardware['machine']})"),
+        ("Python", hardware["python"]),
+        ("PyTorch", hardware["torch"]),
+        ("torchvision", hardware["torchvision"]),
+        ("CUDA (torch build)", hardware["torch_cuda_build"]),
+        ("CUDA (runtime used)", cuda_runtime or "not used: no GPU profile"),
+    ]
+    return "| item | value |\n| --- | --- |\n" + "".join(f"| {name} | {value} |\n" for name, value in rows)
+
+
+@dataclass(frozen=True)
+class Report:
+    markdown: str
+    rows: list[ComparisonRow]
+
+    def comparison_csv_rows(self) -> list[dict[str, Any]]:
+        return [dataclasses.asdict(row) for row in self.rows]
+
+
+def report_input_runs(report: Report) -> list[str]:
+    """The MLflow run names (stage runs) whose outputs this report read: train, export_graph and one
+    `profile@<combination>` per profiled combination."""
+    profiles = [f"profile@{row.batch_size}-{row.device}-{row.mode}" for row in report.rows]
+    return ["train", "export_graph", *profiles]
+
+
+def build_report(params: Params, figures: Path) -> Report:
+    """Write the figures into `figures` (a folder) and return the markdown report and the comparison rows."""
+    inputs = read_inputs(params.profile)
+    rows = comparison_rows(inputs.profiles)
+    sections = [
+        f"# {TITLE}\n",
+        "Generated by the `report` stage from the pipeline's outputs; every number below is read from them.\n",
+        "## 1. Environment\n",
+        environment_markdown(inputs.hardware, inputs.profiles)
+        if inputs.hardware
+        else "_Not available (see Missing inputs)._\n",
+        "## 2. Model and dataflow graph\n",
+    ]
+    if GRAPH_SVG.exists():
+        shutil.copy(GRAPH_SVG, figures / PurePosixPath(GRAPH_FIGURE).name)
+        sections.append(f"![dataflow graph]({GRAPH_FIGURE})\n")
+    else:
+        sections.append("_Graph picture not available (see Missing inputs)._\n")
+    sections.append(inputs.model_summary or "_Model summary not available (see Missing inputs)._\n")
+    sections += training_section(params, inputs, figures)
+
+    sections.append("## 4. Top operators (and GPU kernels) per combination\n")
+    for record in inputs.profiles:
+        table = profile_outputs(record.combination.name).table_markdown.read_text()
+        sections.append(table.replace("### ", "#### ", 1))
+        if record.analysis.top_kernels:
+            sections.append(kernels_markdown(record).replace("### ", "#### ", 1))
+    if not inputs.profiles:
+        sections.append("_No profile available (see Missing inputs)._\n")
+
+    sections.append("## 5. Comparison across batch sizes and devices\n")
+    if rows:
+        sections.append(comparison_markdown(rows))
+        plotted = [dataclasses.asdict(row) for row in rows]
+        batch_size_plot(plotted, "per_sample_ms", "per-sample time (ms)", figures / "per_sample_time.png")
+        batch_size_plot(plotted, "throughput_samples_per_s", "throughput (samples/s)", figures / "throughput.png")
+        sections.append("![per-sample time](figures/per_sample_time.png)\n\n![throughput](figures/throughput.png)\n")
+
+    facts = step_facts(inputs.profiles)
+    sections += step_sections(facts, figures)
+
+    sections.append("## 9. Analysis\n")
+    sentences = analysis(rows) + analysis_sentences(facts)
+    sections.append("".join(f"- {sentence}\n" for sentence in sentences) if rows else "_No profiles to analyse._\n")
+
+    if inputs.missing:
+        sections.append("## Missing inputs\n")
+        sections.append("".join(f"- {line}\n" for line in inputs.missing))
+    return Report("\n".join(sections), rows)
+
+
+def step_sections(facts: Sequence[StepFacts], figures: Path) -> list[str]:
+    """Sections 6-8: where each step's time goes, its achieved FLOP/s against the peak, CPU vs GPU."""
+    sections = ["## 6. Step anatomy: where a step's time goes\n", anatomy_markdown(facts)]
+    sections += ["## 7. Achieved FLOP/s against the device's peak\n", flop_rate_markdown(facts)]
+    if facts:
+        peaks: dict[str, list[float]] = {}
+        for fact in facts:
+            if fact.rate is not None and fact.rate.peak_gflops_per_s > 0:
+                peaks.setdefault(fact.device, []).append(fact.rate.peak_gflops_per_s)
+        roofline_figure(facts, {device: statistics.median(v) for device, v in peaks.items()}, figures / "roofline.png")
+        sections.append("![achieved FLOP/s vs batch size](figures/roofline.png)\n")
+    sections += ["## 8. CPU vs GPU\n", cpu_vs_gpu_markdown(facts)]
+    if has_gpu_pairs(facts):
+        cpu_vs_gpu_figure(facts, figures / "cpu_vs_gpu.png")
+        sections.append("![per-sample time, CPU vs GPU](figures/cpu_vs_gpu.png)\n")
+    return sections
+
+
+def training_section(params: Params, inputs: ReportInputs, figures: Path) -> list[str]:
+    train = params.train
+    ran = dict(inputs.train_speed.get("runtime", {})) if inputs.train_speed else {}
+
+    def setting(key: str) -> str:
+        """What ran (metrics/train_speed.json), with the params.yaml request where that said something else."""
+        asked = str(getattr(train, key))
+        done = str(ran.get(key, asked))
+        return f"`{done}`" + (f" (`{asked}` in params.yaml)" if done != asked else "")
+
+    sections = [
+        "## 3. Training\n",
+        f"Adadelta (lr {train.lr:g}), StepLR gamma {train.gamma:g}, batch {train.batch_size}, {train.epochs} epoch(s), "
+        f"seed {train.seed}, device {setting('device')}, precision {setting('precision')}, "
+        f"execution {setting('execution')}, {setting('threads')} thread(s).\n",
+    ]
+    if inputs.train_metrics and TRAIN_EPOCHS_PLOT.exists() and TRAIN_STEPS_PLOT.exists():
+        metrics = inputs.train_metrics
+        speed = (
+            f" Training ran at {inputs.train_speed['images_per_second']:.0f} images/s." if inputs.train_speed else ""
+        )
+        sections.append(
+            f"Test accuracy **{metrics['test_accuracy']:.4f}**, test loss {metrics['test_loss']:.4f}; last-epoch train "
+            f"accuracy {metrics['train_accuracy']:.4f}, loss {metrics['train_loss']:.4f}.{speed}\n"
+        )
+        training_curves(read_csv(TRAIN_EPOCHS_PLOT), read_csv(TRAIN_STEPS_PLOT), figures / "training_curves.png")
+        sections.append("![training curves](figures/training_curves.png)\n")
+    else:
+        sections.append("_Training curves not available (see Missing inputs)._\n")
+    return sections

@@ -1,0 +1,222 @@
+"""Why a step costs what it costs, as report text: step anatomy, kernels, achieved FLOP/s, CPU vs GPU.
+
+Pure functions from per-combination facts (read from the profile records) to markdown and to
+analysis sentences; every number they print comes from those facts. Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipeline.common.tables import NO_NUMBER
+from pipeline.profiling.record import FlopRate, ProfileRecord
+from pipeline.profiling.statistics import Interval, ratio
+from pipeline.profiling.trace_analysis import KernelStats, StepAnatomy
+
+ADD_A_GPU = (
+    "No GPU was profiled. To add one, on a machine with an NVIDIA GPU and driver set `profile.devices: [cpu, cuda]` "
+    "in params.yaml (or queue it: `dvc exp run -S 'profile.devices=[cpu,cuda]'`) and run `dvc repro`: the six cuda "
+    "combinations are profiled beside the CPU ones and this section compares them."
+)
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """What the report knows about one combination's step."""
+
+    batch_size: int
+    device: str
+    mode: str
+    step: Interval  # median step time timed without the profiler, with its 95 % CI (ms)
+    per_sample: Interval  # the same per sample
+    anatomy: StepAnatomy | None = None  # None: no trace analysis in the record
+    kernels: tuple[KernelStats, ...] = ()
+    rate: FlopRate | None = None
+    peak_method: str = ""  # how the device's peak was measured
+
+    @property
+    def label(self) -> str:
+        return f"batch {self.batch_size} {self.device} {self.mode}"
+
+
+def step_facts(records: Sequence[ProfileRecord]) -> list[StepFacts]:
+    """What the report's step sections need from each profile record."""
+    return [
+        StepFacts(
+            batch_size=record.combination.batch_size,
+            device=record.combination.device,
+            mode=record.combination.mode,
+            step=record.timing.step_interval(),
+            per_sample=record.timing.per_sample_interval(record.combination.batch_size),
+            anatomy=record.analysis.anatomy,
+            kernels=record.analysis.top_kernels,
+            rate=record.analysis.flop_rate,
+            peak_method=record.analysis.peak_method,
+        )
+        for record in records
+    ]
+
+
+def anatomy_markdown(facts: Sequence[StepFacts]) -> str:
+    """One row per combination: where the step's time goes, and the verdict with its numbers."""
+    rows = [fact for fact in facts if fact.anatomy is not None]
+    if not rows:
+        return "_No step anatomy: the profile records carry no trace analysis (re-run `dvc repro`)._\n"
+    lines = [
+        (
+            "Busy: on a GPU, kernels, copies and memsets running (overlaps counted once); on the CPU, time inside "
+            "ATen operators. Both are measured in the traced steps (`ProfilerStep#N`), which the profiler makes "
+            "longer than the timed ones."
+        ),
+        "",
+        "| batch | device | mode | timed step ms | traced step ms | busy % | idle % | kernels/step | verdict |",
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for fact in rows:
+        anatomy = fact.anatomy
+        assert anatomy is not None  # filtered above
+        kernels = f"{anatomy.launches_per_step:.0f}" if fact.device != "cpu" else NO_NUMBER
+        lines.append(
+            f"| {fact.batch_size} | {fact.device} | {fact.mode} | {fact.step.value:.3f} | {anatomy.step_ms:.3f} | "
+            f"{anatomy.busy_pct:.1f} | {anatomy.idle_pct:.1f} | {kernels} | **{anatomy.verdict}** |"
+        )
+    lines.append("")
+    lines.extend(f"- {fact.label}: **{fact.anatomy.verdict}**: {fact.anatomy.reason}." for fact in rows if fact.anatomy)
+    return "\n".join(lines) + "\n"
+
+
+def flop_rate_markdown(facts: Sequence[StepFacts]) -> str:
+    rows = [fact for fact in facts if fact.rate is not None]
+    if not rows:
+        return "_No achieved FLOP/s: the profile records carry no step analysis (re-run `dvc repro`)._\n"
+    methods = sorted({(fact.device, fact.peak_method) for fact in rows if fact.peak_method})
+    lines = [
+        "FLOPs per step = the model's FLOPs per sample (forward; forward + backward in training; counted by "
+        "torch.utils.flop_counter as in the model summary) x batch; achieved = FLOPs per step ÷ median timed step. "
+        "Peak, measured by each profile stage on its device: "
+        + "; ".join(f"{device}: {method}" for device, method in methods)
+        + ".",
+        "",
+        "| batch | device | mode | MFLOPs/step | step ms | achieved GFLOP/s | peak GFLOP/s | % of peak |",
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for fact in rows:
+        rate = fact.rate
+        assert rate is not None  # filtered above
+        lines.append(
+            f"| {fact.batch_size} | {fact.device} | {fact.mode} | {rate.flops_per_step / 1e6:.1f} | "
+            f"{rate.step_ms:.3f} | {rate.achieved_gflops_per_s:.2f} | {rate.peak_gflops_per_s:.0f} | "
+            f"{rate.peak_pct:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def cpu_vs_gpu_markdown(facts: Sequence[StepFacts]) -> str:
+    """Per-sample time on each device per batch size and mode, and the GPU's speed-up; or how to add a GPU."""
+    pairs = _device_pairs(facts)
+    if not pairs:
+        return ADD_A_GPU + "\n"
+    lines = [
+        "| batch | mode | cpu per-sample ms | gpu per-sample ms | GPU speed-up (95 % CI) | GPU busy % |",
+        "| ---: | --- | ---: | ---: | --- | ---: |",
+    ]
+    for cpu, gpu in pairs:
+        busy = f"{gpu.anatomy.busy_pct:.1f}" if gpu.anatomy else NO_NUMBER
+        lines.append(
+            f"| {cpu.batch_size} | {cpu.mode} | {cpu.per_sample.value:.4f} | {gpu.per_sample.value:.4f} | "
+            f"{ratio(cpu.per_sample, gpu.per_sample).describe()} | {busy} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def analysis_sentences(facts: Sequence[StepFacts]) -> list[str]:
+    """Plain sentences from the anatomy, kernels, FLOP/s and the CPU vs GPU ratios."""
+    sentences: list[str] = []
+    series: dict[tuple[str, str], list[StepFacts]] = defaultdict(list)
+    for fact in facts:
+        series[(fact.device, fact.mode)].append(fact)
+    for (device, mode), points in sorted(series.items()):
+        points.sort(key=lambda fact: fact.batch_size)
+        first, last = points[0], points[-1]
+        if first.anatomy and last.anatomy:
+            what = "the GPU is busy" if device != "cpu" else "ATen operators fill"
+            tail = (
+                f"; at {last.batch_size}, {last.anatomy.busy_pct:.0f} %: {last.anatomy.verdict}"
+                if last is not first
+                else ""
+            )
+            sentences.append(
+                f"On {device} {mode} at batch {first.batch_size} {what} {first.anatomy.busy_pct:.0f} % of the step: "
+                f"{first.anatomy.verdict}{tail}."
+            )
+        if first.rate and last.rate:
+            sentences.append(_flop_rate_sentence(device, mode, first, last))
+        if last.kernels:
+            top = last.kernels[0]
+            sentences.append(
+                f"The top kernel of {last.label} is {top.kernel} ({top.share_pct:.0f} % of GPU busy time, "
+                f"{top.launches_per_step:g} launch(es) per step, launched by `{top.launched_by}`)."
+            )
+    for cpu, gpu in _device_pairs(facts):
+        speed = ratio(cpu.step, gpu.step)
+        times = f"{gpu.step.value:.3f} vs {cpu.step.value:.3f} ms per step"
+        if not speed.measurable:
+            sentences.append(f"At batch {cpu.batch_size} {cpu.mode} {gpu.device} vs cpu: {speed.describe()} ({times}).")
+        elif speed.value < 1:
+            why = (
+                f": the GPU idles {gpu.anatomy.idle_pct:.0f} % of the step waiting for launches, so the host's "
+                "per-operator cost, not arithmetic, sets the pace"
+                if gpu.anatomy
+                else ""
+            )
+            slower = ratio(gpu.step, cpu.step)
+            sentences.append(
+                f"At batch {cpu.batch_size} {cpu.mode} {gpu.device} is slower than cpu ({times}; "
+                f"{slower.value:.2f}x the time, 95 % CI {slower.bounds()}){why}."
+            )
+        else:
+            sentences.append(
+                f"At batch {cpu.batch_size} {cpu.mode} {gpu.device} is {speed.value:.1f}x faster than cpu "
+                f"(95 % CI {speed.bounds()}; {times})."
+            )
+    if not _device_pairs(facts):
+        sentences.append(ADD_A_GPU)
+    return sentences
+
+
+def _flop_rate_sentence(device: str, mode: str, first: StepFacts, last: StepFacts) -> str:
+    """How far the smallest and largest batch get towards the device's measured peak."""
+    low, high = first.rate, last.rate
+    assert low is not None
+    assert high is not None
+    sentence = (
+        f"{device} {mode} achieves {low.achieved_gflops_per_s:.1f} GFLOP/s at batch {first.batch_size} "
+        f"({low.peak_pct:.1f} % of the measured {low.peak_gflops_per_s:.0f} GFLOP/s peak)"
+    )
+    if last is not first:
+        sentence += f" and {high.achieved_gflops_per_s:.1f} GFLOP/s at batch {last.batch_size} ({high.peak_pct:.1f} %)"
+    if max(low.peak_pct, high.peak_pct) >= 25:
+        return sentence + "."
+    if last.anatomy is None:
+        return sentence + ": far below the ceiling."
+    if last.anatomy.verdict == "host-bound":
+        return sentence + ": far below the ceiling because the device waits for the host (see the anatomy)."
+    light = "element-wise, pooling and optimizer" if mode == "train" else "element-wise and pooling"
+    return (
+        sentence + f": far below the ceiling although the step is spent inside operators: {light} operators do "
+        "little arithmetic per byte they move, and matrices this small keep the matrix units from full speed."
+    )
+
+
+def has_gpu_pairs(facts: Sequence[StepFacts]) -> bool:
+    """Whether some batch size and mode was profiled on both the CPU and a GPU."""
+    return bool(_device_pairs(facts))
+
+
+def _device_pairs(facts: Sequence[StepFacts]) -> list[tuple[StepFacts, StepFacts]]:
+    """(cpu, gpu) facts of the same batch size and mode, in batch then mode order."""
+    cpu = {(fact.batch_size, fact.mode): fact for fact in facts if fact.device == "cpu"}
+    pairs = [(cpu[(f.batch_size, f.mode)], f) for f in facts if f.device != "cpu" and (f.batch_size, f.mode) in cpu]
+    return sorted(pairs, key=lambda pair: (pair[0].batch_size, pair[0].mode))

@@ -1,0 +1,143 @@
+"""Tie one `dvc repro` together in MLflow: a parent run per pipeline run, links, and which run is current.
+
+DVC runs every stage as its own process and gives them no shared id, so the pipeline run is
+identified by what makes it one: the git commit, the bytes of params.yaml and dvc.yaml, the DVC
+experiment name when there is one, and the machine (`machine.id`: on a shared tracking server, two
+machines running the same commit are two pipeline runs). Stages that share that key are children of
+one parent run (`pipeline@<commit>-<params digest>`), which MLflow's UI shows as a tree. A forced
+rerun with the same key joins the same parent; a params edit or a new commit starts a new one.
+
+Reruns leave older runs of a stage behind; `mark_current` tags the run that produced the outputs now
+in the workspace `dvc.outputs = current` and its predecessors (same stage, DVC experiment and
+machine: each machine has its own workspace) `superseded`, so a search for
+`tags."dvc.outputs" = 'current'` lists exactly the runs behind the files on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.tracking.tags import COMMIT_TAG, EXPERIMENT_TAG, ID_TAG, NOTE_TAG, PARAMS_DIGEST_TAG, STAGE_TAG
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
+from pipeline.tracking.tags import KEY_TAG, OUTPUTS_TAG
+
+PIPELINE_FILES = ("params.yaml", "dvc.yaml")
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    key: str
+    commit: str  # "none" outside a git repository
+    params_digest: str  # sha256 of params.yaml + dvc.yaml, first 12 hex digits
+    experiment: str  # DVC experiment name, "" for a plain `dvc repro`
+    machine: dict[str, str] = field(default_factory=dict)  # the machine.* tags of the machine it runs on
+
+    @property
+    def name(self) -> str:
+        suffix = f"-{self.experiment}" if self.experiment else ""
+        return f"pipeline@{self.commit[:8]}-{self.params_digest[:6]}{suffix}"
+
+    def tags(self) -> dict[str, str]:
+        return {
+            KEY_TAG: self.key,
+            COMMIT_TAG: self.commit,
+            PARAMS_DIGEST_TAG: self.params_digest,
+            **self.machine,
+        }
+
+
+def current_pipeline_run(root: Path, machine: Mapping[str, str] | None = None) -> PipelineRun:
+    digest = hashlib.sha256()
+    for name in PIPELINE_FILES:
+        path = root / name
+        digest.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"") + b"\0")
+    params_digest = digest.hexdigest()[:12]
+    commit = _git_commit(root)
+    experiment = os.environ.get("DVC_EXP_NAME", "")
+    machine = dict(machine or {})
+    identity = f"{commit}\0{params_digest}\0{experiment}\0{machine.get(ID_TAG, '')}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    return PipelineRun(key=key, commit=commit, params_digest=params_digest, experiment=experiment, machine=machine)
+
+
+def _git_commit(root: Path) -> str:
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "none"
+    return result.stdout.strip() if result.returncode == 0 else "none"
+
+
+def parent_run_id(client: MlflowClient, experiment_id: str, pipeline: PipelineRun) -> str:
+    """The parent run of this pipeline run: found by its key, or created (and ended at once: it holds
+    no work of its own, only children, so it never sits RUNNING in the UI)."""
+    query = f"tags.`{KEY_TAG}` = '{pipeline.key}' and tags.stage = 'pipeline'"  # its children carry the key too
+    found = client.search_runs([experiment_id], filter_string=query, max_results=1)
+    if found:
+        return str(found[0].info.run_id)
+    description = (
+        f"One `dvc repro` of commit {pipeline.commit[:12]} with params digest {pipeline.params_digest}"
+        + (f" (DVC experiment {pipeline.experiment})" if pipeline.experiment else "")
+        + ": its stage runs are the children below."
+    )
+    tags = {**pipeline.tags(), STAGE_TAG: "pipeline", NOTE_TAG: description}
+    run = client.create_run(experiment_id, run_name=pipeline.name, tags=tags)
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return str(run.info.run_id)
+
+
+def mark_current(
+    client: MlflowClient, experiment_id: str, run_id: str, stage_run_name: str, machine_id: str = ""
+) -> None:
+    """Tag `run_id` as the producer of the workspace's outputs of `stage_run_name`, older ones of the same
+    machine (`machine_id`; runs without the tag count as this machine's) superseded."""
+    for run in _current_runs(client, experiment_id, stage_run_name, machine_id):
+        if run.info.run_id != run_id:
+            client.set_tag(run.info.run_id, OUTPUTS_TAG, "superseded")
+    client.set_tag(run_id, OUTPUTS_TAG, "current")
+
+
+def _current_runs(client: MlflowClient, experiment_id: str, stage_run_name: str, machine_id: str) -> list[Run]:
+    """Runs of `stage_run_name` tagged current for this workspace, newest first: same machine (`machine_id`;
+    runs without the tag count as this machine's) and same DVC experiment (each has its own workspace)."""
+    experiment = os.environ.get("DVC_EXP_NAME", "")
+    query = f"attributes.run_name = '{stage_run_name}' and tags.`{OUTPUTS_TAG}` = 'current'"
+    runs = client.search_runs(
+        [experiment_id], filter_string=query, order_by=["attributes.start_time DESC"], max_results=1000
+    )
+    return [
+        run
+        for run in runs
+        if run.data.tags.get(ID_TAG, machine_id) == machine_id and run.data.tags.get(EXPERIMENT_TAG, "") == experiment
+    ]
+
+
+def current_run(client: MlflowClient, experiment_id: str, stage_run_name: str, machine_id: str = "") -> Run | None:
+    """The run `mark_current` tagged as the producer of the workspace's outputs of `stage_run_name` on this
+    machine and DVC experiment; None when this store never saw it (outputs checked out from a DVC remote)."""
+    runs = _current_runs(client, experiment_id, stage_run_name, machine_id)
+    return runs[0] if runs else None
+
+
+def training_run(client: MlflowClient, experiment_id: str, model_digest: str) -> Run | None:
+    """The FINISHED train run that wrote the checkpoint with this digest: the one whose outputs are current if
+    several did (training is bit-identical on one machine), else the latest; None if this store has none."""
+    query = f"tags.stage = 'train' and tags.`model.digest` = '{model_digest}' and attributes.status = 'FINISHED'"
+    runs = client.search_runs(
+        [experiment_id], filter_string=query, order_by=["attributes.start_time DESC"], max_results=100
+    )
+    current = [run for run in runs if run.data.tags.get(OUTPUTS_TAG) == "current"]
+    if current:
+        return current[0]
+    return runs[0] if runs else None

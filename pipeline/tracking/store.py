@@ -1,0 +1,229 @@
+"""The MLflow tracking store: where it is, whether it answers, the experiment created once, and RUNNING runs
+left by dead processes ended FAILED.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import sqlite3
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.common.credentials import basic_auth_header, redact, split_user_info
+from pipeline.common.errors import PipelineError
+from pipeline.common.outputs import check_output_folder
+from pipeline.common.processes import host_name, identity_alive, process_identity
+from pipeline.tracking.tags import NOTE_TAG
+
+if TYPE_CHECKING:  # imported lazily at run time: `import mlflow` alone costs ~2 s
+    from mlflow import MlflowClient
+from pipeline.tracking.tags import HOST_TAG, PROCESS_TAG, STALE_TAG
+
+STORE_FILE = "mlflow.db"
+# A remote tracking server must fail fast, not hang a stage: MLflow's own defaults are a 120 s
+# timeout and 7 retries with exponential backoff (minutes). A user's explicit settings win.
+HTTP_CLIENT_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "8",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+}
+HEALTH_TIMEOUT_S = 5.0
+ARTIFACTS_DIR = "mlartifacts"
+_EXPERIMENT_COPY_MARKER = (".dvc", "tmp", "exps")
+
+
+def project_root(start: Path | None = None) -> Path:
+    """The project folder; for a queued DVC experiment's copy, the project it was queued from."""
+    here = (start or Path.cwd()).resolve()
+    parts = here.parts
+    for index in range(len(parts) - len(_EXPERIMENT_COPY_MARKER) + 1):
+        if parts[index : index + len(_EXPERIMENT_COPY_MARKER)] == _EXPERIMENT_COPY_MARKER:
+            return Path(*parts[:index])
+    return here
+
+
+def tracking_uri(root: Path | None = None) -> str:
+    """$MLFLOW_TRACKING_URI if set, else an SQLite store at an absolute path in the project root."""
+    configured = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    if configured:
+        return configured
+    return f"sqlite:///{(root or project_root()) / STORE_FILE}"
+
+
+USERNAME_VARIABLE = "MLFLOW_TRACKING_USERNAME"
+PASSWORD_VARIABLE = "MLFLOW_TRACKING_PASSWORD"
+TOKEN_VARIABLE = "MLFLOW_TRACKING_TOKEN"
+
+
+def credentials_out_of_uri(uri: str, environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    """`uri` without `user:password@`, the credentials moved to MLflow's own variables; returns the bare URI.
+
+    MLflow sends MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD as HTTP basic auth. Taken out of
+    the URI, the password cannot reach any message, log or exception text that quotes the URI.
+    Variables the user set explicitly win over the URI, as they do in MLflow.
+    """
+    if not uri.startswith(("http://", "https://")):
+        return uri  # database URIs need their credentials inside; messages redact them instead
+    bare, user, password = split_user_info(uri)
+    if user is not None:
+        environ.setdefault(USERNAME_VARIABLE, user)
+        environ.setdefault(PASSWORD_VARIABLE, password or "")
+    return bare
+
+
+def check_tracking_server(uri: str) -> None:
+    """For an http(s) tracking URI: the server must answer `GET /health` before any work starts.
+
+    The request carries the credentials MLflow itself would send (basic auth from
+    MLFLOW_TRACKING_USERNAME / _PASSWORD, or a bearer MLFLOW_TRACKING_TOKEN), so a server behind auth
+    passes; a `user:password@` in the URI is honoured the same way and never printed.
+    """
+    if not uri.startswith(("http://", "https://")):
+        return
+    for name, value in HTTP_CLIENT_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    uri = credentials_out_of_uri(uri)
+    health = uri.rstrip("/") + "/health"
+    fix = (
+        "Start the server (README: 'Sharing: DVC remote and MLflow server'), correct $MLFLOW_TRACKING_URI, "
+        "or unset it to log into the project's own mlflow.db. Nothing was run."
+    )
+    request = urllib.request.Request(health)
+    if os.environ.get(USERNAME_VARIABLE):
+        header = basic_auth_header(os.environ[USERNAME_VARIABLE], os.environ.get(PASSWORD_VARIABLE, ""))
+        request.add_unredirected_header("Authorization", header)
+    elif os.environ.get(TOKEN_VARIABLE):
+        request.add_unredirected_header("Authorization", f"Bearer {os.environ[TOKEN_VARIABLE]}")
+    try:
+        with urllib.request.urlopen(request, timeout=HEALTH_TIMEOUT_S) as response:
+            response.read()
+    except urllib.error.HTTPError as error:
+        auth = (
+            f" Check {USERNAME_VARIABLE} / {PASSWORD_VARIABLE} (or the user:password in the URI)."
+            if error.code in (401, 403)
+            else ""
+        )
+        raise PipelineError(
+            redact(f"MLflow tracking server {uri} answered HTTP {error.code} on /health.{auth} {fix}")
+        ) from None
+    except OSError as error:  # refused, DNS, timeout
+        reason = getattr(error, "reason", error)
+        raise PipelineError(redact(f"MLflow tracking server {uri} is unreachable ({reason}). {fix}")) from None
+
+
+def check_sqlite_store(database: Path) -> None:
+    """Refuse a damaged SQLite store up front instead of failing inside SQLAlchemy with a traceback.
+
+    An empty (0-byte) file is refused too: MLflow would silently make a new store of it, hiding that
+    the runs it held are gone (a disk that filled up, a bad copy). Called under the store's lock, so
+    a store another process is creating right now is never judged half-made.
+    """
+    if not database.exists():
+        return
+    fix = (
+        f"Move it aside (`mv {database} {database}.damaged`) to start an empty store (its runs are lost unless "
+        "you restore a backup), or point $MLFLOW_TRACKING_URI at another store. Nothing was run."
+    )
+    if not database.is_file():
+        raise PipelineError(f"MLflow store {database} is not a file. {fix}")
+    if database.stat().st_size == 0:
+        raise PipelineError(f"MLflow store {database} is empty (0 bytes): whatever runs it held are gone. {fix}")
+    try:
+        with contextlib.closing(sqlite3.connect(f"{database.as_uri()}?mode=rw", uri=True, timeout=60)) as connection:
+            (verdict,) = connection.execute("PRAGMA quick_check(1)").fetchone()
+    except sqlite3.DatabaseError as error:  # "file is not a database", "database disk image is malformed"
+        raise PipelineError(f"MLflow store {database} is not a readable SQLite database ({error}). {fix}") from None
+    if verdict != "ok":
+        raise PipelineError(f"MLflow store {database} is damaged (SQLite's check: {verdict}). {fix}")
+
+
+def check_artifact_folder(artifact_uri: str) -> None:
+    """A local artifact store must accept files and have room before the work, not after it: a full
+    mlartifacts/ would otherwise throw away a finished training when its model is logged."""
+    if artifact_uri.startswith("file://"):
+        folder = Path(urllib.request.url2pathname(artifact_uri[len("file://") :]))
+    elif "://" not in artifact_uri and ":/" not in artifact_uri:
+        folder = Path(artifact_uri)  # a plain local path
+    else:
+        return  # remote stores (mlflow-artifacts:, s3:, ...) report their own errors
+    check_output_folder(folder)
+
+
+def process_tags() -> dict[str, str]:
+    return {HOST_TAG: host_name(), PROCESS_TAG: process_identity()}
+
+
+def mark_stale_runs(client: MlflowClient, experiment_id: str) -> list[str]:
+    """End as FAILED the RUNNING runs whose process is gone (SIGKILL, OOM killer, a store that was down
+    at the end); return their ids.
+
+    Only runs started on this machine are judged: another machine's processes cannot be checked
+    from here, so its runs are left as they are (that machine's next stage judges them).
+    """
+    host = host_name()
+    stale = []
+    for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000):
+        tags = run.data.tags
+        identity = tags.get(PROCESS_TAG)
+        if tags.get(HOST_TAG) != host or identity is None or identity_alive(identity):
+            continue
+        note = f"marked FAILED by a later stage: its process ({identity}) ended without closing the run"
+        client.set_tag(run.info.run_id, STALE_TAG, note)
+        client.set_terminated(run.info.run_id, "FAILED")
+        stale.append(run.info.run_id)
+    return stale
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+
+
+def prepare_experiment(uri: str, experiment: str, root: Path) -> str:
+    """Create (once) the store and the experiment; return the experiment id.
+
+    A fresh SQLite store is migrated by whichever process opens it first; two doing so at once
+    race ("duplicate column name"), so creation happens under a file lock beside the database.
+    """
+    from mlflow import MlflowClient  # lazy: `import mlflow` ≈ 2 s
+
+    database = _sqlite_path(uri)
+    lock_context: contextlib.AbstractContextManager[object] = (
+        _file_lock(database.with_name(database.name + ".lock")) if database else contextlib.nullcontext()
+    )
+    with lock_context:
+        if database is not None:
+            check_sqlite_store(database)
+        client = MlflowClient(uri)
+        found = client.get_experiment_by_name(experiment)
+        if found is not None:
+            return found.experiment_id
+        location = None
+        if database is not None and database.parent == root:
+            # Keep artifacts beside the default store instead of under whatever cwd created it.
+            location = (root / ARTIFACTS_DIR / _slug(experiment)).as_uri()
+        description = (
+            "AI-System Lab 1: MNIST CNN training, dataflow graph and operator profiles, one run per DVC stage "
+            "(children of a `pipeline@<commit>-<params>` run per `dvc repro`). Written by this project's pipeline."
+        )
+        return client.create_experiment(experiment, artifact_location=location, tags={NOTE_TAG: description})
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "experiment"

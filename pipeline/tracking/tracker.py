@@ -1,0 +1,334 @@
+"""MLflow + TensorBoard for one stage run, behind one small facade that stages pass around.
+
+Where things go by default (so `mlflow ui` and `tensorboard --logdir runs` in the project root see
+every run, including those of queued `dvc exp run` copies under .dvc/tmp/exps):
+
+    <project>/mlflow.db       MLflow tracking store (SQLite); $MLFLOW_TRACKING_URI overrides it
+    <project>/mlartifacts/    MLflow artifacts of that store
+    <project>/runs/<stage>/<time>-<run id>/   TensorBoard, one folder per stage run
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.common.credentials import redact
+from pipeline.common.errors import PipelineError
+from pipeline.params.schema import TrackingConfig
+from pipeline.tracking.lineage import current_pipeline_run, current_run, mark_current, parent_run_id, training_run
+from pipeline.tracking.tags import BASELINE_REV_TAG, EXPERIMENT_TAG, ID_TAG, STAGE_TAG, machine_tags
+from pipeline.tracking.tensorboard_events import EventWriter
+
+if TYPE_CHECKING:  # imported lazily at run time: `import mlflow` alone costs ~2 s
+    import numpy as np
+    import torch
+    from mlflow import MlflowClient
+    from torch.utils.tensorboard import SummaryWriter
+from pipeline.tracking.store import (
+    check_artifact_folder,
+    check_tracking_server,
+    credentials_out_of_uri,
+    mark_stale_runs,
+    prepare_experiment,
+    process_tags,
+    project_root,
+    tracking_uri,
+)
+from pipeline.tracking.tags import INPUT_TAG_PREFIX, MODEL_ID_TAG, MODEL_URI_TAG, NOTE_TAG, TRAIN_RUN_TAG
+
+# MLflow's default (10 s) leaves a GPU training of a few seconds without a single sample; psutil's
+# sampling thread costs well under 1 % of a core at this rate.
+SYSTEM_METRICS_INTERVAL_S = 2.0
+
+
+def metric_name(name: str) -> str:
+    """MLflow accepts letters, digits and `_ - . / space` in metric names; replace the rest."""
+    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", name)
+
+
+@dataclass
+class Tracker:
+    """One stage run: an MLflow run and a TensorBoard run folder, logged to together.
+
+    Stages log only through these methods. Scalars and text go through a torch-free event writer;
+    images, graphs and HParams use torch's summary code, imported only when a stage logs them.
+    """
+
+    client: MlflowClient
+    run_id: str
+    events: EventWriter
+    experiment_id: str = ""
+    machine_id: str = ""  # the `machine.id` tag of this run
+    _torch_writer: SummaryWriter | None = None
+
+    def _graph_writer(self) -> SummaryWriter:
+        if self._torch_writer is None:
+            from torch.utils.tensorboard import SummaryWriter  # lazy: only torch stages log these
+
+            self._torch_writer = SummaryWriter(log_dir=str(self.events.logdir))
+        return self._torch_writer
+
+    def close(self) -> None:
+        self.events.close()
+        if self._torch_writer is not None:
+            self._torch_writer.close()
+
+    def log_params(self, params: Mapping[str, Any], prefix: str = "") -> None:
+        """MLflow params (write-once per run), each key prefixed with `prefix` (e.g. `graph.`)."""
+        from mlflow.entities import Param  # lazy: `import mlflow` ≈ 2 s
+
+        # Values pass through `redact`: a URL with a password must not become a stored param.
+        entries = [Param(f"{prefix}{key}", redact(str(value))) for key, value in params.items()]
+        self.client.log_batch(self.run_id, params=entries)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag  # lazy: `import mlflow` ≈ 2 s
+
+        self.client.log_batch(self.run_id, tags=[RunTag(key, str(value)) for key, value in tags.items()])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0, prefix: str = "") -> None:
+        """One batched MLflow call (~0.1 ms a metric) plus TensorBoard scalars, all at `step`.
+
+        `prefix` (`profile/`, `train/`, ...) groups a stage's metrics: MLflow's charts and TensorBoard's
+        scalars are sectioned by the part before the first `/`.
+        """
+        from mlflow.entities import Metric  # lazy: `import mlflow` ≈ 2 s
+
+        timestamp = int(time.time() * 1000)
+        self.client.log_batch(
+            self.run_id,
+            metrics=[
+                Metric(metric_name(prefix + key), float(value), timestamp, step) for key, value in metrics.items()
+            ],
+        )
+        for key, value in metrics.items():
+            self.events.add_scalar(prefix + key, value, step)
+
+    def log_curve(self, tag: str, values: Sequence[float]) -> None:
+        """A curve at steps 0..n-1 in TensorBoard only. In MLflow a per-step series shows in the run overview
+        and Compare as its last value, beside the run's summary statistics, where it reads like one more
+        statistic; its values belong in an artifact (the profile record holds them)."""
+        for index, value in enumerate(values):
+            self.events.add_scalar(tag, value, index)
+
+    def log_image(self, tag: str, image: np.ndarray, artifact_file: str) -> None:
+        """`image` is HWC uint8: a PNG artifact in MLflow, an image in TensorBoard."""
+        self.client.log_image(self.run_id, image, artifact_file=artifact_file)
+        from torch.utils.tensorboard.summary import image as image_summary  # lazy: only torch stages log these
+
+        self.events.add_summary(image_summary(tag, image, dataformats="HWC"))  # type: ignore[no-untyped-call]
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def log_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float]) -> None:
+        """TensorBoard's HParams view, written into this run's own folder (SummaryWriter.add_hparams
+        would open a sub-folder, making one stage run look like two)."""
+        from torch.utils.tensorboard.summary import hparams as hparams_summary  # lazy: only torch stages log these
+
+        for summary in hparams_summary(dict(hparams), dict(metrics)):  # type: ignore[no-untyped-call]
+            self.events.add_summary(summary)
+        for key, value in metrics.items():
+            self.events.add_scalar(key, value, 0)
+
+    def add_graph(self, model: torch.nn.Module, example: torch.Tensor) -> None:
+        """TensorBoard's Graphs tab (traced with torch.jit.trace; model and example on one device)."""
+        self._graph_writer().add_graph(model, example)
+
+    def log_text(self, tag: str, markdown: str, artifact_file: str | None = None) -> None:
+        """Markdown in TensorBoard's Text tab and, with `artifact_file`, as an MLflow artifact."""
+        if artifact_file is not None:
+            self.client.log_text(self.run_id, markdown, artifact_file)
+        self.events.add_text(tag, markdown, 0)
+
+    def log_artifact_text(self, text: str, artifact_file: str) -> None:
+        """A text artifact in MLflow only (e.g. an HTML page TensorBoard would show as source)."""
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def log_png_file(self, tag: str, path: Path) -> None:
+        """A PNG file in TensorBoard's Images tab under `tag`, torch-free (the report stage never imports torch).
+        TensorBoard only: log the file to MLflow with `log_artifact`."""
+        self.events.add_png(tag, path.read_bytes())
+
+    def link_training(self, model_digest: str) -> str | None:
+        """Point this run at the train run that wrote the checkpoint `model_digest` names and at the model it
+        logged: tags `train.run_id`, `model.id`, `model.uri`, and the model as an input of this run (MLflow
+        lists it under the run's logged models). Returns the train run's id; None (and no tags) when this
+        store holds no such run, e.g. a checkpoint pulled from a DVC remote that another store tracked."""
+        from mlflow.entities import LoggedModelInput  # lazy: `import mlflow` ≈ 2 s
+
+        train = training_run(self.client, self.experiment_id, model_digest)
+        if train is None:
+            return None
+        tags = {TRAIN_RUN_TAG: train.info.run_id}
+        model_id = train.data.tags.get(MODEL_ID_TAG)
+        if model_id:
+            tags |= {MODEL_ID_TAG: model_id, MODEL_URI_TAG: f"models:/{model_id}"}
+            self.client.log_inputs(self.run_id, models=[LoggedModelInput(model_id)])
+        self.set_tags(tags)
+        return str(train.info.run_id)
+
+    def link_inputs(self, stage_run_names: Sequence[str], description: str) -> dict[str, str]:
+        """Record which runs produced the outputs this stage read: a tag `input.<run name>` = run id (`@` → `.`)
+        for each one this store holds (the run tagged `dvc.outputs = current` on this machine), and the run's
+        description `description` followed by links to them. Returns {run name: run id}."""
+        found = {}
+        for name in stage_run_names:
+            run = current_run(self.client, self.experiment_id, name, self.machine_id)
+            if run is not None:
+                found[name] = str(run.info.run_id)
+        links = ", ".join(
+            f"[{name}](#/experiments/{self.experiment_id}/runs/{run_id})" for name, run_id in found.items()
+        )
+        missing = [name for name in stage_run_names if name not in found]
+        note = f"{description}\n\nBuilt from the runs {links}." if found else description
+        if missing:
+            note += f" Not in this store (outputs from a DVC remote or cache): {', '.join(missing)}."
+        # Tag keys take no `@`: `input.profile.64-cpu-train` names the run `profile@64-cpu-train`.
+        inputs = {f"{INPUT_TAG_PREFIX}{name.replace('@', '.')}": run_id for name, run_id in found.items()}
+        self.set_tags({**inputs, NOTE_TAG: note})
+        return found
+
+
+# Shown as each run's description in the MLflow UI (the `mlflow.note.content` tag).
+STAGE_DESCRIPTIONS = {
+    "download": "Fetch the four MNIST IDX files, verify their SHA-256 digests and write data/MNIST.",
+    "train": "Train the lab CNN (Adadelta + StepLR) on in-memory MNIST; checkpoint, metrics and curves.",
+    "export_graph": "Export the trained model's dataflow graph: TensorBoard graph, torch.export .pt2, ONNX, summary.",
+    "profile": "Time one batch size x device x mode and rank its operators with torch.profiler.",
+    "report": "Build the lab report (markdown + self-contained HTML) from every stage's outputs.",
+}
+
+
+def _first_line(error: BaseException) -> str:
+    text = getattr(error, "message", None) or str(error) or type(error).__name__
+    return " ".join(str(text).split())[:500]
+
+
+def _dvc_experiment_tags() -> dict[str, str]:
+    """Inside `dvc exp run`, DVC names the experiment and its baseline commit: link the run to them."""
+    names = {"DVC_EXP_NAME": EXPERIMENT_TAG, "DVC_EXP_BASELINE_REV": BASELINE_REV_TAG}
+    return {tag: os.environ[variable] for variable, tag in names.items() if os.environ.get(variable)}
+
+
+@contextlib.contextmanager
+def open_tracker(
+    stage: str,
+    config: TrackingConfig,
+    variant: str | None = None,
+    root: Path | None = None,
+    system_metrics: bool = False,
+) -> Iterator[Tracker]:
+    """Start the stage's MLflow run and TensorBoard writer; end the run FINISHED, FAILED or KILLED.
+
+    `variant` names one item of a matrix stage (`64-cpu-train`): the run is `stage@variant` and its
+    TensorBoard folder `<stage>/<variant>-<time>-<run id>`, one per combination.
+
+    The run is also the active fluent run while open, for the MLflow APIs that only exist in fluent
+    form (`mlflow.log_input`, `mlflow.pytorch.log_model`). Every run is tagged with its stage, its DVC
+    experiment (if any) and the machine it ran on (`machine.name`, `machine.id`).
+
+    `system_metrics`: MLflow samples CPU, memory, disk, network (psutil) and GPU (pynvml, where a GPU
+    and nvidia-ml-py are present) into `system/*` metrics while the run is open, every
+    SYSTEM_METRICS_INTERVAL_S unless $MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL says otherwise.
+    """
+    import mlflow  # lazy: `import mlflow` ≈ 2 s
+    from mlflow import MlflowClient  # lazy: `import mlflow` ≈ 2 s
+    from sqlalchemy.exc import SQLAlchemyError  # lazy: MLflow's
+
+    root = root or project_root()
+    uri = credentials_out_of_uri(tracking_uri(root))
+    if os.environ.get("MLFLOW_TRACKING_URI", "").strip():
+        os.environ["MLFLOW_TRACKING_URI"] = uri  # MLflow code reading the variable sees no password either
+    check_tracking_server(uri)
+    machine = machine_tags()
+    try:
+        experiment_id = prepare_experiment(uri, config.experiment, root)
+        client = MlflowClient(uri)
+        check_artifact_folder(client.get_experiment(experiment_id).artifact_location)
+        mark_stale_runs(client, experiment_id)
+        mlflow.set_tracking_uri(uri)
+        run_name = f"{stage}@{variant}" if variant else stage
+        pipeline = current_pipeline_run(root, machine)
+        tags = {STAGE_TAG: stage, **pipeline.tags(), **process_tags(), **_dvc_experiment_tags()}
+        if stage in STAGE_DESCRIPTIONS:
+            tags[NOTE_TAG] = STAGE_DESCRIPTIONS[stage]
+        parent = parent_run_id(client, experiment_id, pipeline)
+        if system_metrics:
+            # Its start/stop/"skip GPU" INFO lines would join every training's console output; failures
+            # are warnings and still show.
+            logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+            if not os.environ.get("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"):
+                mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)  # type: ignore[no-untyped-call]
+        run = mlflow.start_run(
+            experiment_id=experiment_id,
+            run_name=run_name,
+            tags=tags,
+            parent_run_id=parent,
+            log_system_metrics=system_metrics,
+        )
+    except (mlflow.exceptions.MlflowException, SQLAlchemyError) as error:
+        raise PipelineError(
+            redact(
+                f"MLflow tracking store {uri} failed before the stage started: {_first_line(error)}. Check "
+                "$MLFLOW_TRACKING_URI (unset it to use the project's own mlflow.db) and `tracking.experiment` in "
+                "params.yaml. Nothing was run."
+            )
+        ) from None
+    run_id = run.info.run_id
+    folder = f"{variant + '-' if variant else ''}{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:8]}"
+    logdir = Path(config.tensorboard_dir)
+    logdir = (logdir if logdir.is_absolute() else root / logdir) / stage / folder
+    tracker = Tracker(
+        client=client,
+        run_id=run_id,
+        events=EventWriter(logdir),
+        experiment_id=experiment_id,
+        machine_id=machine.get(ID_TAG, ""),
+    )
+    status = "FAILED"
+    failure: PipelineError | None = None
+    try:
+        yield tracker
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    except mlflow.exceptions.MlflowException as error:  # the store died, stalled or refused mid-stage
+        failure = PipelineError(
+            redact(
+                f"MLflow tracking store {uri} failed during the stage: {_first_line(error)}. No outputs were "
+                f"written. Check that the store is up (and $MLFLOW_TRACKING_URI), then run the stage again."
+            )
+        )
+        raise failure from None
+    finally:
+        tracker.close()
+        try:
+            if status == "FINISHED":
+                mark_current(client, experiment_id, run_id, run_name, machine[ID_TAG])
+            mlflow.end_run(status=status)
+        except mlflow.exceptions.MlflowException as error:
+            # The run stays RUNNING in the store; the next stage started on this machine marks it
+            # FAILED (mark_stale_runs), once the store answers again.
+            left = (
+                f" Its MLflow run {run_id} could not be ended ({_first_line(error)[:200]}); it shows as RUNNING "
+                "until the next stage started on this machine marks it FAILED."
+            )
+            if failure is not None:
+                failure.args = (failure.args[0] + redact(left),)
+            elif status == "FINISHED":
+                raise PipelineError(
+                    redact(
+                        f"The stage's work finished and its outputs were written, but MLflow store {uri} failed "
+                        f"at its end.{left} Check the store, then run the stage again to log it."
+                    )
+                ) from None

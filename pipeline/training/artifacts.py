@@ -1,0 +1,153 @@
+"""What the train stage writes (metrics and plot files for DVC) and logs (MLflow, TensorBoard)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.model.network import LabNet
+from pipeline.tracking.tags import DATA_DIGEST_TAG, MODEL_DEVICE_TAG, MODEL_ID_TAG, REGISTERED_MODEL_TAG, hardware_tags
+from pipeline.tracking.tracker import Tracker
+from pipeline.training.loop import TrainingResult
+
+# Batch of the MLflow input example: > 1 so the exported model keeps a dynamic batch dimension.
+EXAMPLE_BATCH = 2
+
+
+def quality_metrics(result: TrainingResult) -> dict[str, float]:
+    """Deterministic numbers for `metrics/train.json`: identical for identical params, data, machine."""
+    last = result.epochs[-1]
+    return {
+        "test_accuracy": last.test_accuracy,
+        "test_loss": last.test_loss,
+        "train_accuracy": last.train_accuracy,
+        "train_loss": last.train_loss,
+        "epochs": len(result.epochs),
+        "steps": result.optimizer_steps,
+    }
+
+
+def speed_metrics(result: TrainingResult, runtime: Mapping[str, object]) -> dict[str, object]:
+    """`metrics/train_speed.json`: wall-clock numbers (they differ run to run, so they are kept apart from
+    `quality_metrics`) and what ran (`runtime`: device, precision, execution, threads after resolving
+    `auto`), which the report quotes and `dvc metrics diff` compares across machines."""
+    return {
+        "train_seconds": round(result.train_seconds, 3),
+        "images_per_second": round(result.images_per_second, 1),
+        "runtime": {key: runtime[key] for key in RESOLVED_KEYS},
+    }
+
+
+# train.* params that may say `auto` (or 0 threads): MLflow records what ran, the request beside it.
+RESOLVED_KEYS = ("device", "precision", "execution", "threads")
+
+
+def resolved_params(train_params: Mapping[str, Any], runtime: Mapping[str, Any]) -> dict[str, Any]:
+    """The `train` section as it ran: `auto` choices (and 0 threads) replaced by what ran, the request kept
+    as `<key>_requested` where it differed, so Compare shows `precision bf16`, not `auto`."""
+    resolved = dict(train_params)
+    for key in RESOLVED_KEYS:
+        if str(train_params[key]) != str(runtime[key]):
+            resolved[key] = runtime[key]
+            resolved[f"{key}_requested"] = train_params[key]
+    return resolved
+
+
+def log_training_setup(
+    tracker: Tracker,
+    train_params: Mapping[str, Any],
+    runtime: Mapping[str, Any],
+    hardware: Mapping[str, str],
+    data_digest: str,
+) -> None:
+    """Params (`train.*` as it ran, `runtime.*` for how it was chosen) and the machine as tags, which MLflow's
+    Compare lists apart from params: they describe where a run ran, not a setting to compare."""
+    tracker.log_params(resolved_params(train_params, runtime), prefix="train.")
+    tracker.log_params(
+        {key: value for key, value in runtime.items() if key not in (*RESOLVED_KEYS, "seed")}, "runtime."
+    )
+    tracker.set_tags({DATA_DIGEST_TAG: data_digest, **hardware_tags(hardware)})
+
+
+def log_training_result(
+    tracker: Tracker, result: TrainingResult, train_params: Mapping[str, Any], runtime: Mapping[str, Any]
+) -> None:
+    """TensorBoard HParams for the run (the settings as they ran, with final quality and speed). MLflow needs
+    no `final/*` copies: its run page and Compare show each curve's last value, which is the final one."""
+    final = quality_metrics(result)
+    resolved = resolved_params(train_params, runtime)
+    tracker.log_hparams(
+        {key: value for key, value in resolved.items() if isinstance(value, (int, float, str, bool))},
+        {
+            "hparam/test_accuracy": final["test_accuracy"],
+            "hparam/test_loss": final["test_loss"],
+            "hparam/images_per_second": result.images_per_second,
+        },
+    )
+
+
+def log_model(tracker: Tracker, model: LabNet, registered_model: str, step: int) -> str:
+    """Log the model in MLflow's default torch.export format, with a dynamic batch dimension, as produced at
+    optimizer step `step`, and register it as a new version of `registered_model`; returns `<name>/<version>`.
+
+    MLflow links the run's metrics logged at `step` (the final test and train values) to the logged model,
+    so its page, and the registered version's, show the quality it was logged with.
+
+    An exported program keeps its weights on the device it was exported on, and MLflow's pyfunc loader
+    (which also checks the input example while logging) refuses to move them: it loads on
+    `serving_device()`. So the model is exported for that device, and loads and predicts on the machine
+    that logged it, GPU or not; the checkpoint (weights saved from the CPU) is the portable copy.
+    """
+    import mlflow  # lazy: `import mlflow` ≈ 2 s
+
+    device = serving_device()
+    cpu_model = LabNet.from_description(model.describe())
+    cpu_model.load_state_dict({name: tensor.cpu() for name, tensor in model.state_dict().items()})
+    cpu_model.eval()
+    served: torch.nn.Module = cpu_model if device.type == "cpu" else OnDevice(cpu_model, device).eval()
+    example = np.zeros((EXAMPLE_BATCH, *cpu_model.input_shape), dtype=np.float32)
+    info = mlflow.pytorch.log_model(
+        served,
+        name="model",
+        step=step,
+        input_example=example,
+        registered_model_name=registered_model,
+        # Pinned here: inferring requirements would import the model in a subprocess (slow).
+        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"],
+    )
+    version = f"{registered_model}/{info.registered_model_version}"
+    tracker.set_tags({MODEL_DEVICE_TAG: str(device), MODEL_ID_TAG: info.model_id, REGISTERED_MODEL_TAG: version})
+    return version
+
+
+def serving_device() -> torch.device:
+    """Where MLflow's pyfunc loader puts a PyTorch model on this machine (mlflow.pytorch._load_pyfunc):
+    $MLFLOW_DEFAULT_PREDICTION_DEVICE if set, else the default CUDA device if there is one, else the CPU."""
+    chosen = os.environ.get("MLFLOW_DEFAULT_PREDICTION_DEVICE")
+    if chosen:
+        return torch.device(chosen)
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+class OnDevice(torch.nn.Module):
+    """`model` on `device`, taking input on any device and answering on the input's device.
+
+    Exported with MLflow's CPU example, both copies become part of the program: it accepts CPU or
+    `device` tensors (MLflow's pyfunc wrapper sends `device` tensors) and answers on the CPU.
+    """
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        super().__init__()
+        self.model = model.to(device)
+        self.device = device
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        # aten._to_copy, not Tensor.to: torch.export guards each `.to` with an assert on its input's device
+        # (the CPU of the example), which would refuse the GPU tensors the pyfunc wrapper passes.
+        answer: torch.Tensor = self.model(torch.ops.aten._to_copy.default(images, device=self.device))
+        on_input_device: torch.Tensor = torch.ops.aten._to_copy.default(answer, device=images.device)
+        return on_input_device
