@@ -67,7 +67,8 @@ def measure(batch_size: int, device_name: str, mode: str) -> dict[str, Any]:
         "busy": timing.conditions.busy,
         "cpu_pressure_pct": cpu_pressure(),
     }
-    return {"metrics": timing.metrics(), "conditions": conditions, "inputs": inputs}
+    metrics = {**timing.record().as_metrics(), **timing.conditions.metrics()}
+    return {"metrics": metrics, "conditions": conditions, "inputs": inputs}
 
 
 def run_worker(batch_size: int, device: str, mode: str) -> dict[str, Any]:

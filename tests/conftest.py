@@ -11,15 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import (
-    COMMAND_LIMIT_S,
-    REPO_PARAMS,
-    REPO_ROOT,
-    copy_project,
-    run_command,
-    stage_environment,
-    tiny_params,
-)
+from tests.helpers.projects import COMMAND_LIMIT_S, copy_project, run_command, stage_environment, tiny_params
+from tests.helpers.repo import REPO_PARAMS, REPO_ROOT
 
 
 @pytest.fixture(scope="session")

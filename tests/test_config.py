@@ -12,7 +12,8 @@ from pipeline.common.errors import PipelineError
 from pipeline.params.loading import load_params
 from pipeline.params.parsing import params_from_mapping
 from pipeline.params.schema import Params, section_as_dict
-from tests.helpers import REPO_ROOT, write_params
+from tests.helpers.projects import write_params
+from tests.helpers.repo import REPO_ROOT
 
 
 def test_repository_params_parse_into_typed_frozen_sections() -> None:

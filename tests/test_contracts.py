@@ -25,7 +25,8 @@ from pipeline.profiling.record import (
     write_record,
 )
 from pipeline.tracking.tensorboard_events import EventWriter
-from tests.helpers import REPO_ROOT, make_record
+from tests.helpers.records import make_record
+from tests.helpers.repo import REPO_ROOT
 
 
 def test_profile_record_round_trips_through_its_json(tmp_path: Path) -> None:

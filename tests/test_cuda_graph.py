@@ -42,7 +42,9 @@ from pipeline.training.execution import (
 )
 from pipeline.training.loop import TrainingResult, evaluate, train_model
 from pipeline.training.runtime import pin_runtime, select_precision
-from tests.helpers import LAB_MODEL, REPO_PARAMS, make_record
+from tests.helpers.data import LAB_MODEL
+from tests.helpers.records import make_record
+from tests.helpers.repo import REPO_PARAMS
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")

@@ -19,11 +19,12 @@ import torchvision
 
 from pipeline.common.errors import PipelineError
 from pipeline.data.artifacts import sample_grid
-from pipeline.data.idx import IdxFormatError, encode_idx, parse_idx
+from pipeline.data.idx import IdxFormatError, parse_idx
 from pipeline.data.mnist import MNIST_SHA256, fetch_mnist, load_split, mirror_candidates, read_manifest, write_dataset
 from pipeline.params.parsing import params_from_mapping
 from pipeline.params.schema import DataConfig
-from tests.helpers import closed_port, make_synthetic_mnist
+from tests.helpers.data import encode_idx, make_synthetic_mnist
+from tests.helpers.servers import closed_port
 
 TRAIN_IMAGES = "train-images-idx3-ubyte"
 

@@ -16,7 +16,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from pipeline.data.artifacts import sample_grid
 from pipeline.data.mnist import MNIST_SHA256, dataset_digest, load_split
-from tests.helpers import closed_port, write_params
+from tests.helpers.projects import write_params
+from tests.helpers.servers import closed_port
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,8 @@ from pipeline.data.tensors import normalize_images
 from pipeline.model.checkpoint import load_checkpoint
 from pipeline.model.network import LabNet
 from pipeline.model.summary import summarize, summary_csv, summary_markdown
-from tests.helpers import LAB_MODEL, read_params, reproduced_copy, write_params
+from tests.helpers.data import LAB_MODEL
+from tests.helpers.projects import read_params, reproduced_copy, write_params
 
 
 def test_summary_counts_every_parameter_and_the_convolution_flops() -> None:

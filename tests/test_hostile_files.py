@@ -40,15 +40,10 @@ from pipeline.params.parsing import params_from_mapping
 from pipeline.params.schema import DataConfig, TrackingConfig
 from pipeline.tracking.store import check_tracking_server, credentials_out_of_uri
 from pipeline.tracking.tracker import open_tracker
-from tests.helpers import (
-    LAB_MODEL,
-    REPO_ROOT,
-    closed_port,
-    copy_project,
-    make_synthetic_mnist,
-    run_command,
-    stage_environment,
-)
+from tests.helpers.data import LAB_MODEL, make_synthetic_mnist
+from tests.helpers.projects import copy_project, run_command, stage_environment
+from tests.helpers.repo import REPO_ROOT
+from tests.helpers.servers import closed_port
 
 TRAIN_IMAGES = "train-images-idx3-ubyte"
 
@@ -308,15 +303,17 @@ CHECKPOINTS: list[tuple[str, Callable[[Path], object], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("name", "write", "expected"), CHECKPOINTS, ids=[name for name, _, _ in CHECKPOINTS])
+CheckpointCase = tuple[str, Callable[[Path], object], str]  # name, how to write the file, the message expected
+
+
+@pytest.mark.parametrize("case", CHECKPOINTS, ids=[name for name, _, _ in CHECKPOINTS])
 def test_bad_checkpoint_is_refused_before_the_model_is_built(
     tmp_path: Path,
-    name: str,
-    write: Callable[[Path], object],
-    expected: str,
+    case: tuple[str, Callable[[Path], object], str],
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    name, write, expected = case
     path = tmp_path / "model.pt"
     write(path)
     if name == "absurd-config":  # never allocate: the refusal must come from the estimate
@@ -571,7 +568,7 @@ from pipeline.model.checkpoint import checkpoint_payload, save_checkpoint
 from pipeline.common.stage_runner import run_stage
 from pipeline.common.errors import PipelineError
 from pipeline.model.network import LabNet
-from tests.helpers import LAB_MODEL
+from tests.helpers.data import LAB_MODEL
 
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=70m", "tmpfs", "models"], check=True)
 Path("models/filler").write_bytes(bytes(68 << 20))

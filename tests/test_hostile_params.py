@@ -28,8 +28,7 @@ from pipeline.params.schema import ModelConfig
 from pipeline.params.validation import MARKER_TEXT, write_params_checked
 from pipeline.profiling.matrix import stage_combination
 from pipeline.profiling.record import Combination
-from tests.helpers import (
-    REPO_ROOT,
+from tests.helpers.projects import (
     TRACKED_OUTPUTS,
     copy_project,
     read_params,
@@ -38,6 +37,7 @@ from tests.helpers import (
     tiny_params,
     write_params,
 )
+from tests.helpers.repo import REPO_ROOT
 
 ALIAS_BOMB = "".join(
     f"{name}: &{name} [{', '.join([f'*{previous}'] * 9) if previous else ', '.join(['lol'] * 9)}]\n"
@@ -59,6 +59,18 @@ def _stage_exit(main: Callable[[], None], capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit) as exited:
         run_stage("probe", main)  # a name without output folders: nothing is checked or created
     return int(exited.value.code or 0), capsys.readouterr().err
+
+
+def _refused(main: Callable[[], object], capsys: pytest.CaptureFixture[str]) -> str:
+    """`main`, run as a stage, is refused as a user error (exit 2, no traceback); its stderr."""
+
+    def run() -> None:
+        main()
+
+    code, stderr = _stage_exit(run, capsys)
+    assert code == 2
+    assert "Traceback" not in stderr
+    return stderr
 
 
 # ---------------------------------------------------------------- fast: every bad value, in process
@@ -88,7 +100,11 @@ BAD_VALUES = [
         "/tmp/runs",
         "`tracking.tensorboard_dir` = '/tmp/runs' is not allowed; it must be a folder inside the project",
     ),
-    ("report.extra", 1, "`report.extra` is not a known key (allowed in `report`: no keys yet)"),
+    (
+        "graph.extra",
+        1,
+        "`graph.extra` is not a known key (allowed in `graph`: onnx_opset, check_batch_sizes, parity_atol)",
+    ),
     (
         "data.mirrors",
         ["https://alice:hunter2@example.org/mnist/"],
@@ -105,12 +121,7 @@ def test_bad_value_is_refused_naming_the_key_and_the_fix(
 ) -> None:
     raw = _set(repo_params, key, value)
 
-    def validate() -> None:
-        params_from_mapping(raw)
-
-    code, stderr = _stage_exit(validate, capsys)
-    assert code == 2
-    assert "Traceback" not in stderr
+    stderr = _refused(lambda: params_from_mapping(raw), capsys)
     assert expected in stderr, stderr
     assert "dvc checkout" in stderr  # how to get outputs back if DVC removed them anyway
     assert "hunter2" not in stderr
@@ -163,12 +174,7 @@ def test_unreadable_params_file_is_refused_fast(
     path = tmp_path / "params.yaml"
     path.write_bytes(content)
 
-    def validate() -> None:
-        load_params(path)
-
-    code, stderr = _stage_exit(validate, capsys)
-    assert code == 2
-    assert "Traceback" not in stderr
+    stderr = _refused(lambda: load_params(path), capsys)
     assert expected in stderr, stderr
     assert f"Fix {path} and run again" in stderr
 
@@ -176,12 +182,7 @@ def test_unreadable_params_file_is_refused_fast(
 def test_params_file_that_is_a_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "params.yaml").mkdir()
 
-    def validate() -> None:
-        load_params(tmp_path / "params.yaml")
-
-    code, stderr = _stage_exit(validate, capsys)
-    assert code == 2
-    assert "Traceback" not in stderr
+    stderr = _refused(lambda: load_params(tmp_path / "params.yaml"), capsys)
     assert "params.yaml cannot be read (Is a directory): it must be a readable YAML file" in stderr
 
 
@@ -368,7 +369,7 @@ VALUE_TYPOS = {
         "tensorboard_dir: ../outside",
         "`tracking.tensorboard_dir` = '../outside' is not allowed",
     ),
-    "report: {}": ("report: {pages: 3}\noptimiser: {name: sgd}", "`report.pages` is not a known key"),
+    "\ntracking:\n": ("\noptimiser: {name: sgd}\ntracking:\n", "`optimiser` is not a known key"),
     "mirrors:\n": (
         "mirrors:\n  - https://alice:hunter2@example.org/mnist/\n",
         "`data.mirrors[0]` = 'https://***@example.org/mnist/'",

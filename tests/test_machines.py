@@ -31,8 +31,9 @@ from pipeline.params.schema import TrackingConfig
 from pipeline.profiling.record import Combination
 from pipeline.tracking.tags import ID_TAG, NAME_TAG, identity_tags, machine_tags
 from pipeline.tracking.tracker import open_tracker
-from tests.helpers import REPO_ROOT, run_command, stage_environment
-from tests.profile_runs import copy_profiles, gpu_reference, log_profile_folder, profile_run_params
+from tests.helpers.projects import run_command, stage_environment
+from tests.helpers.records import copy_profiles, gpu_reference, log_profile_folder, profile_run_params
+from tests.helpers.repo import REPO_ROOT
 
 H100 = {  # the H100 reference run's fingerprint.json
     "cpu": "Intel(R) Xeon(R) Processor",

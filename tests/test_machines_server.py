@@ -17,16 +17,16 @@ from mlflow import MlflowClient
 from pipeline.common.machine import machine_fingerprint
 from pipeline.profiling.statistics import Interval, ratio
 from pipeline.tracking.tags import ID_TAG, NAME_TAG, identity_tags
-from tests.helpers import (
+from tests.helpers.projects import (
     copy_without_outputs,
     read_params,
     run_command,
-    running_mlflow_server,
     stage_environment,
     tiny_params,
     write_params,
 )
-from tests.profile_runs import copy_profiles, gpu_reference, log_profile_folder
+from tests.helpers.records import copy_profiles, gpu_reference, log_profile_folder
+from tests.helpers.servers import running_mlflow_server
 
 pytestmark = pytest.mark.slow
 

@@ -28,15 +28,10 @@ from pipeline.profiling.statistics import Block, MeasurementConditions, estimate
 from pipeline.profiling.texts import measurement_warnings, operators_markdown
 from pipeline.profiling.timing import StepTiming
 from pipeline.profiling.trace_analysis import StepAnatomy, TraceAnalysis
-from tests.helpers import (
-    LAB_MODEL,
-    REPO_ROOT,
-    clone_project,
-    make_record,
-    read_params,
-    reproduced_copy,
-    write_params,
-)
+from tests.helpers.data import LAB_MODEL
+from tests.helpers.projects import clone_project, read_params, reproduced_copy, write_params
+from tests.helpers.records import make_record
+from tests.helpers.repo import REPO_ROOT
 
 CPU = torch.device("cpu")
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from mlflow import MlflowClient
 
-from tests.helpers import reproduced_copy
+from tests.helpers.projects import reproduced_copy
 
 pytestmark = pytest.mark.slow
 LEARNING_RATES = ("0.5", "0.8", "1.2")

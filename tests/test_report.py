@@ -14,10 +14,12 @@ from mlflow import MlflowClient
 from PIL import Image
 
 from pipeline.params.parsing import params_from_mapping
-from pipeline.report.comparison import analysis, comparison_markdown, comparison_rows
+from pipeline.report.comparison import comparison_markdown, comparison_rows, comparison_sentences
 from pipeline.report.lab_report import build_report, read_inputs
-from pipeline.report.step_analysis import ADD_A_GPU, analysis_sentences, step_facts
-from tests.helpers import REPO_ROOT, make_record, read_params, reproduced_copy, write_params, write_two_profiles
+from pipeline.report.step_analysis import ADD_A_GPU, step_facts, step_sentences
+from tests.helpers.projects import read_params, reproduced_copy, write_params
+from tests.helpers.records import make_record, write_two_profiles
+from tests.helpers.repo import REPO_ROOT
 
 
 def test_analysis_states_scaling_dominant_operators_and_gpu_speedup() -> None:
@@ -29,7 +31,7 @@ def test_analysis_states_scaling_dominant_operators_and_gpu_speedup() -> None:
     ]
     rows = comparison_rows(records)
     assert rows[1].convolution_share_pct == 40.0  # both conv rows of the top-k
-    sentences = analysis(rows)
+    sentences = comparison_sentences(rows)
     # 6.0 / (38.4 / 64) = 10; each median is known to ±2 %: the ratio to 0.98/1.02 .. 1.02/0.98.
     assert any(
         "Per-sample time falls from 6.0000 ms at batch 1 to 0.6000 ms at batch 64 (10.0x cheaper, 95 % CI 9.61-10.41x)"
@@ -38,9 +40,9 @@ def test_analysis_states_scaling_dominant_operators_and_gpu_speedup() -> None:
         for s in sentences
     )
     speedup = "At batch 64 train cuda is 10.0x faster than cpu (95 % CI 9.61-10.41x; 3.840 vs 38.400 ms per step)."
-    assert speedup in analysis_sentences(step_facts(records))
-    assert ADD_A_GPU not in analysis_sentences(step_facts(records))
-    assert "On cuda train at batch 64 the GPU is busy 14 % of the step: host-bound." in analysis_sentences(
+    assert speedup in step_sentences(step_facts(records))
+    assert ADD_A_GPU not in step_sentences(step_facts(records))
+    assert "On cuda train at batch 64 the GPU is busy 14 % of the step: host-bound." in step_sentences(
         step_facts(records)
     )
     assert not any("Only CPU combinations" in s or "no measurable difference" in s for s in sentences)
@@ -53,14 +55,14 @@ def test_overlapping_intervals_read_no_measurable_difference() -> None:
         make_record(1, "cuda", "inference", 0.49, (("aten::addmm", 20.0),), ci_pct=2.0),
     ]
     rows = comparison_rows(records)
-    sentences = analysis(rows)
+    sentences = comparison_sentences(rows)
     # 0.50 ms vs 32/64 = 0.50 ms per sample: the same, within both intervals.
     assert (
         "Per-sample time at batch 1 (0.5000 ms) and at batch 64 (0.5000 ms): no measurable difference (0.96-1.04x)."
         in sentences
     )
     same = "At batch 1 inference cuda vs cpu: no measurable difference (0.97-1.07x) (0.490 vs 0.500 ms per step)."
-    assert same in analysis_sentences(step_facts(records))
+    assert same in step_sentences(step_facts(records))
 
 
 def test_comparison_table_shows_the_estimate_and_flags_noisy_and_busy_rows() -> None:

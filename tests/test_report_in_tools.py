@@ -13,8 +13,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugin_util import markdown_to_safe_html
 
 from pipeline.report.lab_report import GRAPH_FIGURE
-from pipeline.report.rendering import figure_paths, markdown_for_mlflow, markdown_for_tensorboard
-from tests.helpers import run_report_stage
+from pipeline.report.rendering import FIGURE_IMAGE, markdown_for_mlflow, markdown_for_tensorboard
+from tests.helpers.projects import run_report_stage
 
 RELATIVE_IMAGE = re.compile(r"!\[[^\]]*\]\(figures/")
 EXPERIMENT = "report-in-tools"
@@ -28,7 +28,7 @@ def reported(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_report_file_keeps_its_relative_figures_and_they_exist(reported: Path) -> None:
     """report/report.md reads on the forge and in an editor: relative images, each file beside it."""
     markdown = (reported / "report" / "report.md").read_text()
-    paths = figure_paths(markdown)
+    paths = [match["path"] for match in FIGURE_IMAGE.finditer(markdown)]
     assert {"figures/training_curves.png", "figures/per_sample_time.png", GRAPH_FIGURE} <= set(paths)
     assert all((reported / "report" / path).is_file() for path in paths)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import (
+from tests.helpers.projects import (
     copy_project,
     read_params,
     reproduced_copy,

@@ -18,7 +18,7 @@ from mlflow import MlflowClient
 
 from pipeline.common.processes import host_name, process_identity
 from pipeline.tracking.tags import HOST_TAG, PROCESS_TAG, STALE_TAG
-from tests.helpers import (
+from tests.helpers.projects import (
     copy_project,
     read_params,
     run_command,

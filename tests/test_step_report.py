@@ -24,13 +24,13 @@ from pipeline.report.figures import cpu_vs_gpu_figure, roofline_figure
 from pipeline.report.step_analysis import (
     ADD_A_GPU,
     StepFacts,
-    analysis_sentences,
     anatomy_markdown,
     cpu_vs_gpu_markdown,
     flop_rate_markdown,
+    step_sentences,
 )
-from tests.helpers import REPO_ROOT
-from tests.test_trace_analysis import SHARED_REFERENCE as REFERENCE  # its timing.json files ship in ../shared
+from tests.helpers.repo import REPO_ROOT
+from tests.helpers.repo import SHARED_REFERENCE as REFERENCE  # its timing.json files ship in ../shared
 
 GRAPH = json.loads((REPO_ROOT / "metrics" / "graph.json").read_text())
 PEAKS = {"cpu": 1500.0, "cuda": 50_000.0}  # GFLOP/s, stand-ins for the measured peaks
@@ -98,7 +98,7 @@ def test_cpu_vs_gpu_section_gives_ratios_and_explains_the_slow_gpu_at_batch_1() 
     row = f"| 1 | inference | {cpu1.per_sample.value:.4f} | {gpu1.per_sample.value:.4f} | {speed_up.describe()} | 4.8 |"
     assert row in table
     assert len(re.findall(r"^\| \d+ \| (inference|train) \|", table, re.MULTILINE)) == 6
-    sentences = analysis_sentences(facts)
+    sentences = step_sentences(facts)
     assert any(s.startswith("At batch 1 inference cuda is slower than cpu") and "idles 95 %" in s for s in sentences), (
         sentences
     )
@@ -115,7 +115,7 @@ def test_cpu_only_reports_say_how_to_add_a_gpu() -> None:
     assert cpu_vs_gpu_markdown(cpu_only) == ADD_A_GPU + "\n"
     assert "`profile.devices: [cpu, cuda]`" in ADD_A_GPU
     assert "`dvc repro`" in ADD_A_GPU
-    assert analysis_sentences(cpu_only)[-1] == ADD_A_GPU
+    assert step_sentences(cpu_only)[-1] == ADD_A_GPU
 
 
 def test_flop_rate_table_and_sentences_carry_the_share_of_peak() -> None:
@@ -130,7 +130,7 @@ def test_flop_rate_table_and_sentences_carry_the_share_of_peak() -> None:
         )
         assert row in table
     assert "cpu: median of 7 fp32 products; cuda: median of 7 fp32 products." in table
-    sentences = analysis_sentences(facts)
+    sentences = step_sentences(facts)
     gpu_train = next(s for s in sentences if s.startswith("cuda train achieves"))
     assert "at batch 1" in gpu_train
     assert "at batch 64" in gpu_train

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pipeline.profiling.timing import MIN_BLOCKS, device_clock, time_steps
-from tests.conftest import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT
 
 CPU = torch.device("cpu")
 
@@ -68,7 +68,10 @@ def test_stops_as_soon_as_the_median_is_pinned_down(two_threads: None) -> None:
     # The stage's thread setting, not Timer's default of 1; and it is left as it was.
     assert threads_seen == {2} and torch.get_num_threads() == 2
     assert timing.conditions.threads == 2
-    assert {"step_time_ms_median", "step_time_ci_pct", "noisy", "machine_busy", "timing_s"} <= set(timing.metrics())
+    assert {"step_time_ms_median", "step_time_ci_pct", "noisy", "machine_busy", "timing_s"} <= {
+        *timing.record().as_metrics(),
+        *timing.conditions.metrics(),
+    }
 
 
 def test_blocks_sized_on_a_stalled_probe_are_dropped_and_resized(two_threads: None) -> None:
@@ -89,7 +92,7 @@ def test_budget_ends_a_measurement_that_cannot_reach_the_target(two_threads: Non
     started = time.perf_counter()
     timing = time_steps(erratic_step, CPU, batch_size=1, ci_target_pct=0.01, time_budget_s=1.5, clock=clock)
     elapsed = time.perf_counter() - started
-    assert timing.estimate.noisy and timing.metrics()["noisy"] == 1.0
+    assert timing.estimate.noisy and timing.record().as_metrics()["noisy"] == 1.0
     # The wall-clock budget ends it: not before 1.2 s, and not at the 2+ minutes an unreachable target would take
     # (the upper bound is generous for a loaded CI machine).
     assert 1.2 <= elapsed < 15.0

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from scipy.stats import binom  # type: ignore[import-untyped]  # no stubs; an independent oracle
 
+from pipeline.profiling.record import Timing
 from pipeline.profiling.statistics import (
     GOVERNOR_NOT_EXPOSED,
     NOISY_ADVICE,
@@ -19,13 +20,15 @@ from pipeline.profiling.statistics import (
     available_cores,
     cpu_governor,
     cpu_pressure,
-    estimate_from_metrics,
     estimate_step_time,
     load_average,
     measurement_conditions,
     median_interval,
     ratio,
 )
+
+# What a Timing record needs beyond the estimate (not under test here).
+_REST = {"steps_per_block": 1, "timing_s": 1.0, "peak_memory_mb": 0.0, "top_operator_share_pct": 0.0}
 
 
 def _lognormal_blocks(rng: random.Random, n: int, median_ms: float, sigma: float, steps: int = 1) -> list[Block]:
@@ -70,9 +73,15 @@ def test_interval_covers_the_true_median_at_about_the_nominal_rate(n: int, sigma
 def test_noisy_flag_fires_exactly_when_the_interval_misses_the_target() -> None:
     rng = random.Random(1)
     tight = estimate_step_time(_lognormal_blocks(rng, 400, 5.0, 0.05), 16, 2.0)
-    assert tight.ci_half_width_pct < 2.0 and not tight.noisy and tight.metrics()["noisy"] == 0.0
+    assert (
+        tight.ci_half_width_pct < 2.0
+        and not tight.noisy
+        and Timing.from_estimate(tight, **_REST).as_metrics()["noisy"] == 0.0
+    )
     wide = estimate_step_time(_lognormal_blocks(rng, 30, 5.0, 0.5), 16, 2.0)
-    assert wide.ci_half_width_pct > 2.0 and wide.noisy and wide.metrics()["noisy"] == 1.0
+    assert (
+        wide.ci_half_width_pct > 2.0 and wide.noisy and Timing.from_estimate(wide, **_REST).as_metrics()["noisy"] == 1.0
+    )
     # The same blocks pass a looser target: the flag is about the target, not the data alone.
     assert not estimate_step_time(_lognormal_blocks(random.Random(1), 30, 5.0, 0.5), 16, 50.0).noisy
     # The interval narrows with more blocks (~1/sqrt(n)): 16x the blocks, about a quarter of the width.
@@ -85,14 +94,14 @@ def test_too_few_blocks_give_a_finite_plus_minus_100_percent_interval_and_a_flag
     estimate = estimate_step_time([Block(1, 0.010), Block(1, 0.012), Block(1, 0.011)], 1, 50.0)
     assert estimate.ci_low_ms == 0.0 and estimate.ci_high_ms == pytest.approx(22.0)
     assert estimate.ci_half_width_pct == pytest.approx(100.0) and estimate.noisy
-    assert all(math.isfinite(value) for value in estimate.metrics().values())
+    assert all(math.isfinite(value) for value in Timing.from_estimate(estimate, **_REST).as_metrics().values())
 
 
 def test_estimate_fields_from_known_blocks() -> None:
     # Per-step times 1..9 ms in blocks of 4 steps: median 5, inclusive quartiles 3 and 7.
     blocks = [Block(4, 4 * ms / 1000) for ms in (9, 1, 8, 2, 7, 3, 6, 4, 5)]
     estimate = estimate_step_time(blocks, 8, 2.0)
-    metrics = estimate.metrics()
+    metrics = Timing.from_estimate(estimate, **_REST).as_metrics()
     assert metrics["step_time_ms_median"] == pytest.approx(5.0)
     assert metrics["step_time_ms_iqr"] == pytest.approx(4.0)
     assert metrics["step_time_ms_ci_low"] == pytest.approx(2.0) and metrics["step_time_ms_ci_high"] == pytest.approx(
@@ -103,8 +112,6 @@ def test_estimate_fields_from_known_blocks() -> None:
     assert metrics["per_sample_ms"] == pytest.approx(5.0 / 8)
     assert metrics["throughput_samples_per_s"] == pytest.approx(1600.0)
     assert estimate.per_sample.low == pytest.approx(2.0 / 8)
-    rebuilt = estimate_from_metrics(metrics, 8, 2.0)
-    assert rebuilt == estimate
     with pytest.raises(ValueError, match="no timed blocks"):
         estimate_step_time([], 8, 2.0)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import gzip
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -24,11 +23,9 @@ from pipeline.model.summary import summarize
 from pipeline.profiling.record import Combination
 from pipeline.profiling.run import count_step_flops, make_step, profile_combination
 from pipeline.profiling.trace_analysis import OPERATOR_NAME, CountedCall, analyse_trace, read_trace, short_kernel_name
-from tests.helpers import LAB_MODEL, REPO_ROOT
+from tests.helpers.data import LAB_MODEL
+from tests.helpers.repo import REPO_ROOT, SHARED_REFERENCE
 
-SHARED_REFERENCE = Path(
-    os.environ.get("GPU_REFERENCE") or REPO_ROOT.parent / "shared" / "gpu-reference" / "h100-2026-11-22"
-).resolve()
 # ../shared's copy of the reference run came without its traces (git-ignored where it was exported), so the
 # project commits the cuda traces of its own H100 run (tests/data/h100-2026-11-22/README.md says how it was made).
 COMMITTED_TRACES = REPO_ROOT / "tests" / "data" / "h100-2026-11-22"

@@ -20,7 +20,8 @@ import pytest
 from mlflow import MlflowClient
 
 from pipeline.data.mnist import MNIST_SHA256, dataset_digest
-from tests.helpers import REPO_ROOT, closed_port, running_mlflow_server
+from tests.helpers.repo import REPO_ROOT
+from tests.helpers.servers import closed_port, running_mlflow_server
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from pipeline.data.mnist import MNIST_SHA256, dataset_digest, load_split
 from pipeline.data.tensors import to_device_data
 from pipeline.model.checkpoint import load_checkpoint
 from pipeline.training.loop import evaluate
-from tests.helpers import read_params, reproduced_copy, started_training, write_params
+from tests.helpers.projects import read_params, reproduced_copy, started_training, write_params
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ from pipeline.params.schema import ModelConfig, TrackingConfig, TrainConfig, sec
 from pipeline.tracking.tracker import open_tracker
 from pipeline.training.loop import StepRecord, evaluate, train_model
 from pipeline.training.runtime import pin_runtime, select_device, select_precision
-from tests.helpers import REPO_PARAMS
+from tests.helpers.repo import REPO_PARAMS
 
 CPU = torch.device("cpu")
 

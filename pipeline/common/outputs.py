@@ -158,7 +158,8 @@ def check_output_folder(folder: Path, min_free: int = MIN_FREE_BYTES) -> None:
     free = shutil.disk_usage(folder).free
     if free < min_free:
         raise PipelineError(
-            f"{folder}/ has only {_size(free)} free on its file system; this stage needs at least {_size(min_free)} "
+            f"{folder}/ has only {size_text(free)} free on its file system; this stage needs at least "
+            f"{size_text(min_free)} "
             f"there for its outputs. Free space on the file system holding {folder}/ and run again. {fix}"
         )
 
@@ -176,7 +177,7 @@ def write_error_message(error: OSError, path: Path | str | None = None, folders:
     full = [(folder, shutil.disk_usage(folder).free) for folder in folders if folder.is_dir()]
     full = [(folder, free) for folder, free in full if free < MIN_FREE_BYTES]
     if full:
-        listing = "; ".join(f"{folder}/ has only {_size(free)} free" for folder, free in full)
+        listing = "; ".join(f"{folder}/ has only {size_text(free)} free" for folder, free in full)
         return f"could not write ({reason}): {listing}. Free space there and run again."
     shown = ", ".join(f"{folder}/" for folder in folders) or "the output folders"
     return f"could not write an output ({reason}): check free space and permissions of {shown} and run again."
@@ -192,7 +193,7 @@ def _access_fix(error: OSError, folder: Path) -> str:
     return "check the path and run again."
 
 
-def _size(count: float) -> str:
+def size_text(count: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
         if count < 1024 or unit == "PiB":
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pipeline.common.dataset import CLASSES, IMAGE_HEIGHT, IMAGE_WIDTH
 from pipeline.data.mnist import DATASET_DIR, RAW_DIR, SPLIT_PREFIX, DownloadResult, Split, dataset_digest
 from pipeline.params.schema import DataConfig, section_as_dict
 from pipeline.tracking.tags import DATA_DIGEST_TAG
@@ -19,10 +20,8 @@ if TYPE_CHECKING:
     from mlflow.data.meta_dataset import MetaDataset
 
 
-CLASSES = 10
 GRID_PADDING = 2  # pixels between digits, so neighbours don't merge into one blob
 MLFLOW_DIGEST_LENGTH = 32  # MLflow stores dataset digests in a 36-character column
-IMAGE_SHAPE = (28, 28)
 SPLIT_CONTEXT = {"train": "training", "test": "testing"}  # MLflow's input contexts
 
 
@@ -97,7 +96,7 @@ def log_training_inputs(manifest: Mapping[str, Any], root: Path, samples: Mappin
         names = (f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte")
         file_digests = {name: str(files[name]["sha256"]) for name in names}
         source = str((root / DATASET_DIR / RAW_DIR / names[0]).resolve())
-        dataset = split_dataset(split, file_digests, source, IMAGE_SHAPE)  # type: ignore[arg-type]
+        dataset = split_dataset(split, file_digests, source, (IMAGE_HEIGHT, IMAGE_WIDTH))  # type: ignore[arg-type]
         mlflow.log_input(dataset, context=SPLIT_CONTEXT[split], tags={"samples": str(samples[split])})
 
 

@@ -32,11 +32,3 @@ def parse_idx(payload: bytes) -> np.ndarray:
     if len(payload) != expected:
         raise IdxFormatError(f"header promises shape {shape} ({expected} bytes) but the file has {len(payload)} bytes")
     return np.frombuffer(payload, dtype=np.uint8, offset=header_size).reshape(shape)
-
-
-def encode_idx(array: np.ndarray) -> bytes:
-    """Encode a uint8 array as IDX (used to build small synthetic data sets for tests)."""
-    if array.dtype != np.uint8:
-        raise ValueError(f"IDX encoding here supports uint8 only, got {array.dtype}")
-    header = struct.pack(">HBB", 0, UNSIGNED_BYTE, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
-    return header + array.tobytes()

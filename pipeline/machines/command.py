@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipeline.common.credentials import split_user_info
 from pipeline.common.stage_runner import run_stage
 from pipeline.machines.report import FIGURES, HTML_FILE, MARKDOWN_FILE, build_machines_report, write_report
 from pipeline.machines.runs import read_store
@@ -39,7 +39,7 @@ def main(arguments: Sequence[str] | None = None) -> None:
         experiment = load_params().tracking.experiment
     uri = tracking_uri()
     runs, left_out = read_store(uri, experiment)
-    source = f"`{_without_credentials(uri)}` (experiment `{experiment}`)"
+    source = f"`{split_user_info(uri)[0]}` (experiment `{experiment}`)"
     with tempfile.TemporaryDirectory() as scratch:
         (Path(scratch) / FIGURES).mkdir()
         report = build_machines_report(
@@ -52,8 +52,3 @@ def main(arguments: Sequence[str] | None = None) -> None:
         f"{machines} machine(s), {len(report.rows)} rows in {groups} group(s), {len(left_out)} run(s) left out -> "
         f"{options.output / MARKDOWN_FILE}, {options.output / HTML_FILE}"
     )
-
-
-def _without_credentials(uri: str) -> str:
-    """`https://user:secret@host` -> `https://host`: the report may be shared."""
-    return re.sub(r"//[^/@]*@", "//", uri)

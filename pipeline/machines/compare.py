@@ -171,7 +171,7 @@ def choose_baseline(rows: Sequence[MachineRow], requested: str | None, this_mach
     machines = {row.machine_id: row.machine for row in rows}
     chosen = None
     if requested:
-        matches = [mid for mid, name in machines.items() if _names_machine(requested, name, mid)]
+        matches = [mid for mid, name in machines.items() if names_machine(requested, name, mid)]
         if len(matches) > 1:
             listed = ", ".join(f"{machines[mid]} (id {mid})" for mid in matches)
             raise PipelineError(f"--baseline {requested!r} matches several machines: {listed}; pass an id instead.")
@@ -185,7 +185,7 @@ def choose_baseline(rows: Sequence[MachineRow], requested: str | None, this_mach
     return machines[chosen], devices[0]
 
 
-def _names_machine(requested: str, shown: str, identity: str) -> bool:
+def names_machine(requested: str, shown: str, identity: str) -> bool:
     """`requested` is the machine's shown name, that name without its ` [id]` suffix, or a prefix of its id."""
     return requested in (shown, re.sub(r" \[[0-9a-f]+\]$", "", shown)) or identity.startswith(requested)
 

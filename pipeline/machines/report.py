@@ -39,21 +39,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import matplotlib.pyplot as plt
+
 from pipeline.common.errors import PipelineError
 from pipeline.common.outputs import AtomicOutputs
 from pipeline.common.tables import rows_csv
 from pipeline.machines.compare import (
+    Group,
     GroupKey,
     MachineRow,
     Speedup,
-    _names_machine,
     choose_baseline,
     display_names,
     group_runs,
     machine_row,
+    names_machine,
     speedups,
 )
 from pipeline.machines.runs import STATISTICS, LeftOut, ProfileRun
+from pipeline.report.figures import DPI
 from pipeline.report.rendering import markdown_to_html
 from pipeline.tracking.tags import MODEL_DIGEST_TAG
 
@@ -62,23 +66,22 @@ MARKDOWN_FILE = "machines.md"
 HTML_FILE = "machines.html"
 CSV_FILE = "machines.csv"
 FIGURES = "figures"
-_FIGURE_DPI = 110
 
 
 # --- markdown ------------------------------------------------------------------------------------
 
 
-def _number(value: float, digits: int = 4) -> str:
+def _significant(value: float, digits: int = 4) -> str:
     """4 significant digits, thousands as `23,136`: ms from 0.003 to 50, throughput from 100 to 300,000."""
     return f"{value:.{digits}g}" if value < 1000 else f"{value:,.0f}"
 
 
 def _with_interval(value: float, low: float | None, high: float | None, digits: int = 4) -> str:
     if low is None or high is None:
-        return _number(value, digits)
+        return _significant(value, digits)
     if low <= 0:  # too few timed blocks for any interval: the run recorded [0, 2 x median]
-        return f"{_number(value, digits)} (unbounded)"
-    return f"{_number(value, digits)} ({_number(low, digits)}-{_number(high, digits)})"
+        return f"{_significant(value, digits)} (unbounded)"
+    return f"{_significant(value, digits)} ({_significant(low, digits)}-{_significant(high, digits)})"
 
 
 def rows_markdown(rows: Sequence[MachineRow]) -> str:
@@ -99,8 +102,8 @@ def rows_markdown(rows: Sequence[MachineRow]) -> str:
         else:
             estimate = "mean, CV of steps"
             cv = f" (CV {row.step_time_cv:.1%})" if row.step_time_cv is not None else ""
-            step = f"{_number(row.step_time_ms)}{cv}"
-            throughput = _number(row.throughput_samples_per_s)
+            step = f"{_significant(row.step_time_ms)}{cv}"
+            throughput = _significant(row.throughput_samples_per_s)
         per_sample = _with_interval(row.per_sample_ms, row.per_sample_ms_ci_low, row.per_sample_ms_ci_high)
         lines.append(
             f"| {row.machine} | {row.device} | {row.mode} | {row.batch_size} | {estimate} | {step} | {per_sample} | "
@@ -213,7 +216,7 @@ def build_machines_report(
         )
     groups, superseded = group_runs(runs)
     names = display_names(run.machine for group in groups for run in group.runs)
-    if baseline and not any(_names_machine(baseline, names[m.id], m.id) for g in groups for m in g.machines):
+    if baseline and not any(names_machine(baseline, names[m.id], m.id) for g in groups for m in g.machines):
         known = ", ".join(sorted(set(names.values())))
         raise PipelineError(f"--baseline {baseline!r} matches no machine in {source}; the machines are: {known}.")
     latest = [run for group in groups for run in group.runs]
@@ -227,22 +230,7 @@ def build_machines_report(
         environment_markdown(latest, names),
     ]
     if len(groups) > 1:
-        sections.append("## Not comparable\n")
-        sections.append(
-            f"The runs form {len(groups)} groups that are reported apart, because they measure different things:\n"
-        )
-        sections.append(
-            "".join(
-                f"- group {index}: {len(group.machines)} machine(s), {len(group.runs)} runs; differs from group 1 in "
-                f"{differences(group.key, groups[0].key)}.\n"
-                for index, group in enumerate(groups[1:], start=2)
-            )
-        )
-        sections.append(
-            "\nA machine that trained its own checkpoint has its own `model.digest` (training is bit-identical "
-            "only on the same CPU): to compare machines, profile one shared checkpoint (`dvc pull`, README: "
-            "'Comparing machines').\n"
-        )
+        sections.append(_not_comparable_markdown(groups))
     rows: list[MachineRow] = []
     ratios: list[Speedup] = []
     written: list[str] = []
@@ -269,15 +257,36 @@ def build_machines_report(
         else:
             sections.append("_One machine and device only: nothing to compare it with in this group._\n")
     if left_out:
-        sections.append("## Runs left out\n")
-        reasons = Counter(item.reason for item in left_out)
-        sections.append("".join(f"- {count} run(s): {reason}.\n" for reason, count in reasons.most_common()))
-        if any(MODEL_DIGEST_TAG in item.reason for item in left_out):
-            sections.append(
-                "\nRuns without a model digest cannot be matched to a checkpoint; rerun the profile stages on that "
-                "machine (`dvc repro -f -s profile`) to log runs that carry it.\n"
-            )
+        sections.append(_left_out_markdown(left_out))
     return MachinesReport("\n".join(sections), rows, ratios, written)
+
+
+def _not_comparable_markdown(groups: Sequence[Group]) -> str:
+    """Why the groups after the first are reported apart: what differs from group 1."""
+    listing = "".join(
+        f"- group {index}: {len(group.machines)} machine(s), {len(group.runs)} runs; differs from group 1 in "
+        f"{differences(group.key, groups[0].key)}.\n"
+        for index, group in enumerate(groups[1:], start=2)
+    )
+    return (
+        "## Not comparable\n\n"
+        f"The runs form {len(groups)} groups that are reported apart, because they measure different things:\n\n"
+        f"{listing}\n"
+        "\nA machine that trained its own checkpoint has its own `model.digest` (training is bit-identical "
+        "only on the same CPU): to compare machines, profile one shared checkpoint (`dvc pull`, README: "
+        "'Comparing machines').\n"
+    )
+
+
+def _left_out_markdown(left_out: Sequence[LeftOut]) -> str:
+    reasons = Counter(item.reason for item in left_out)
+    text = "## Runs left out\n\n" + "".join(f"- {count} run(s): {reason}.\n" for reason, count in reasons.most_common())
+    if any(MODEL_DIGEST_TAG in item.reason for item in left_out):
+        text += (
+            "\n\nRuns without a model digest cannot be matched to a checkpoint; rerun the profile stages on that "
+            "machine (`dvc repro -f -s profile`) to log runs that carry it.\n"
+        )
+    return text
 
 
 # --- figures -------------------------------------------------------------------------------------
@@ -286,11 +295,6 @@ def build_machines_report(
 def batch_size_figure(rows: Sequence[MachineRow], value: Literal["per_sample", "throughput"], target: Path) -> None:
     """Per-sample time or throughput vs batch size: one panel per mode, one line per machine x device,
     with the 95 % interval as error bars where the runs have one (log-log: costs scale multiplicatively)."""
-    import matplotlib  # lazy: ≈ 1 s; only the figures need it
-
-    matplotlib.use("Agg")  # no display: servers and CI
-    import matplotlib.pyplot as plt  # lazy: ≈ 1 s; only the figures need it
-
     label = "per-sample time (ms)" if value == "per_sample" else "throughput (samples/s)"
     modes = sorted({row.mode for row in rows})
     platforms = sorted({row.platform for row in rows})
@@ -322,7 +326,7 @@ def batch_size_figure(rows: Sequence[MachineRow], value: Literal["per_sample", "
         for handle, name in zip(*axes.get_legend_handles_labels(), strict=True):
             handles.setdefault(name, handle)
     figure.legend(list(handles.values()), list(handles), loc="outside lower center", fontsize=7, ncols=2)
-    figure.savefig(target, dpi=_FIGURE_DPI)
+    figure.savefig(target, dpi=DPI)
     plt.close(figure)
 
 

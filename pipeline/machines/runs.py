@@ -37,7 +37,7 @@ NOT_SETTINGS = frozenset(
     }
 )
 STATISTICS = {"median": "median of timed blocks with its 95 % CI", "mean": "mean of timed steps (older runs)"}
-# Metric names of the timing statistics (issue 12), with the mean/CV of the simple timing as fallback.
+# Metric names of the timing statistics, with the mean/CV of the simple timing as fallback.
 MEDIAN_METRIC, CI_LOW_METRIC, CI_HIGH_METRIC, NOISY_METRIC = (
     "step_time_ms_median",
     "step_time_ms_ci_low",

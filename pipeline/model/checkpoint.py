@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
+from pipeline.common.dataset import IMAGE_SHAPE
 from pipeline.common.errors import PipelineError
-from pipeline.model.network import MNIST_INPUT_SHAPE, LabNet
+from pipeline.model.network import LabNet
 from pipeline.params.memory import check_model_fits_memory
 from pipeline.params.parsing import params_from_section
 from pipeline.params.schema import ModelConfig
@@ -131,7 +132,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
     )
     check_model_fits_memory(model_config, f"{path} (model_config)", _FIX)
     with torch.device("meta"):  # shapes only: no memory until the weights are assigned
-        model = LabNet(model_config, input_shape=MNIST_INPUT_SHAPE)
+        model = LabNet(model_config, input_shape=IMAGE_SHAPE)
     try:
         model.load_state_dict(payload["state_dict"], assign=True)
     except RuntimeError as error:
@@ -167,10 +168,8 @@ def _structure_problem(payload: dict[str, Any]) -> str | None:
     description = payload["model"]
     if not isinstance(description.get("model_config"), dict):
         return "`model.model_config` is missing"
-    if description.get("input_shape") != list(MNIST_INPUT_SHAPE):
-        return (
-            f"`model.input_shape` is {str(description.get('input_shape'))[:60]}, not MNIST's {list(MNIST_INPUT_SHAPE)}"
-        )
+    if description.get("input_shape") != list(IMAGE_SHAPE):
+        return f"`model.input_shape` is {str(description.get('input_shape'))[:60]}, not MNIST's {list(IMAGE_SHAPE)}"
     if not all(isinstance(value, (int, float)) for value in payload["metrics"].values()):
         return "`metrics` holds something other than numbers"
     return None

@@ -14,10 +14,8 @@ from dataclasses import asdict
 import torch
 from torch import nn
 
+from pipeline.common.dataset import CLASSES, IMAGE_SHAPE
 from pipeline.params.schema import ModelConfig
-
-MNIST_INPUT_SHAPE = (1, 28, 28)  # channels, height, width of one sample
-MNIST_CLASSES = 10
 
 
 class Dropout(nn.Dropout):
@@ -40,8 +38,8 @@ class LabNet(nn.Module):
     def __init__(
         self,
         config: ModelConfig,
-        input_shape: Sequence[int] = MNIST_INPUT_SHAPE,
-        classes: int = MNIST_CLASSES,
+        input_shape: Sequence[int] = IMAGE_SHAPE,
+        classes: int = CLASSES,
     ) -> None:
         super().__init__()
         self.config = config

@@ -13,7 +13,7 @@ import yaml
 from pipeline.common.credentials import redact
 from pipeline.common.errors import PipelineError
 from pipeline.params.memory import check_params_fit_memory
-from pipeline.params.parsing import RESTORE_HINT, _show, params_from_mapping
+from pipeline.params.parsing import RESTORE_HINT, params_from_mapping, show_value
 from pipeline.params.schema import Params
 
 DEFAULT_PARAMS_FILE = Path("params.yaml")
@@ -64,7 +64,9 @@ def read_params_file(path: Path) -> Any:
     except yaml.YAMLError as error:
         raise PipelineError(f"{path} is not valid YAML ({redact(str(error))}). {fix}") from None
     except (ValueError, RecursionError) as error:  # an integer of more than 4300 digits; nesting thousands deep
-        raise PipelineError(f"{path} holds a value this pipeline cannot read ({_show(str(error))}). {fix}") from None
+        raise PipelineError(
+            f"{path} holds a value this pipeline cannot read ({show_value(str(error))}). {fix}"
+        ) from None
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -90,7 +92,7 @@ class _StrictLoader(yaml.SafeLoader):
                 continue  # SafeLoader itself refuses an unhashable key, with its own message
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {_show(key)} appears twice in one mapping; keep one", key_node.start_mark
+                    None, None, f"key {show_value(key)} appears twice in one mapping; keep one", key_node.start_mark
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)

@@ -13,20 +13,19 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.common.dataset import CLASSES, IMAGE_HEIGHT, IMAGE_SHAPE, IMAGE_WIDTH, SPLIT_IMAGES
 from pipeline.common.errors import PipelineError
-from pipeline.common.outputs import _size
+from pipeline.common.outputs import size_text
 from pipeline.params.schema import ModelConfig, Params
 
 FLOAT_BYTES = 4  # fp32 weights and activations
-MNIST_IMAGE_SHAPE = (1, 28, 28)
-MNIST_CLASSES = 10
-MNIST_TRAIN_IMAGES = 60_000
-MNIST_TEST_IMAGES = 10_000
+MNIST_TRAIN_IMAGES = SPLIT_IMAGES["train"]
+MNIST_TEST_IMAGES = SPLIT_IMAGES["test"]
 # Parameter, gradient and Adadelta's two running averages: four fp32 copies of every weight.
 TRAINING_COPIES = 4
 
 
-def parameter_count(model: ModelConfig, input_shape: tuple[int, int, int] = MNIST_IMAGE_SHAPE) -> int:
+def parameter_count(model: ModelConfig, input_shape: tuple[int, int, int] = IMAGE_SHAPE) -> int:
     """Weights of pipeline.model.LabNet for `model` (tests check it against the real network)."""
     channels, height, width = input_shape
     pooled = model.conv2_channels * ((height - 4) // 2) * ((width - 4) // 2)  # two 3x3 convs, then max-pool 2
@@ -34,12 +33,12 @@ def parameter_count(model: ModelConfig, input_shape: tuple[int, int, int] = MNIS
         (channels * 9 + 1) * model.conv1_channels
         + (model.conv1_channels * 9 + 1) * model.conv2_channels
         + (pooled + 1) * model.hidden_units
-        + (model.hidden_units + 1) * MNIST_CLASSES
+        + (model.hidden_units + 1) * CLASSES
     )
 
 
 def activation_bytes_per_sample(
-    model: ModelConfig, training: bool = True, input_shape: tuple[int, int, int] = MNIST_IMAGE_SHAPE
+    model: ModelConfig, training: bool = True, input_shape: tuple[int, int, int] = IMAGE_SHAPE
 ) -> int:
     """Tensors one sample keeps alive. Training: every layer's output, saved for backward, and as much
     again for the gradients flowing back (max-pool indices are int64: two floats). Inference (no
@@ -50,7 +49,7 @@ def activation_bytes_per_sample(
     pooled = model.conv2_channels * ((height - 4) // 2) * ((width - 4) // 2)
     if not training:
         return FLOAT_BYTES * max(conv1 + 2 * conv2, pooled + 2 * model.hidden_units)
-    floats = 2 * conv1 + 2 * conv2 + 5 * pooled + 3 * model.hidden_units + 2 * MNIST_CLASSES
+    floats = 2 * conv1 + 2 * conv2 + 5 * pooled + 3 * model.hidden_units + 2 * CLASSES
     return 2 * FLOAT_BYTES * floats
 
 
@@ -97,7 +96,7 @@ def training_memory(params: Params) -> list[MemoryNeed]:
         MemoryNeed(
             "train.train_samples",
             "the data set as normalized float tensors",
-            (samples + MNIST_TEST_IMAGES) * 28 * 28 * FLOAT_BYTES,
+            (samples + MNIST_TEST_IMAGES) * IMAGE_HEIGHT * IMAGE_WIDTH * FLOAT_BYTES,
         ),
     ]
 
@@ -130,10 +129,10 @@ def check_params_fit_memory(params: Params, source: str = "params.yaml", limit: 
         total = sum(need.bytes for need in needs)
         if total > limit:
             largest = max(needs, key=lambda need: need.bytes)
-            parts = "; ".join(f"{need.what} `{need.key}` ≈ {_size(need.bytes)}" for need in needs)
+            parts = "; ".join(f"{need.what} `{need.key}` ≈ {size_text(need.bytes)}" for need in needs)
             raise PipelineError(
-                f"{source} asks the {stage} stage for about {_size(total)} of memory but this machine has "
-                f"{_size(limit)} ({parts}). Lower `{largest.key}` in {source} (the largest part) and run again."
+                f"{source} asks the {stage} stage for about {size_text(total)} of memory but this machine has "
+                f"{size_text(limit)} ({parts}). Lower `{largest.key}` in {source} (the largest part) and run again."
             )
 
 
@@ -143,6 +142,6 @@ def check_model_fits_memory(model: ModelConfig, what: str, fix: str, limit: int 
     need = FLOAT_BYTES * parameter_count(model)
     if limit is not None and need > limit:
         raise PipelineError(
-            f"{what} describes a network of {parameter_count(model):,} weights ({_size(need)}), more than this "
-            f"machine's {_size(limit)} of memory; it was not built. {fix}"
+            f"{what} describes a network of {parameter_count(model):,} weights ({size_text(need)}), more than this "
+            f"machine's {size_text(limit)} of memory; it was not built. {fix}"
         )

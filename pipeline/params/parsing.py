@@ -54,7 +54,7 @@ _SHORT.maxstring = _SHORT.maxother = 80
 _SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict = 3, 6, 6
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
     """A bounded, secret-free repr for messages: a value may be megabytes long or hold a password."""
     try:
         shown = _SHORT.repr(value)
@@ -64,7 +64,7 @@ def _show(value: Any) -> str:
 
 
 def _key_text(key: Any) -> str:
-    text = key if isinstance(key, str) else _show(key)
+    text = key if isinstance(key, str) else show_value(key)
     return redact(text if len(text) <= 80 else text[:77] + "...")
 
 
@@ -73,7 +73,7 @@ def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
     if raw is None:
         raw = {}  # an empty section (`graph:`) is an empty mapping
     if not isinstance(raw, Mapping):
-        problems.append(f"`{where}` must be a mapping of keys, got {_show(raw)}")
+        problems.append(f"`{where}` must be a mapping of keys, got {show_value(raw)}")
         return None
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
@@ -105,23 +105,25 @@ def _convert(hint: Any, value: Any, key: str, rule: Mapping[str, Any], problems:
     if origin is Literal:
         choices = typing.get_args(hint)
         if value not in choices:
-            problems.append(f"`{key}` = {_show(value)} is not allowed; choose one of {', '.join(map(repr, choices))}")
+            problems.append(
+                f"`{key}` = {show_value(value)} is not allowed; choose one of {', '.join(map(repr, choices))}"
+            )
             return _INVALID
         return value
     converted = _convert_scalar(hint, value)
     if converted is _INVALID:
-        problems.append(f"`{key}` = {_show(value)} has the wrong type; expected {_type_name(hint)}")
+        problems.append(f"`{key}` = {show_value(value)} has the wrong type; expected {_type_name(hint)}")
         return _INVALID
     problem = _range_problem(converted, rule)
     if problem:
-        problems.append(f"`{key}` = {_show(value)} is not allowed; it must be {problem}")
+        problems.append(f"`{key}` = {show_value(value)} is not allowed; it must be {problem}")
         return _INVALID
     return converted
 
 
 def _convert_list(item_hint: Any, value: Any, key: str, rule: Mapping[str, Any], problems: list[str]) -> Any:
     if not isinstance(value, list):
-        problems.append(f"`{key}` = {_show(value)} has the wrong type; expected a list of {_type_name(item_hint)}")
+        problems.append(f"`{key}` = {show_value(value)} has the wrong type; expected a list of {_type_name(item_hint)}")
         return _INVALID
     if rule.get("non_empty") and not value:
         problems.append(f"`{key}` is an empty list; give at least one value ({_type_name(item_hint)})")
@@ -131,7 +133,7 @@ def _convert_list(item_hint: Any, value: Any, key: str, rule: Mapping[str, Any],
     if any(item is _INVALID for item in items):
         return _INVALID
     if rule.get("unique") and len(set(items)) != len(items):
-        problems.append(f"`{key}` = {_show(value)} repeats a value; list each one once")
+        problems.append(f"`{key}` = {show_value(value)} repeats a value; list each one once")
         return _INVALID
     return tuple(items)
 
@@ -152,11 +154,11 @@ def _convert_scalar(hint: Any, value: Any) -> Any:
 def _range_problem(value: Any, rule: Mapping[str, Any]) -> str | None:
     bounds = []
     if rule.get("ge") is not None:
-        bounds.append(f">= {_number(rule['ge'])}")
+        bounds.append(f">= {_bound_text(rule['ge'])}")
     if rule.get("gt") is not None:
-        bounds.append(f"> {_number(rule['gt'])}")
+        bounds.append(f"> {_bound_text(rule['gt'])}")
     if rule.get("le") is not None:
-        bounds.append(f"<= {_number(rule['le'])}")
+        bounds.append(f"<= {_bound_text(rule['le'])}")
     if isinstance(value, float) and not math.isfinite(value):
         return "a finite number (not .inf or .nan)"
     if isinstance(value, (int, float)) and (
@@ -173,7 +175,7 @@ def _range_problem(value: Any, rule: Mapping[str, Any]) -> str | None:
     return check(value) if check else None
 
 
-def _number(bound: float) -> str:
+def _bound_text(bound: float) -> str:
     return str(bound) if isinstance(bound, int) else f"{bound:g}"
 
 

@@ -155,11 +155,6 @@ class ProfileConfig:
 
 
 @dataclass(frozen=True)
-class ReportConfig:
-    pass
-
-
-@dataclass(frozen=True)
 class TrackingConfig:
     # MLflow experiment that every stage logs its runs into.
     # MLflow stores experiment names in a 256-character column.
@@ -176,7 +171,6 @@ class Params:
     train: TrainConfig = _rule()
     graph: GraphConfig = _rule()
     profile: ProfileConfig = _rule()
-    report: ReportConfig = _rule()
     tracking: TrackingConfig = _rule()
 
 

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from pipeline.common.errors import PipelineError
 from pipeline.params.schema import Device, ProfileConfig, ProfileMode
-from pipeline.profiling.statistics import Interval, MeasurementConditions
+from pipeline.profiling.statistics import Interval, MeasurementConditions, StepEstimate
 from pipeline.profiling.trace_analysis import KernelStats, RangeStats, StepAnatomy
 
 # Profiling runs the trained weights in fp32 whatever precision training used: the lab compares
@@ -48,6 +48,11 @@ class Combination:
     def name(self) -> str:
         """Same order as DVC's matrix stage name `profile@<batch>-<device>-<mode>`."""
         return f"{self.batch_size}-{self.device}-{self.mode}"
+
+    @property
+    def stage_name(self) -> str:
+        """The DVC stage, and the name of its MLflow run."""
+        return f"profile@{self.name}"
 
 
 def combinations(config: ProfileConfig) -> list[Combination]:
@@ -94,7 +99,35 @@ class Timing:
     peak_memory_mb: float  # most memory torch had allocated on the device during the traced steps
     top_operator_share_pct: float
 
+    @classmethod
+    def from_estimate(
+        cls,
+        estimate: StepEstimate,
+        *,
+        steps_per_block: int,
+        timing_s: float,
+        peak_memory_mb: float,
+        top_operator_share_pct: float,
+    ) -> Timing:
+        return cls(
+            step_time_ms_median=estimate.median_ms,
+            step_time_ms_iqr=estimate.iqr_ms,
+            step_time_ms_ci_low=estimate.ci_low_ms,
+            step_time_ms_ci_high=estimate.ci_high_ms,
+            step_time_ci_pct=estimate.ci_half_width_pct,
+            steps_measured=estimate.steps,
+            blocks_measured=estimate.blocks,
+            steps_per_block=steps_per_block,
+            per_sample_ms=estimate.per_sample.value,
+            throughput_samples_per_s=estimate.throughput_samples_per_s,
+            noisy=estimate.noisy,
+            timing_s=timing_s,
+            peak_memory_mb=peak_memory_mb,
+            top_operator_share_pct=top_operator_share_pct,
+        )
+
     def as_metrics(self) -> dict[str, float]:
+        """Numbers only, under the same names for every combination (MLflow Compare, `dvc metrics diff`)."""
         return {name: float(value) for name, value in dataclasses.asdict(self).items()}
 
     def step_interval(self) -> Interval:
@@ -191,6 +224,22 @@ class ProfileRecord:
         }
 
 
+def run_params(combination: Combination, settings: ProfileSettings, top_k: int) -> dict[str, object]:
+    """What the MLflow run of one combination records as params (its record says the same)."""
+    return {
+        **dataclasses.asdict(combination),
+        "threads": settings.threads,
+        "precision": settings.precision,
+        "memory_format": settings.memory_format,
+        "optimizer_lr": settings.optimizer_lr,
+        "profile.warmup_steps": settings.warmup_steps,
+        "profile.active_steps": settings.active_steps,
+        "profile.ci_target_pct": settings.ci_target_pct,
+        "profile.time_budget_s": settings.time_budget_s,
+        "profile.top_k": top_k,
+    }
+
+
 def write_record(record: ProfileRecord) -> str:
     """The record as the JSON text of `profile.json`."""
     return json.dumps(record.as_dict(), indent=2, sort_keys=True) + "\n"
@@ -198,7 +247,7 @@ def write_record(record: ProfileRecord) -> str:
 
 def read_record(path: Path, combination: Combination) -> ProfileRecord:
     """Read `profile.json`; a missing, foreign or outdated file is a user error naming the fix."""
-    fix = f"rerun `dvc repro -f profile@{combination.name}`."
+    fix = f"rerun `dvc repro -f {combination.stage_name}`."
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as error:

@@ -51,6 +51,7 @@ from pipeline.profiling.record import (
     StepAnalysis,
     Timing,
     flop_rate,
+    run_params,
 )
 from pipeline.profiling.timing import StepTiming, time_steps
 from pipeline.profiling.trace_analysis import CountedCall, OperatorStats, TraceAnalysis, analyse_trace, read_trace
@@ -70,24 +71,8 @@ class ProfileResult:
     analysis: TraceAnalysis  # what the trace says: operators, ranges, kernels, step anatomy
 
     def timing(self) -> Timing:
-        estimate = self.step_timing.estimate
         top = self.operators[0] if self.operators else None
-        return Timing(
-            step_time_ms_median=estimate.median_ms,
-            step_time_ms_iqr=estimate.iqr_ms,
-            step_time_ms_ci_low=estimate.ci_low_ms,
-            step_time_ms_ci_high=estimate.ci_high_ms,
-            step_time_ci_pct=estimate.ci_half_width_pct,
-            steps_measured=estimate.steps,
-            blocks_measured=estimate.blocks,
-            steps_per_block=self.step_timing.steps_per_block,
-            per_sample_ms=estimate.per_sample.value,
-            throughput_samples_per_s=estimate.throughput_samples_per_s,
-            noisy=estimate.noisy,
-            timing_s=self.step_timing.seconds,
-            peak_memory_mb=self.peak_memory_mb,
-            top_operator_share_pct=top.share_pct if top else 0.0,
-        )
+        return self.step_timing.record(self.peak_memory_mb, top.share_pct if top else 0.0)
 
     def block_times_ms(self) -> tuple[float, ...]:
         """Per-step time of each block, to 5 significant digits (a record of ~1000 blocks stays ~10 kB)."""
@@ -141,10 +126,9 @@ def profile_combination(
 
     on_gpu = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    # wait 1 + warmup 1: the profiler's own start-up stays out of the traced steps. One cycle (repeat=1),
-    # so keeping its events (acc_events) changes nothing; saying so also silences torch 2.10-2.11, which
-    # warned "Profiler clears events at the end of each cycle" on every profiler start, cycles or not
-    # (pytorch/pytorch#180348, fixed in 2.12 by #180387): a warning no user of this stage could act on.
+    # wait 1 + warmup 1: the profiler's own start-up stays out of the traced steps. One cycle (repeat=1), so
+    # keeping its events (acc_events) changes nothing, and torch 2.11 (the GPU image) then makes no needless
+    # "Profiler clears events" warning (pytorch/pytorch#180348).
     # Kineto's progress lines and its no-GPU-driver message stay out of the console (pipeline.common.native_stderr).
     # No `with_flops`: FLOPs are counted apart (count_step_flops; the module docstring says why).
     with filtered_native_stderr():
@@ -330,16 +314,4 @@ def run_profile(setup: ProfileSetup, top_k: int, trace_path: Path) -> ProfileRec
 
 def run_parameters(setup: ProfileSetup, top_k: int) -> dict[str, object]:
     """What the MLflow run of one combination records as params."""
-    settings = setup.settings
-    return {
-        **dataclasses.asdict(setup.combination),
-        "threads": settings.threads,
-        "precision": settings.precision,
-        "memory_format": settings.memory_format,
-        "optimizer_lr": settings.optimizer_lr,
-        "profile.warmup_steps": settings.warmup_steps,
-        "profile.active_steps": settings.active_steps,
-        "profile.ci_target_pct": settings.ci_target_pct,
-        "profile.time_budget_s": settings.time_budget_s,
-        "profile.top_k": top_k,
-    }
+    return run_params(setup.combination, setup.settings, top_k)

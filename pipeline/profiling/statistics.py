@@ -128,21 +128,6 @@ class StepEstimate:
     def throughput_samples_per_s(self) -> float:
         return 1000.0 * self.batch_size / self.median_ms
 
-    def metrics(self) -> dict[str, float]:
-        """Numbers only, under the same names for every combination (MLflow Compare, `dvc metrics diff`)."""
-        return {
-            "step_time_ms_median": self.median_ms,
-            "step_time_ms_iqr": self.iqr_ms,
-            "step_time_ms_ci_low": self.ci_low_ms,
-            "step_time_ms_ci_high": self.ci_high_ms,
-            "step_time_ci_pct": self.ci_half_width_pct,
-            "steps_measured": float(self.steps),
-            "blocks_measured": float(self.blocks),
-            "per_sample_ms": self.per_sample.value,
-            "throughput_samples_per_s": self.throughput_samples_per_s,
-            "noisy": float(self.noisy),
-        }
-
 
 def estimate_step_time(
     blocks: Sequence[Block], batch_size: int, ci_target_pct: float, confidence: float = CONFIDENCE
@@ -171,20 +156,6 @@ def estimate_step_time(
         ci_high_ms=high,
         steps=sum(block.steps for block in blocks),
         blocks=len(blocks),
-        ci_target_pct=ci_target_pct,
-    )
-
-
-def estimate_from_metrics(metrics: dict[str, float], batch_size: int, ci_target_pct: float) -> StepEstimate:
-    """Rebuild an estimate from its `metrics()` (what timing.json and profile.json hold), e.g. in the report."""
-    return StepEstimate(
-        batch_size=batch_size,
-        median_ms=metrics["step_time_ms_median"],
-        iqr_ms=metrics["step_time_ms_iqr"],
-        ci_low_ms=metrics["step_time_ms_ci_low"],
-        ci_high_ms=metrics["step_time_ms_ci_high"],
-        steps=int(metrics["steps_measured"]),
-        blocks=int(metrics["blocks_measured"]),
         ci_target_pct=ci_target_pct,
     )
 

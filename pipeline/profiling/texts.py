@@ -71,7 +71,7 @@ def operators_markdown(record: ProfileRecord) -> str:
             "which a replay leaves out.",
         ]
     for rank, row in enumerate(rows, start=1):
-        gpu = f"{_number(row.self_device_ms, '.3f')} | " if on_gpu else ""
+        gpu = f"{_cell(row.self_device_ms, '.3f')} | " if on_gpu else ""
         lines.append(
             f"| {rank} | `{row.operator}` | {row.calls_per_step:g} | {row.self_cpu_ms:.3f} | {row.total_cpu_ms:.3f} | "
             f"{gpu}{row.share_pct:.1f} | {_mflops(row.mflops)} |"
@@ -108,7 +108,7 @@ def flops_note(record: ProfileRecord) -> str:
     )
 
 
-def _number(value: float | None, spec: str) -> str:
+def _cell(value: float | None, spec: str) -> str:
     return NO_NUMBER if value is None else format(value, spec)
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.profiling.record import Timing
 from pipeline.profiling.statistics import (
     Block,
     MeasurementConditions,
@@ -72,8 +73,15 @@ class StepTiming:
     steps_per_block: int  # the most steps in one block (blocks of one measurement can differ by Timer's x10)
     seconds: float  # wall time spent, probe included
 
-    def metrics(self) -> dict[str, float]:
-        return {**self.estimate.metrics(), **self.conditions.metrics(), "timing_s": self.seconds}
+    def record(self, peak_memory_mb: float = 0.0, top_operator_share_pct: float = 0.0) -> Timing:
+        """The profile record's timing (pipeline.profiling.record): the metric names are its field names."""
+        return Timing.from_estimate(
+            self.estimate,
+            steps_per_block=self.steps_per_block,
+            timing_s=self.seconds,
+            peak_memory_mb=peak_memory_mb,
+            top_operator_share_pct=top_operator_share_pct,
+        )
 
 
 def _steps_for(min_block_s: float, step_s: float) -> int:

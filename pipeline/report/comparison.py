@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeline.profiling.record import ProfileRecord
+from pipeline.profiling.record import Combination, ProfileRecord
 from pipeline.profiling.statistics import NOISY_ADVICE, Interval, ratio
 
 CONVOLUTION = re.compile(r"conv", re.IGNORECASE)
@@ -40,6 +40,10 @@ class ComparisonRow:
     top_operator: str
     top_operator_share_pct: float
     convolution_share_pct: float
+
+    @property
+    def combination(self) -> Combination:
+        return Combination(self.batch_size, self.device, self.mode)  # type: ignore[arg-type]
 
     @property
     def step_interval(self) -> Interval:
@@ -141,7 +145,7 @@ def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
     return notes
 
 
-def analysis(rows: Sequence[ComparisonRow]) -> list[str]:
+def comparison_sentences(rows: Sequence[ComparisonRow]) -> list[str]:
     """Plain sentences drawn from the comparison numbers; every ratio with its 95 % interval."""
     sentences: list[str] = []
     by_series: dict[tuple[str, str], list[ComparisonRow]] = {}

@@ -18,7 +18,7 @@ from pipeline.report.step_analysis import StepFacts
 
 matplotlib.use("Agg")  # no display: CI and servers
 
-DPI = 110
+DPI = 110  # every figure of the report and of the machines report
 
 
 def read_csv(path: Path) -> list[dict[str, float]]:
@@ -72,7 +72,6 @@ def batch_size_plot(rows: Sequence[Mapping[str, Any]], value: str, label: str, t
 
 matplotlib.use("Agg")  # no display: CI and servers
 
-DPI = 110
 DEVICE_COLOURS = {"cpu": "tab:blue", "cuda": "tab:green", "mps": "tab:purple"}
 MODE_STYLES = {"inference": "o-", "train": "s--"}
 

@@ -30,17 +30,17 @@ from pipeline.common.paths import (
 from pipeline.params.schema import Params, ProfileConfig
 from pipeline.profiling.record import ProfileRecord, combinations, read_record
 from pipeline.profiling.texts import kernels_markdown
-from pipeline.report.comparison import ComparisonRow, analysis, comparison_markdown, comparison_rows
+from pipeline.report.comparison import ComparisonRow, comparison_markdown, comparison_rows, comparison_sentences
 from pipeline.report.figures import batch_size_plot, cpu_vs_gpu_figure, read_csv, roofline_figure, training_curves
 from pipeline.report.rendering import GRAPH_FIGURE
 from pipeline.report.step_analysis import (
     StepFacts,
-    analysis_sentences,
     anatomy_markdown,
     cpu_vs_gpu_markdown,
     flop_rate_markdown,
     has_gpu_pairs,
     step_facts,
+    step_sentences,
 )
 
 TITLE = "AI-System Lab 1: MNIST CNN — training, dataflow graph and operator profile"
@@ -73,7 +73,7 @@ def read_inputs(config: ProfileConfig) -> ReportInputs:
         if path.exists():
             profiles.append(read_record(path, combination))
         else:
-            missing.append(f"`{path}` is missing: run `dvc repro profile@{combination.name}`.")
+            missing.append(f"`{path}` is missing: run `dvc repro {combination.stage_name}`.")
     model_summary = SUMMARY_MARKDOWN.read_text() if SUMMARY_MARKDOWN.exists() else None
     if model_summary is None:
         missing.append(f"`{SUMMARY_MARKDOWN}` is missing: run `dvc repro export_graph`.")
@@ -118,8 +118,7 @@ class Report:
 def report_input_runs(report: Report) -> list[str]:
     """The MLflow run names (stage runs) whose outputs this report read: train, export_graph and one
     `profile@<combination>` per profiled combination."""
-    profiles = [f"profile@{row.batch_size}-{row.device}-{row.mode}" for row in report.rows]
-    return ["train", "export_graph", *profiles]
+    return ["train", "export_graph", *(row.combination.stage_name for row in report.rows)]
 
 
 def build_report(params: Params, figures: Path) -> Report:
@@ -164,7 +163,7 @@ def build_report(params: Params, figures: Path) -> Report:
     sections += step_sections(facts, figures)
 
     sections.append("## 9. Analysis\n")
-    sentences = analysis(rows) + analysis_sentences(facts)
+    sentences = comparison_sentences(rows) + step_sentences(facts)
     sections.append("".join(f"- {sentence}\n" for sentence in sentences) if rows else "_No profiles to analyse._\n")
 
     if inputs.missing:

@@ -50,26 +50,16 @@ def markdown_to_html(markdown_text: str, title: str, folder: Path) -> str:
 # --- the report as the tracking tools show it ------------------------------------------------------------
 #
 # report/report.md keeps relative `figures/*.png` images: they resolve on the forge and in an editor beside
-# the folder. Neither tool resolves them, and neither shows an image written as a data: URI (read from the
-# installed packages, TensorBoard 2.21 and MLflow 3.17.2):
-# - TensorBoard's Text tab renders markdown through `tensorboard.plugin_util.markdown_to_safe_html`, a bleach
-#   Cleaner with bleach's default protocols (http, https, mailto): `![x](data:image/png;base64,...)` and
-#   `<img src="data:...">` come out as `<img alt="x">` (a broken image), and `figures/x.png` is kept but
-#   resolves against TensorBoard's own address (HTTP 404). Its Images tab shows PNG summaries.
-# - MLflow's artifact preview of a .md file (server/js/build chunk 9830, react-markdown) replaces an image
-#   whose src has no scheme with the text `[alt](src)`, and its urlTransform (react-markdown's default,
-#   allowing http(s), irc(s), mailto, xmpp) empties a data: src; files over 100 KB open as source, not
-#   rendered. Its .html preview (a sandboxed iframe) shows report.html with its inlined figures.
-# Both behaviours were confirmed in headless Chromium against `tensorboard` and `mlflow server`. Only an absolute
-# http(s) image URL would show in both, but the stage cannot know the address either tool will be served at.
-# So each tool gets a variant whose images are replaced by a line saying where the figure is shown.
+# the folder. Neither tool resolves them, and neither shows an image written as a data: URI:
+# - TensorBoard's Text tab sanitizes markdown with http, https and mailto links only: a data: image comes out
+#   broken, and `figures/x.png` resolves against TensorBoard's own address (404). Its Images tab shows PNGs.
+# - MLflow's preview of a .md file prints an image without a scheme as the text `[alt](src)` and empties a
+#   data: src. Its .html preview shows report.html with its inlined figures.
+# Only an absolute http(s) image URL would show in both, and the stage cannot know where either is served
+# (tests/browser checks both tools). So each tool gets a variant whose images are replaced by a line saying
+# where the figure is shown.
 FIGURE_IMAGE = re.compile(r"!\[(?P<alt>[^\]]*)\]\((?P<path>figures/[^)\s]+)\)")
 TENSORBOARD_IMAGE_PREFIX = "report/"
-
-
-def figure_paths(markdown_text: str) -> list[str]:
-    """The `figures/...` images the report shows, in order."""
-    return [match.group("path") for match in FIGURE_IMAGE.finditer(markdown_text)]
 
 
 def tensorboard_image_tag(path: str) -> str | None:

@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeline.common.tables import NO_NUMBER
+from pipeline.common.tables import NO_NUMBER, markdown_table
 from pipeline.profiling.record import FlopRate, ProfileRecord
 from pipeline.profiling.statistics import Interval, ratio
 from pipeline.profiling.trace_analysis import KernelStats, StepAnatomy
@@ -70,18 +70,24 @@ def anatomy_markdown(facts: Sequence[StepFacts]) -> str:
             "ATen operators. Both are measured in the traced steps (`ProfilerStep#N`), which the profiler makes "
             "longer than the timed ones."
         ),
-        "",
-        "| batch | device | mode | timed step ms | traced step ms | busy % | idle % | kernels/step | verdict |",
-        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
-    for fact in rows:
-        anatomy = fact.anatomy
-        assert anatomy is not None  # filtered above
-        kernels = f"{anatomy.launches_per_step:.0f}" if fact.device != "cpu" else NO_NUMBER
-        lines.append(
-            f"| {fact.batch_size} | {fact.device} | {fact.mode} | {fact.step.value:.3f} | {anatomy.step_ms:.3f} | "
-            f"{anatomy.busy_pct:.1f} | {anatomy.idle_pct:.1f} | {kernels} | **{anatomy.verdict}** |"
+    columns = (">batch", "device", "mode", ">timed step ms", ">traced step ms", ">busy %", ">idle %", ">kernels/step")
+    table = [
+        (
+            fact.batch_size,
+            fact.device,
+            fact.mode,
+            f"{fact.step.value:.3f}",
+            f"{anatomy.step_ms:.3f}",
+            f"{anatomy.busy_pct:.1f}",
+            f"{anatomy.idle_pct:.1f}",
+            f"{anatomy.launches_per_step:.0f}" if fact.device != "cpu" else NO_NUMBER,
+            f"**{anatomy.verdict}**",
         )
+        for fact in rows
+        if (anatomy := fact.anatomy) is not None
+    ]
+    lines.extend(["", *markdown_table((*columns, "verdict"), table)])
     lines.append("")
     lines.extend(f"- {fact.label}: **{fact.anatomy.verdict}**: {fact.anatomy.reason}." for fact in rows if fact.anatomy)
     return "\n".join(lines) + "\n"
@@ -98,18 +104,32 @@ def flop_rate_markdown(facts: Sequence[StepFacts]) -> str:
         "Peak, measured by each profile stage on its device: "
         + "; ".join(f"{device}: {method}" for device, method in methods)
         + ".",
-        "",
-        "| batch | device | mode | MFLOPs/step | step ms | achieved GFLOP/s | peak GFLOP/s | % of peak |",
-        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for fact in rows:
-        rate = fact.rate
-        assert rate is not None  # filtered above
-        lines.append(
-            f"| {fact.batch_size} | {fact.device} | {fact.mode} | {rate.flops_per_step / 1e6:.1f} | "
-            f"{rate.step_ms:.3f} | {rate.achieved_gflops_per_s:.2f} | {rate.peak_gflops_per_s:.0f} | "
-            f"{rate.peak_pct:.2f} |"
+    columns = (
+        ">batch",
+        "device",
+        "mode",
+        ">MFLOPs/step",
+        ">step ms",
+        ">achieved GFLOP/s",
+        ">peak GFLOP/s",
+        ">% of peak",
+    )
+    table = [
+        (
+            fact.batch_size,
+            fact.device,
+            fact.mode,
+            f"{rate.flops_per_step / 1e6:.1f}",
+            f"{rate.step_ms:.3f}",
+            f"{rate.achieved_gflops_per_s:.2f}",
+            f"{rate.peak_gflops_per_s:.0f}",
+            f"{rate.peak_pct:.2f}",
         )
+        for fact in rows
+        if (rate := fact.rate) is not None
+    ]
+    lines.extend(["", *markdown_table(columns, table)])
     return "\n".join(lines) + "\n"
 
 
@@ -118,20 +138,23 @@ def cpu_vs_gpu_markdown(facts: Sequence[StepFacts]) -> str:
     pairs = _device_pairs(facts)
     if not pairs:
         return ADD_A_GPU + "\n"
-    lines = [
-        "| batch | mode | cpu per-sample ms | gpu per-sample ms | GPU speed-up (95 % CI) | GPU busy % |",
-        "| ---: | --- | ---: | ---: | --- | ---: |",
-    ]
-    for cpu, gpu in pairs:
-        busy = f"{gpu.anatomy.busy_pct:.1f}" if gpu.anatomy else NO_NUMBER
-        lines.append(
-            f"| {cpu.batch_size} | {cpu.mode} | {cpu.per_sample.value:.4f} | {gpu.per_sample.value:.4f} | "
-            f"{ratio(cpu.per_sample, gpu.per_sample).describe()} | {busy} |"
+    columns = (">batch", "mode", ">cpu per-sample ms", ">gpu per-sample ms", "GPU speed-up (95 % CI)", ">GPU busy %")
+    table = [
+        (
+            cpu.batch_size,
+            cpu.mode,
+            f"{cpu.per_sample.value:.4f}",
+            f"{gpu.per_sample.value:.4f}",
+            ratio(cpu.per_sample, gpu.per_sample).describe(),
+            f"{gpu.anatomy.busy_pct:.1f}" if gpu.anatomy else NO_NUMBER,
         )
+        for cpu, gpu in pairs
+    ]
+    lines = markdown_table(columns, table)
     return "\n".join(lines) + "\n"
 
 
-def analysis_sentences(facts: Sequence[StepFacts]) -> list[str]:
+def step_sentences(facts: Sequence[StepFacts]) -> list[str]:
     """Plain sentences from the anatomy, kernels, FLOP/s and the CPU vs GPU ratios."""
     sentences: list[str] = []
     series: dict[tuple[str, str], list[StepFacts]] = defaultdict(list)

@@ -241,8 +241,6 @@ def open_tracker(
     SYSTEM_METRICS_INTERVAL_S unless $MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL says otherwise.
     """
     import mlflow  # lazy: `import mlflow` ≈ 2 s
-    from mlflow import MlflowClient  # lazy: `import mlflow` ≈ 2 s
-    from sqlalchemy.exc import SQLAlchemyError  # lazy: MLflow's
 
     root = root or project_root()
     uri = credentials_out_of_uri(tracking_uri(root))
@@ -250,40 +248,8 @@ def open_tracker(
         os.environ["MLFLOW_TRACKING_URI"] = uri  # MLflow code reading the variable sees no password either
     check_tracking_server(uri)
     machine = machine_tags()
-    try:
-        experiment_id = prepare_experiment(uri, config.experiment, root)
-        client = MlflowClient(uri)
-        check_artifact_folder(client.get_experiment(experiment_id).artifact_location)
-        mark_stale_runs(client, experiment_id)
-        mlflow.set_tracking_uri(uri)
-        run_name = f"{stage}@{variant}" if variant else stage
-        pipeline = current_pipeline_run(root, machine)
-        tags = {STAGE_TAG: stage, **pipeline.tags(), **process_tags(), **_dvc_experiment_tags()}
-        if stage in STAGE_DESCRIPTIONS:
-            tags[NOTE_TAG] = STAGE_DESCRIPTIONS[stage]
-        parent = parent_run_id(client, experiment_id, pipeline)
-        if system_metrics:
-            # Its start/stop/"skip GPU" INFO lines would join every training's console output; failures
-            # are warnings and still show.
-            logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
-            if not os.environ.get("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"):
-                mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)  # type: ignore[no-untyped-call]
-        run = mlflow.start_run(
-            experiment_id=experiment_id,
-            run_name=run_name,
-            tags=tags,
-            parent_run_id=parent,
-            log_system_metrics=system_metrics,
-        )
-    except (mlflow.exceptions.MlflowException, SQLAlchemyError) as error:
-        raise PipelineError(
-            redact(
-                f"MLflow tracking store {uri} failed before the stage started: {_first_line(error)}. Check "
-                "$MLFLOW_TRACKING_URI (unset it to use the project's own mlflow.db) and `tracking.experiment` in "
-                "params.yaml. Nothing was run."
-            )
-        ) from None
-    run_id = run.info.run_id
+    run_name = f"{stage}@{variant}" if variant else stage
+    client, experiment_id, run_id = _start_run(uri, config.experiment, root, stage, run_name, machine, system_metrics)
     folder = f"{variant + '-' if variant else ''}{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:8]}"
     logdir = Path(config.tensorboard_dir)
     logdir = (logdir if logdir.is_absolute() else root / logdir) / stage / folder
@@ -312,23 +278,77 @@ def open_tracker(
         raise failure from None
     finally:
         tracker.close()
-        try:
-            if status == "FINISHED":
-                mark_current(client, experiment_id, run_id, run_name, machine[ID_TAG])
-            mlflow.end_run(status=status)
-        except mlflow.exceptions.MlflowException as error:
-            # The run stays RUNNING in the store; the next stage started on this machine marks it
-            # FAILED (mark_stale_runs), once the store answers again.
-            left = (
-                f" Its MLflow run {run_id} could not be ended ({_first_line(error)[:200]}); it shows as RUNNING "
-                "until the next stage started on this machine marks it FAILED."
+        _end_run(tracker, uri, run_name, machine[ID_TAG], status, failure)
+
+
+def _start_run(
+    uri: str, experiment: str, root: Path, stage: str, run_name: str, machine: dict[str, str], system_metrics: bool
+) -> tuple[MlflowClient, str, str]:
+    """The stage's run started (the active fluent run) under its pipeline parent: (client, experiment id, run id).
+    A store that fails here stops the stage before any work."""
+    import mlflow  # lazy: `import mlflow` ≈ 2 s
+    from mlflow import MlflowClient  # lazy: `import mlflow` ≈ 2 s
+    from sqlalchemy.exc import SQLAlchemyError  # lazy: MLflow's
+
+    try:
+        experiment_id = prepare_experiment(uri, experiment, root)
+        client = MlflowClient(uri)
+        check_artifact_folder(client.get_experiment(experiment_id).artifact_location)
+        mark_stale_runs(client, experiment_id)
+        mlflow.set_tracking_uri(uri)
+        pipeline = current_pipeline_run(root, machine)
+        tags = {STAGE_TAG: stage, **pipeline.tags(), **process_tags(), **_dvc_experiment_tags()}
+        if stage in STAGE_DESCRIPTIONS:
+            tags[NOTE_TAG] = STAGE_DESCRIPTIONS[stage]
+        parent = parent_run_id(client, experiment_id, pipeline)
+        if system_metrics:
+            # Its start/stop/"skip GPU" INFO lines would join every training's console output; failures
+            # are warnings and still show.
+            logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+            if not os.environ.get("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"):
+                mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)  # type: ignore[no-untyped-call]
+        run = mlflow.start_run(
+            experiment_id=experiment_id,
+            run_name=run_name,
+            tags=tags,
+            parent_run_id=parent,
+            log_system_metrics=system_metrics,
+        )
+    except (mlflow.exceptions.MlflowException, SQLAlchemyError) as error:
+        raise PipelineError(
+            redact(
+                f"MLflow tracking store {uri} failed before the stage started: {_first_line(error)}. Check "
+                "$MLFLOW_TRACKING_URI (unset it to use the project's own mlflow.db) and `tracking.experiment` in "
+                "params.yaml. Nothing was run."
             )
-            if failure is not None:
-                failure.args = (failure.args[0] + redact(left),)
-            elif status == "FINISHED":
-                raise PipelineError(
-                    redact(
-                        f"The stage's work finished and its outputs were written, but MLflow store {uri} failed "
-                        f"at its end.{left} Check the store, then run the stage again to log it."
-                    )
-                ) from None
+        ) from None
+    return client, experiment_id, run.info.run_id
+
+
+def _end_run(
+    tracker: Tracker, uri: str, run_name: str, machine_id: str, status: str, failure: PipelineError | None
+) -> None:
+    """End the run with `status`; a FINISHED run becomes the workspace's current one for its stage. A store
+    that fails here adds that to `failure`, or fails a stage that had finished."""
+    import mlflow  # lazy: `import mlflow` ≈ 2 s
+
+    try:
+        if status == "FINISHED":
+            mark_current(tracker.client, tracker.experiment_id, tracker.run_id, run_name, machine_id)
+        mlflow.end_run(status=status)
+    except mlflow.exceptions.MlflowException as error:
+        # The run stays RUNNING in the store; the next stage started on this machine marks it
+        # FAILED (mark_stale_runs), once the store answers again.
+        left = (
+            f" Its MLflow run {tracker.run_id} could not be ended ({_first_line(error)[:200]}); it shows as RUNNING "
+            "until the next stage started on this machine marks it FAILED."
+        )
+        if failure is not None:
+            failure.args = (failure.args[0] + redact(left),)
+        elif status == "FINISHED":
+            raise PipelineError(
+                redact(
+                    f"The stage's work finished and its outputs were written, but MLflow store {uri} failed "
+                    f"at its end.{left} Check the store, then run the stage again to log it."
+                )
+            ) from None

@@ -9,10 +9,21 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.common.outputs import AtomicOutputs
+from pipeline.common.paths import MODEL_CHECKPOINT, TRAIN_EPOCHS_PLOT, TRAIN_METRICS, TRAIN_SPEED, TRAIN_STEPS_PLOT
+from pipeline.common.tables import records_csv
+from pipeline.model.checkpoint import checkpoint_digest, checkpoint_payload, save_checkpoint
 from pipeline.model.network import LabNet
-from pipeline.tracking.tags import DATA_DIGEST_TAG, MODEL_DEVICE_TAG, MODEL_ID_TAG, REGISTERED_MODEL_TAG, hardware_tags
+from pipeline.tracking.tags import (
+    DATA_DIGEST_TAG,
+    MODEL_DEVICE_TAG,
+    MODEL_DIGEST_TAG,
+    MODEL_ID_TAG,
+    REGISTERED_MODEL_TAG,
+    hardware_tags,
+)
 from pipeline.tracking.tracker import Tracker
-from pipeline.training.loop import TrainingResult
+from pipeline.training.loop import EpochRecord, StepRecord, TrainingResult
 
 # Batch of the MLflow input example: > 1 so the exported model keeps a dynamic batch dimension.
 EXAMPLE_BATCH = 2
@@ -151,3 +162,24 @@ class OnDevice(torch.nn.Module):
         answer: torch.Tensor = self.model(torch.ops.aten._to_copy.default(images, device=self.device))
         on_input_device: torch.Tensor = torch.ops.aten._to_copy.default(answer, device=images.device)
         return on_input_device
+
+
+def write_training_outputs(
+    outputs: AtomicOutputs,
+    tracker: Tracker,
+    result: TrainingResult,
+    train_params: dict[str, Any],
+    data_digest: str,
+    runtime: Mapping[str, object],
+) -> dict[str, float]:
+    """The checkpoint (its digest tagged on the run: the profile runs of it carry the same tag), metrics and
+    plot files, staged in `outputs`; the quality metrics."""
+    metrics = quality_metrics(result)
+    checkpoint = outputs.staged(MODEL_CHECKPOINT)
+    save_checkpoint(checkpoint_payload(result.model, train_params, data_digest, dict(runtime), metrics), checkpoint)
+    tracker.set_tags({MODEL_DIGEST_TAG: checkpoint_digest(checkpoint)})
+    outputs.write_json(TRAIN_METRICS, metrics)
+    outputs.write_json(TRAIN_SPEED, speed_metrics(result, runtime))
+    outputs.write_text(TRAIN_STEPS_PLOT, records_csv(StepRecord, result.steps))
+    outputs.write_text(TRAIN_EPOCHS_PLOT, records_csv(EpochRecord, result.epochs))
+    return metrics

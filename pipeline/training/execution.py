@@ -22,7 +22,7 @@ from pipeline.common.errors import PipelineError
 from pipeline.data.tensors import DeviceData
 from pipeline.params.schema import TrainConfig
 from pipeline.training.loop import train_model
-from pipeline.training.runtime import has_native_bf16, pin_runtime, select_precision
+from pipeline.training.runtime import RuntimeSettings, has_native_bf16, pin_runtime, select_precision
 
 # bf16 must beat fp32 by this fraction to be chosen: fp32 is the exact baseline, and a margin keeps
 # the choice (and so the trained weights) from flipping between reruns when the two are close.
@@ -112,3 +112,14 @@ def measure_step_ms(
         return statistics.median(timings[precision])
 
     return measure
+
+
+def settle_runtime(
+    config: TrainConfig, device: torch.device, execution: str, train: DeviceData
+) -> tuple[RuntimeSettings, PrecisionChoice]:
+    """The precision to train in (measured where `auto` needs it, on the pinned threads), then the runtime
+    pinned for training. Pinned twice on purpose: the measurement trains throw-away models, and training must
+    start from the seed."""
+    pin_runtime(device, select_precision(config.precision, device), config.threads, config.seed)
+    choice = choose_precision(config.precision, device, execution, measure_step_ms(config, train, device, execution))
+    return pin_runtime(device, choice.precision, config.threads, config.seed), choice

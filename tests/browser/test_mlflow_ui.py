@@ -20,7 +20,7 @@ from mlflow import MlflowClient
 
 from pipeline.params.schema import TrackingConfig
 from pipeline.tracking.tracker import open_tracker
-from tests.helpers import running_mlflow_server
+from tests.helpers.servers import running_mlflow_server
 
 pytestmark = pytest.mark.browser
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from tests.helpers import run_report_stage, running_mlflow_server
+from tests.helpers.projects import run_report_stage
+from tests.helpers.servers import running_mlflow_server
 
 pytestmark = pytest.mark.browser
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")

@@ -1,4 +1,7 @@
-"""Log a folder of profile results (`profiles/<batch>-<device>-<mode>/profile.json`) as MLflow profile runs.
+"""Profile records for the tests: made in memory (make_record), or read from a folder of results and logged
+as MLflow profile runs (log_profile_folder).
+
+Logging a folder of profile results (`profiles/<batch>-<device>-<mode>/profile.json`) as MLflow profile runs.
 
 For the machines-report tests: results measured on another machine (the H100 reference in
 ../shared/gpu-reference) become runs like the ones its profile stage would have logged to a shared
@@ -12,7 +15,6 @@ with current runs; `retime=False` logs its mean and CV as an older run did.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -23,14 +25,85 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
 from pipeline.common.machine import IDENTITY_KEYS
-from pipeline.profiling.statistics import Block, estimate_step_time
+from pipeline.profiling import record as profile_record
+from pipeline.profiling.statistics import GOVERNOR_NOT_EXPOSED, Block, MeasurementConditions, estimate_step_time
+from pipeline.profiling.trace_analysis import StepAnatomy
 from pipeline.tracking.tags import identity_tags
-from tests.helpers import REPO_PARAMS, REPO_ROOT
+from tests.helpers.repo import REPO_PARAMS, SHARED_REFERENCE
+
+
+def make_record(
+    batch: int,
+    device: str,
+    mode: str,
+    step_ms: float,
+    operators: tuple[tuple[str, float], ...] = (),
+    ci_pct: float = 2.0,
+    load: float = 0.5,
+    busy_pct: float = 90.0,
+) -> profile_record.ProfileRecord:
+    """A profile record for report tests: the given median step time, its 95 % CI half-width (%), the load
+    average while timing (2 cores), (operator, share %) rows and busy share.
+
+    Its step analysis: a traced step twice the timed one, 1 MFLOP per sample, a 100 GFLOP/s peak."""
+    combination = profile_record.Combination(batch, device, mode)  # type: ignore[arg-type]
+    device_ms = None if device == "cpu" else 0.0  # no GPU traced: no number
+    rows = tuple(
+        profile_record.OperatorRow(name, 1.0, 0.1, 0.1, device_ms, device_ms, share, None) for name, share in operators
+    )
+    timing = profile_record.Timing(
+        step_time_ms_median=step_ms,
+        step_time_ms_iqr=step_ms * 0.1,
+        step_time_ms_ci_low=step_ms * (1 - ci_pct / 100),
+        step_time_ms_ci_high=step_ms * (1 + ci_pct / 100),
+        step_time_ci_pct=ci_pct,
+        steps_measured=400,
+        blocks_measured=100,
+        steps_per_block=4,
+        per_sample_ms=step_ms / batch,
+        throughput_samples_per_s=1000 * batch / step_ms,
+        noisy=ci_pct > 2.0,
+        timing_s=3.0,
+        peak_memory_mb=10.0,
+        top_operator_share_pct=rows[0].share_pct if rows else 0.0,
+    )
+    settings = profile_record.ProfileSettings(
+        2, profile_record.PROFILE_PRECISION, "channels_last", 3, 8, 1.0, 2.0, 10.0
+    )
+    conditions = MeasurementConditions(load, load, cores=2, threads=2, cpu_governor=GOVERNOR_NOT_EXPOSED)
+    hardware = {"cpu": "Test CPU", "cpu_count": "2", "gpus": "none", "torch": "2.x"}
+    verdict = "host-bound" if busy_pct < 50 else "device-bound"
+    anatomy = StepAnatomy(
+        device, 8, 2 * step_ms, 2 * step_ms * busy_pct / 100, busy_pct, 100 - busy_pct, 0, 0, 0, verdict, ""
+    )
+    analysis = profile_record.StepAnalysis(
+        anatomy, profile_record.flop_rate(1e6, batch, step_ms, 100.0), "a 100 GFLOP/s stand-in", (), (), 0.0
+    )
+    return profile_record.ProfileRecord(
+        combination, hardware, settings, timing, conditions, (step_ms,) * 100, rows, "abc123", analysis
+    )
+
+
+def write_two_profiles() -> None:
+    """Profile records and tables of batch 1 and 64 (cpu, inference) in the current folder, as the profile
+    stage writes them: the report's inputs without running the pipeline."""
+    from pipeline.common.paths import profile_outputs
+    from pipeline.profiling.record import write_record
+    from pipeline.profiling.texts import operators_markdown
+
+    for record in (
+        make_record(1, "cpu", "inference", 0.5, (("aten::mkldnn_convolution", 40.0),)),
+        make_record(64, "cpu", "inference", 8.0, (("aten::max_pool2d", 30.0),)),
+    ):
+        paths = profile_outputs(record.combination.name)
+        paths.folder.mkdir(parents=True)
+        paths.record.write_text(write_record(record))
+        paths.table_markdown.write_text(operators_markdown(record))
 
 
 def gpu_reference() -> Path:
     """The H100 reference run: `../shared/gpu-reference/h100-2026-11-22`, or $GPU_REFERENCE."""
-    path = Path(os.environ.get("GPU_REFERENCE") or REPO_ROOT.parent / "shared" / "gpu-reference" / "h100-2026-11-22")
+    path = SHARED_REFERENCE
     if not (path / "fingerprint.json").is_file() or len(list(path.glob("profiles/*/profile.json"))) != 12:
         pytest.fail(
             f"GPU reference run (fingerprint.json, 12 profiles/*/profile.json) not found at {path}; set GPU_REFERENCE"
@@ -48,21 +121,13 @@ def copy_profiles(source: Path, target: Path) -> Path:
 
 
 def profile_run_params(record: dict[str, Any], top_k: int, optimizer_lr: float) -> dict[str, str]:
-    """The params `pipeline.profiling.run_parameters` logs, rebuilt from a profile.json record (settings an
-    older record lacks: `optimizer_lr` as given, the timing targets from params.yaml)."""
-    settings = record["settings"]
-    return {
-        **{key: str(value) for key, value in record["combination"].items()},
-        "threads": str(settings["threads"]),
-        "precision": settings["precision"],
-        "memory_format": settings["memory_format"],
-        "optimizer_lr": str(settings.get("optimizer_lr", optimizer_lr)),
-        "profile.warmup_steps": str(settings["warmup_steps"]),
-        "profile.active_steps": str(settings["active_steps"]),
-        "profile.ci_target_pct": str(float(settings.get("ci_target_pct", REPO_PARAMS["profile"]["ci_target_pct"]))),
-        "profile.time_budget_s": str(float(settings.get("time_budget_s", REPO_PARAMS["profile"]["time_budget_s"]))),
-        "profile.top_k": str(top_k),
-    }
+    """The params the profile stage logs (pipeline.profiling.record.run_params) for a profile.json record;
+    settings an older record lacks: `optimizer_lr` as given, the timing targets from params.yaml."""
+    targets = ("ci_target_pct", "time_budget_s")
+    given = {key: float(record["settings"].get(key, REPO_PARAMS["profile"][key])) for key in targets}
+    settings = profile_record.ProfileSettings(**{"optimizer_lr": optimizer_lr, **record["settings"], **given})
+    combination = profile_record.Combination(**record["combination"])
+    return {key: str(value) for key, value in profile_record.run_params(combination, settings, top_k).items()}
 
 
 def record_metrics(record: dict[str, Any], retime: bool = True) -> dict[str, float]:
@@ -74,7 +139,13 @@ def record_metrics(record: dict[str, Any], retime: bool = True) -> dict[str, flo
     target = float(record["settings"].get("ci_target_pct", REPO_PARAMS["profile"]["ci_target_pct"]))
     estimate = estimate_step_time([Block(1, ms / 1000) for ms in steps], record["combination"]["batch_size"], target)
     kept = ("peak_memory_mb", "top_operator_share_pct")
-    return {**estimate.metrics(), "steps_per_block": 1.0, **{key: timing[key] for key in kept}}
+    rest = {key: timing[key] for key in kept}
+    metrics = profile_record.Timing.from_estimate(
+        estimate, steps_per_block=1, timing_s=timing.get("timing_s", 0.0), **rest
+    ).as_metrics()
+    if "timing_s" not in timing:
+        del metrics["timing_s"]  # such a record never had it
+    return metrics
 
 
 def log_profile_folder(

@@ -1,65 +1,23 @@
-"""Shared test helpers (plain functions and constants; the fixtures live in conftest.py)."""
+"""Project copies for the tests that run the real `dvc` CLI and stages: copied, cloned, reproduced with tiny
+params, and the commands run in them (killed after a limit). The fixtures that share them live in conftest.py."""
 
 from __future__ import annotations
 
 import copy
-import gzip
-import hashlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import yaml
 
-from pipeline.data.idx import encode_idx
-from pipeline.params.schema import ModelConfig
-from pipeline.profiling.record import (
-    PROFILE_PRECISION,
-    Combination,
-    OperatorRow,
-    ProfileRecord,
-    ProfileSettings,
-    StepAnalysis,
-    Timing,
-    flop_rate,
-)
-from pipeline.profiling.statistics import GOVERNOR_NOT_EXPOSED, MeasurementConditions
-from pipeline.profiling.trace_analysis import StepAnatomy
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-LAB_MODEL = ModelConfig(conv1_channels=32, conv2_channels=64, hidden_units=128, conv_dropout=0.25, hidden_dropout=0.5)
-VENV_BIN = Path(sys.executable).parent
-
-
-REPO_PARAMS: dict[str, Any] = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())  # never modify: copy
-
-
-def make_synthetic_mnist(folder: Path, train: int = 40, test: int = 20, gz: bool = True) -> dict[str, str]:
-    """Write four tiny IDX files shaped like MNIST's; return their SHA-256 digests (decompressed)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    generator = np.random.default_rng(0)
-    digests = {}
-    for prefix, count in (("train", train), ("t10k", test)):
-        labels = (np.arange(count) % 10).astype(np.uint8)
-        images = generator.integers(0, 256, size=(count, 28, 28), dtype=np.uint8)
-        for name, array in ((f"{prefix}-images-idx3-ubyte", images), (f"{prefix}-labels-idx1-ubyte", labels)):
-            content = encode_idx(array)
-            digests[name] = hashlib.sha256(content).hexdigest()
-            target = folder / (name + ".gz" if gz else name)
-            target.write_bytes(gzip.compress(content, mtime=0) if gz else content)
-    return digests
+from tests.helpers.records import write_two_profiles
+from tests.helpers.repo import REPO_PARAMS, REPO_ROOT, VENV_BIN
 
 
 def copy_project(target: Path) -> Path:
@@ -205,94 +163,10 @@ def reproduced_copy(target: Path, mnist_mirror: Path, stage: str) -> Path:
     return project
 
 
-def closed_port() -> int:
-    """A localhost port nothing listens on: connections to it are refused at once."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]  # closed again on exit
-
-
 def clone_project(source: Path, target: Path) -> Path:
     """A full copy of a project copy (workspace, DVC cache, stores), for a test that changes it."""
     shutil.copytree(source, target, symlinks=True)
     return target
-
-
-def make_record(
-    batch: int,
-    device: str,
-    mode: str,
-    step_ms: float,
-    operators: tuple[tuple[str, float], ...] = (),
-    ci_pct: float = 2.0,
-    load: float = 0.5,
-    busy_pct: float = 90.0,
-) -> ProfileRecord:
-    """A profile record for report tests: the given median step time, its 95 % CI half-width (%), the load
-    average while timing (2 cores), (operator, share %) rows and busy share.
-
-    Its step analysis: a traced step twice the timed one, 1 MFLOP per sample, a 100 GFLOP/s peak."""
-    combination = Combination(batch, device, mode)  # type: ignore[arg-type]
-    device_ms = None if device == "cpu" else 0.0  # no GPU traced: no number
-    rows = tuple(OperatorRow(name, 1.0, 0.1, 0.1, device_ms, device_ms, share, None) for name, share in operators)
-    timing = Timing(
-        step_time_ms_median=step_ms,
-        step_time_ms_iqr=step_ms * 0.1,
-        step_time_ms_ci_low=step_ms * (1 - ci_pct / 100),
-        step_time_ms_ci_high=step_ms * (1 + ci_pct / 100),
-        step_time_ci_pct=ci_pct,
-        steps_measured=400,
-        blocks_measured=100,
-        steps_per_block=4,
-        per_sample_ms=step_ms / batch,
-        throughput_samples_per_s=1000 * batch / step_ms,
-        noisy=ci_pct > 2.0,
-        timing_s=3.0,
-        peak_memory_mb=10.0,
-        top_operator_share_pct=rows[0].share_pct if rows else 0.0,
-    )
-    settings = ProfileSettings(2, PROFILE_PRECISION, "channels_last", 3, 8, 1.0, 2.0, 10.0)
-    conditions = MeasurementConditions(load, load, cores=2, threads=2, cpu_governor=GOVERNOR_NOT_EXPOSED)
-    hardware = {"cpu": "Test CPU", "cpu_count": "2", "gpus": "none", "torch": "2.x"}
-    verdict = "host-bound" if busy_pct < 50 else "device-bound"
-    anatomy = StepAnatomy(
-        device, 8, 2 * step_ms, 2 * step_ms * busy_pct / 100, busy_pct, 100 - busy_pct, 0, 0, 0, verdict, ""
-    )
-    analysis = StepAnalysis(anatomy, flop_rate(1e6, batch, step_ms, 100.0), "a 100 GFLOP/s stand-in", (), (), 0.0)
-    return ProfileRecord(
-        combination, hardware, settings, timing, conditions, (step_ms,) * 100, rows, "abc123", analysis
-    )
-
-
-SERVER_START_LIMIT_S = 120  # measured 20-30 s on two cores; generous for a loaded CI machine
-
-
-@contextmanager
-def running_mlflow_server(folder: Path, backend_store_uri: str | None = None) -> Iterator[str]:
-    """A real `mlflow server` on 127.0.0.1 (its SQLite store and artifacts in `folder` unless given);
-    yields its URI once /health answers, stops it afterwards."""
-    port = closed_port()
-    store = backend_store_uri or f"sqlite:///{folder / 'server.db'}"
-    command = [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", store]
-    command += ["--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port)]
-    server = subprocess.Popen([*command, "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + SERVER_START_LIMIT_S
-    try:
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass  # not listening yet
-            assert server.poll() is None, "mlflow server exited during start-up"
-            assert time.monotonic() < deadline, f"mlflow server did not answer /health within {SERVER_START_LIMIT_S} s"
-            time.sleep(0.5)
-        yield uri
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 # Committed stage outputs the report reads for its training and graph figures (copied, never written).
@@ -318,20 +192,3 @@ def run_report_stage(project: Path, experiment: str) -> Path:
         write_two_profiles()
         stages.report.main()
     return project
-
-
-def write_two_profiles() -> None:
-    """Profile records and tables of batch 1 and 64 (cpu, inference) in the current folder, as the profile
-    stage writes them: the report's inputs without running the pipeline."""
-    from pipeline.common.paths import profile_outputs
-    from pipeline.profiling.record import write_record
-    from pipeline.profiling.texts import operators_markdown
-
-    for record in (
-        make_record(1, "cpu", "inference", 0.5, (("aten::mkldnn_convolution", 40.0),)),
-        make_record(64, "cpu", "inference", 8.0, (("aten::max_pool2d", 30.0),)),
-    ):
-        paths = profile_outputs(record.combination.name)
-        paths.folder.mkdir(parents=True)
-        paths.record.write_text(write_record(record))
-        paths.table_markdown.write_text(operators_markdown(record))

@@ -1,0 +1,18 @@
+"""Where the project is, as the tests see it: its root, its params.yaml and the interpreter's bin folder."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+REPO_PARAMS: dict[str, Any] = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())  # never modify: copy
+# The H100 reference run (../shared/gpu-reference), or $GPU_REFERENCE.
+SHARED_REFERENCE = Path(
+    os.environ.get("GPU_REFERENCE") or REPO_ROOT.parent / "shared" / "gpu-reference" / "h100-2026-11-22"
+).resolve()

@@ -1,0 +1,51 @@
+"""Real servers for the tests, on 127.0.0.1: an `mlflow server`, and a port nothing listens on."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.helpers.repo import VENV_BIN
+
+
+def closed_port() -> int:
+    """A localhost port nothing listens on: connections to it are refused at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]  # closed again on exit
+
+
+SERVER_START_LIMIT_S = 120  # measured 20-30 s on two cores; generous for a loaded CI machine
+
+
+@contextmanager
+def running_mlflow_server(folder: Path, backend_store_uri: str | None = None) -> Iterator[str]:
+    """A real `mlflow server` on 127.0.0.1 (its SQLite store and artifacts in `folder` unless given);
+    yields its URI once /health answers, stops it afterwards."""
+    port = closed_port()
+    store = backend_store_uri or f"sqlite:///{folder / 'server.db'}"
+    command = [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", store]
+    command += ["--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port)]
+    server = subprocess.Popen([*command, "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + SERVER_START_LIMIT_S
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass  # not listening yet
+            assert server.poll() is None, "mlflow server exited during start-up"
+            assert time.monotonic() < deadline, f"mlflow server did not answer /health within {SERVER_START_LIMIT_S} s"
+            time.sleep(0.5)
+        yield uri
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
