@@ -6,15 +6,16 @@ allowed. Messages show values bounded and with any URL password redacted.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import reprlib
 import typing
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pipeline.common.credentials import redact
 from pipeline.common.errors import PipelineError
+from pipeline.common.typed import build
 from pipeline.params.schema import Params
 
 _Section = typing.TypeVar("_Section")
@@ -26,25 +27,24 @@ RESTORE_HINT = "Outputs DVC removed before running a stage are still in its cach
 
 
 def params_from_mapping(raw: Any, source: str = "params.yaml") -> Params:
-    problems: list[str] = []
-    params: Params | None = _build(Params, raw, "", problems)
-    if problems:
-        listing = "\n".join(f"  - {problem}" for problem in problems)
+    dialect = _ParamsDialect()
+    params = build(Params, raw, "", dialect, empty_is_mapping=True)
+    if dialect.problems:
+        listing = "\n".join(f"  - {problem}" for problem in dialect.problems)
         raise PipelineError(
-            f"{source} has {len(problems)} invalid value(s):\n{listing}\n"
+            f"{source} has {len(dialect.problems)} invalid value(s):\n{listing}\n"
             f"Fix them in {source} (or in the `-S key=value` of `dvc exp run`) and run again. {RESTORE_HINT}"
         )
-    assert params is not None
-    return params
+    return params  # type: ignore[no-any-return]
 
 
 def params_from_section(cls: type[_Section], raw: Any, source: str, fix: str, prefix: str = "") -> _Section:
     """Validate one section (e.g. a checkpoint's stored `ModelConfig`) with the same rules as params.yaml;
     `prefix` (`model_config.`) is how its keys are named in the message."""
-    problems: list[str] = []
-    section = _build(cls, raw, prefix, problems)
-    if problems:
-        listing = "; ".join(problems)
+    dialect = _ParamsDialect()
+    section = build(cls, raw, prefix.rstrip("."), dialect, empty_is_mapping=True)
+    if dialect.problems:
+        listing = "; ".join(dialect.problems)
         raise PipelineError(f"{source} is invalid: {listing}. {fix}")
     return section  # type: ignore[no-any-return]
 
@@ -68,87 +68,53 @@ def _key_text(key: Any) -> str:
     return redact(text if len(text) <= 80 else text[:77] + "...")
 
 
-def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
-    where = prefix.rstrip(".") or "the top level"
-    if raw is None:
-        raw = {}  # an empty section (`graph:`) is an empty mapping
-    if not isinstance(raw, Mapping):
-        problems.append(f"`{where}` must be a mapping of keys, got {show_value(raw)}")
+@dataclass
+class _ParamsDialect:
+    """params.yaml's words: keys as written in the file (`train.model.hidden_units`, `profile.devices[0]`),
+    every problem collected and reported together."""
+
+    problems: list[str] = field(default_factory=list)
+
+    def report(self, message: str) -> None:
+        self.problems.append(message)
+
+    def field_key(self, parent: str, cls: type, name: str) -> str:
+        return f"{parent}.{name}" if parent else name
+
+    def item_key(self, key: str, index: int) -> str:
+        return f"{key}[{index}]"
+
+    def not_mapping(self, key: str, cls: type, value: Any) -> str:
+        return f"`{key or 'the top level'}` must be a mapping of keys, got {show_value(value)}"
+
+    def unknown(self, key: str, cls: type, unknown: list[Any], allowed: list[str]) -> list[str]:
+        prefix, where, listing = f"{key}." if key else "", key or "the top level", ", ".join(allowed) or "no keys yet"
+        return [f"`{prefix}{_key_text(name)}` is not a known key (allowed in `{where}`: {listing})" for name in unknown]
+
+    def missing(self, key: str) -> str:
+        return f"`{key}` is missing; add it to params.yaml"
+
+    def not_list(self, key: str, item_hint: Any, value: Any) -> str:
+        return f"`{key}` = {show_value(value)} has the wrong type; expected a list of {_type_name(item_hint)}"
+
+    def not_choice(self, key: str, value: Any, choices: tuple[Any, ...]) -> str:
+        return f"`{key}` = {show_value(value)} is not allowed; choose one of {', '.join(map(repr, choices))}"
+
+    def wrong_type(self, key: str, hint: Any, value: Any) -> str:
+        return f"`{key}` = {show_value(value)} has the wrong type; expected {_type_name(hint)}"
+
+    def value_problem(self, key: str, value: Any, converted: Any, rule: Mapping[str, Any]) -> str | None:
+        problem = _range_problem(converted, rule)
+        return f"`{key}` = {show_value(value)} is not allowed; it must be {problem}" if problem else None
+
+    def list_problem(
+        self, key: str, item_hint: Any, value: list[Any], items: tuple[Any, ...] | None, rule: Mapping[str, Any]
+    ) -> str | None:
+        if items is None and rule.get("non_empty") and not value:
+            return f"`{key}` is an empty list; give at least one value ({_type_name(item_hint)})"
+        if items is not None and rule.get("unique") and len(set(items)) != len(items):
+            return f"`{key}` = {show_value(value)} repeats a value; list each one once"
         return None
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    for unknown in sorted((key for key in raw if key not in fields), key=str):
-        allowed = ", ".join(fields) or "no keys yet"
-        problems.append(f"`{prefix}{_key_text(unknown)}` is not a known key (allowed in `{where}`: {allowed})")
-    values = {}
-    for name, spec in fields.items():
-        key = f"{prefix}{name}"
-        if name not in raw:
-            problems.append(f"`{key}` is missing; add it to params.yaml")
-            continue
-        values[name] = _convert(hints[name], raw[name], key, spec.metadata, problems)
-    if any(value is _INVALID for value in values.values()) or len(values) < len(fields):
-        return None
-    return cls(**values)
-
-
-_INVALID = object()
-
-
-def _convert(hint: Any, value: Any, key: str, rule: Mapping[str, Any], problems: list[str]) -> Any:
-    origin = typing.get_origin(hint)
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        built = _build(hint, value, f"{key}.", problems)
-        return _INVALID if built is None else built
-    if origin is tuple:
-        return _convert_list(typing.get_args(hint)[0], value, key, rule, problems)
-    if origin is Literal:
-        choices = typing.get_args(hint)
-        if value not in choices:
-            problems.append(
-                f"`{key}` = {show_value(value)} is not allowed; choose one of {', '.join(map(repr, choices))}"
-            )
-            return _INVALID
-        return value
-    converted = _convert_scalar(hint, value)
-    if converted is _INVALID:
-        problems.append(f"`{key}` = {show_value(value)} has the wrong type; expected {_type_name(hint)}")
-        return _INVALID
-    problem = _range_problem(converted, rule)
-    if problem:
-        problems.append(f"`{key}` = {show_value(value)} is not allowed; it must be {problem}")
-        return _INVALID
-    return converted
-
-
-def _convert_list(item_hint: Any, value: Any, key: str, rule: Mapping[str, Any], problems: list[str]) -> Any:
-    if not isinstance(value, list):
-        problems.append(f"`{key}` = {show_value(value)} has the wrong type; expected a list of {_type_name(item_hint)}")
-        return _INVALID
-    if rule.get("non_empty") and not value:
-        problems.append(f"`{key}` is an empty list; give at least one value ({_type_name(item_hint)})")
-        return _INVALID
-    item_rule = {**rule, "non_empty": False}
-    items = [_convert(item_hint, item, f"{key}[{index}]", item_rule, problems) for index, item in enumerate(value)]
-    if any(item is _INVALID for item in items):
-        return _INVALID
-    if rule.get("unique") and len(set(items)) != len(items):
-        problems.append(f"`{key}` = {show_value(value)} repeats a value; list each one once")
-        return _INVALID
-    return tuple(items)
-
-
-def _convert_scalar(hint: Any, value: Any) -> Any:
-    if isinstance(value, bool) and hint is not bool:
-        return _INVALID  # YAML `yes`/`true` must not pass as the number 1
-    if hint is float and isinstance(value, (int, float)):
-        try:
-            return float(value)
-        except OverflowError:  # an integer beyond float range
-            return math.inf  # refused as non-finite by _range_problem
-    if hint in (int, str, bool) and isinstance(value, hint):
-        return value
-    return _INVALID
 
 
 def _range_problem(value: Any, rule: Mapping[str, Any]) -> str | None:

@@ -12,14 +12,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from pipeline.common.errors import PipelineError
+from pipeline.common.typed import build
 from pipeline.params.schema import Device, ProfileConfig, ProfileMode
 from pipeline.profiling.statistics import Interval, MeasurementConditions, StepEstimate
 from pipeline.profiling.trace_analysis import KernelStats, RangeStats, StepAnatomy
@@ -255,8 +255,8 @@ def read_record(path: Path, combination: Combination) -> ProfileRecord:
     if not isinstance(raw, dict) or raw.get("format") not in READABLE_FORMATS:
         raise PipelineError(f"{path} is not a profile record of format {RECORD_FORMAT} from this pipeline; {fix}")
     try:
-        record = _from_dict(ProfileRecord, _upgrade(raw))
-    except (KeyError, TypeError, ValueError) as error:
+        record: ProfileRecord = build(ProfileRecord, _upgrade(raw), "", _RecordDialect())
+    except RecordMismatch as error:
         raise PipelineError(f"{path} does not match this pipeline's profile record ({error}); {fix}") from None
     if record.combination != combination:
         raise PipelineError(f"{path} holds combination {record.combination.name}, not {combination.name}; {fix}")
@@ -273,7 +273,7 @@ def _upgrade(raw: dict[str, Any]) -> dict[str, Any]:
     on_cpu = isinstance(raw.get("combination"), dict) and raw["combination"].get("device") == "cpu"
     rows = raw.get("top_operators")
     if not isinstance(rows, list):
-        return raw  # _from_dict names the problem
+        return raw  # the walk names the problem
     upgraded = []
     for row in rows:
         if isinstance(row, dict):
@@ -287,57 +287,49 @@ def _upgrade(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "top_operators": upgraded}
 
 
-RecordType = TypeVar("RecordType")
+class RecordMismatch(ValueError):
+    """The first way a record differs from the record types (read_record names the file and the fix)."""
 
 
-def _from_dict(cls: type[RecordType], raw: Any) -> RecordType:
-    """Rebuild a (nested) record dataclass from its `asdict` form, checking every field's type."""
-    if not isinstance(raw, Mapping):
-        raise TypeError(f"{cls.__name__} must be an object, got {type(raw).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {field.name: field for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = set(raw) - set(fields)
-    if unknown:
-        raise KeyError(f"unknown field(s) {sorted(unknown)} in {cls.__name__}")
-    values = {}
-    for name, field in fields.items():
-        if name not in raw:
-            if field.default is not dataclasses.MISSING:
-                continue
-            raise KeyError(f"{cls.__name__}.{name} is missing")
-        values[name] = _convert(hints[name], raw[name], f"{cls.__name__}.{name}")
-    return cls(**values)
+class _RecordDialect:
+    """The record's words: fields named by their class (`OperatorRow.mflops`); the first problem stops."""
 
+    def report(self, message: str) -> None:
+        raise RecordMismatch(message)
 
-def _convert(hint: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(hint)
-    if dataclasses.is_dataclass(hint):
-        return _from_dict(hint, value)  # type: ignore[arg-type]
-    if origin is tuple:
-        item = typing.get_args(hint)[0]
-        if not isinstance(value, list):
-            raise TypeError(f"{where} must be a list")
-        return tuple(_convert(item, entry, f"{where}[]") for entry in value)
-    if origin is dict:
-        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-            raise TypeError(f"{where} must be an object of strings")
-        return dict(value)
-    if origin is typing.Literal:
-        if value not in typing.get_args(hint):
-            raise ValueError(f"{where} is {value!r}, not one of {typing.get_args(hint)}")
-        return value
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(hint)
-        if len(options) != 2 or type(None) not in options:
-            raise TypeError(f"{where}: only `X | None` unions are supported in records")
-        if value is None:
-            return None
-        return _convert(next(option for option in options if option is not type(None)), value, where)
-    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if hint in (int, str, bool) and type(value) is hint:
-        return value
-    raise TypeError(f"{where} must be {getattr(hint, '__name__', hint)}, got {type(value).__name__}")
+    def field_key(self, parent: str, cls: type, name: str) -> str:
+        return f"{cls.__name__}.{name}"
+
+    def item_key(self, key: str, index: int) -> str:
+        return f"{key}[{index}]"
+
+    def not_mapping(self, key: str, cls: type, value: Any) -> str:
+        return f"{cls.__name__} must be an object, got {type(value).__name__}"
+
+    def unknown(self, key: str, cls: type, unknown: list[Any], allowed: list[str]) -> list[str]:
+        return [f"unknown field(s) {unknown} in {cls.__name__}"]
+
+    def missing(self, key: str) -> str:
+        return f"{key} is missing"
+
+    def not_list(self, key: str, item_hint: Any, value: Any) -> str:
+        return f"{key} must be a list"
+
+    def not_choice(self, key: str, value: Any, choices: tuple[Any, ...]) -> str:
+        return f"{key} is {value!r}, not one of {choices}"
+
+    def wrong_type(self, key: str, hint: Any, value: Any) -> str:
+        if typing.get_origin(hint) is dict:
+            return f"{key} must be an object of strings"
+        return f"{key} must be {getattr(hint, '__name__', hint)}, got {type(value).__name__}"
+
+    def value_problem(self, key: str, value: Any, converted: Any, rule: Mapping[str, Any]) -> str | None:
+        return None  # records carry types, not ranges
+
+    def list_problem(
+        self, key: str, item_hint: Any, value: list[Any], items: tuple[Any, ...] | None, rule: Mapping[str, Any]
+    ) -> str | None:
+        return None
 
 
 def parse_combination(arguments: list[str]) -> Combination:
