@@ -1,92 +1,109 @@
-"""Training speed: this pipeline's loop vs the pytorch/examples MNIST recipe, in the same run.
+"""Training speed as a user gets it: this pipeline's loop vs the pytorch/examples MNIST recipe, each in fresh processes.
 
-    python -m benchmarks.train_speed [--samples 60000] [--repeats 1] [--device cpu|cuda]
+    python -m benchmarks.train_speed [--samples 60000] [--repeats 3] [--device cpu|cuda] [--no-stage]
 
-Both train the same network (pipeline.model.LabNet) with the same optimizer and schedule for one
-epoch over the first `--samples` training images, with the same thread count, then evaluate on the
-full test set. The reference feeds batches the way pytorch/examples mnist/main.py does
-(torchvision dataset, ToTensor + Normalize per item, DataLoader with shuffle; on CUDA its
-`num_workers=1, pin_memory=True` and a copy of each batch to the GPU). On the CPU the pipeline's loop
-runs twice more to measure what tracking costs: without a tracker, and with MLflow + TensorBoard
-logging into a throw-away store. On CUDA it runs eager and CUDA-graph-replayed (`train.execution`), each
-in fp32 and bf16, then the graph with tracking. Needs `dvc repro download` (or MNIST in data/) first.
+Every variant trains one epoch over the first `--samples` training images in a process of its own, started
+for that one run, as every DVC stage is (a warm process that has trained before runs faster: it has grown its
+heap). One repeat runs each variant once, in a rotated order, so that the variants of one repeat share a
+window of the machine's time; a ratio is taken within a repeat (paired), and the table gives the median over
+repeats with the min-max spread. Variants (CPU):
+
+- `reference`: pytorch/examples mnist/main.py's way of feeding batches (torchvision dataset, ToTensor +
+  Normalize per item, DataLoader with shuffle; on CUDA `num_workers=1, pin_memory=True`), same network
+  (pipeline.model.network.LabNet), optimizer and thread count;
+- `pipeline`: the train stage's loop (`train.precision` resolved as the stage resolves it), no tracking;
+  `pipeline fp32` where that resolves to another precision;
+- `pipeline+tracking`: the same loop logging to MLflow + TensorBoard in a throw-away store;
+- `train stage`: `python -m stages.train` itself in a scratch copy of the project (epochs 1, the same
+  samples), its images/s read from the `metrics/train_speed.json` it writes (`--no-stage` skips it).
+
+On CUDA: eager and CUDA-graph-replayed (`train.execution`), each in fp32 and bf16, and the graph with
+tracking. Needs `dvc repro download` (or MNIST in data/) first. Writes nothing in the project.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-from torch.utils.data import DataLoader, Subset
-from torchvision import datasets, transforms
+import yaml
 
-from pipeline.common.paths import DATA_ROOT
-from pipeline.data.mnist import load_split
-from pipeline.data.tensors import MNIST_MEAN, MNIST_STD, first_samples, to_device_data
-from pipeline.model.network import LabNet
+from pipeline.common.paths import DATA_ROOT, TRAIN_SPEED
 from pipeline.params.loading import load_params
-from pipeline.params.schema import TrackingConfig
-from pipeline.tracking.tracker import open_tracker
-from pipeline.training.loop import evaluate, train_model
-from pipeline.training.runtime import pin_runtime, select_device, select_precision
+from pipeline.params.schema import TrainConfig
 
-CPU = torch.device("cpu")
+EPOCH_SECONDS_LIMIT = 3600  # one worker; a hung one must not hang the benchmark
 
 
-def reference_epoch(model_config, samples: int, seed: int, device: torch.device = CPU) -> tuple[float, float]:
-    """pytorch/examples mnist: returns (images per second, test accuracy)."""
-    torch.manual_seed(seed)
+def reference_epoch(config: TrainConfig, samples: int, seed: int, device_name: str) -> tuple[float, float]:
+    """pytorch/examples mnist: (images per second, test accuracy)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, Subset
+    from torchvision import datasets, transforms
+
+    from pipeline.data.tensors import MNIST_MEAN, MNIST_STD
+    from pipeline.model.network import LabNet
+    from pipeline.training.runtime import pin_runtime, select_device
+
+    device = select_device(device_name, param="--device")
+    pin_runtime(device, "fp32", config.threads, seed)
     transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((MNIST_MEAN,), (MNIST_STD,))])
     train_set = Subset(datasets.MNIST(str(DATA_ROOT), train=True, download=False, transform=transform), range(samples))
     test_set = datasets.MNIST(str(DATA_ROOT), train=False, download=False, transform=transform)
-    # The example's `cuda_kwargs` on a GPU: one loader worker and pinned host memory.
-    loader_kwargs = {"num_workers": 1, "pin_memory": True} if device.type == "cuda" else {}
-    train_loader = DataLoader(train_set, batch_size=64, shuffle=True, **loader_kwargs)
-    test_loader = DataLoader(test_set, batch_size=1000, **loader_kwargs)
-    model = LabNet(model_config).to(device)
+    on_gpu = device.type == "cuda"  # the example's `cuda_kwargs`: one loader worker and pinned host memory
+    train_loader = DataLoader(train_set, batch_size=64, shuffle=True, num_workers=int(on_gpu), pin_memory=on_gpu)
+    test_loader = DataLoader(test_set, batch_size=1000, num_workers=int(on_gpu), pin_memory=on_gpu)
+    model = LabNet(config.model).to(device)
     optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0)
     model.train()
     started = time.perf_counter()
     for batch_index, (data, target) in enumerate(train_loader):
-        data, target = data.to(device), target.to(device)
         optimizer.zero_grad()
-        loss = F.nll_loss(model(data), target)
-        loss.backward()
+        loss = F.nll_loss(model(data.to(device)), target.to(device))
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         if batch_index % 10 == 0:
             loss.item()  # the example prints the loss every 10 batches: keep its sync
-    synchronize(device)  # queued GPU work belongs to the epoch
+    if on_gpu:
+        torch.cuda.synchronize(device)  # queued GPU work belongs to the epoch
     seconds = time.perf_counter() - started
     model.eval()
     correct = 0
     with torch.no_grad():
         for data, target in test_loader:
-            correct += (model(data.to(device)).argmax(dim=1) == target.to(device)).sum().item()
+            correct += int((model(data.to(device)).argmax(dim=1) == target.to(device)).sum().item())
     return samples / seconds, correct / len(test_set)
 
 
 def pipeline_epoch(
-    train_config,
-    samples: int,
-    precision: str,
-    tracked: bool,
-    seed: int,
-    device: torch.device = CPU,
-    execution: str = "eager",
+    config: TrainConfig, samples: int, seed: int, device_name: str, precision: str, execution: str, tracked: bool
 ) -> tuple[float, float]:
-    """This pipeline's loop, one epoch; returns (images per second, test accuracy).
+    """This pipeline's loop, one epoch: (images per second as the stage reports it, test accuracy).
 
-    The seconds are the train stage's own (`TrainingResult.train_seconds`): with cuda_graph they include
-    the eager warm-up steps and the capture, paid once per run.
+    The seconds are the train stage's own (`TrainingResult.train_seconds`): with cuda_graph they include the
+    eager warm-up steps and the capture, paid once per run.
     """
-    config = dataclasses.replace(train_config, epochs=1, train_samples=samples, seed=seed)
+    from pipeline.data.mnist import load_split
+    from pipeline.data.tensors import first_samples, to_device_data
+    from pipeline.params.schema import TrackingConfig
+    from pipeline.tracking.tracker import open_tracker
+    from pipeline.training.loop import evaluate, train_model
+    from pipeline.training.runtime import pin_runtime, select_device, select_precision
+
+    device = select_device(device_name, param="--device")
+    precision = select_precision(precision, device)
+    config = dataclasses.replace(config, epochs=1, train_samples=samples, seed=seed)
     pin_runtime(device, precision, config.threads, config.seed)
     train = to_device_data(*first_samples(*load_split(DATA_ROOT, "train"), samples), device)
     test = to_device_data(*load_split(DATA_ROOT, "test"), device)
@@ -95,121 +112,158 @@ def pipeline_epoch(
     else:
         with tempfile.TemporaryDirectory() as scratch:
             os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{scratch}/mlflow.db"
-            tracking = TrackingConfig(experiment="benchmark", tensorboard_dir=f"{scratch}/runs")
+            tracking = TrackingConfig(experiment="benchmark", tensorboard_dir="runs", registered_model="benchmark")
             with open_tracker("benchmark", tracking, root=Path(scratch)) as tracker:
                 result = train_model(
-                    config, train, test, device, precision, tracker=tracker, progress=False, execution=execution
+                    config, train, test, device, precision, tracker, progress=False, execution=execution
                 )
-            del os.environ["MLFLOW_TRACKING_URI"]
     _, accuracy = evaluate(result.model, test, config.test_batch_size)
     return result.images_per_second, accuracy
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def stage_epoch(samples: int, seed: int, device_name: str) -> tuple[float, float]:
+    """`python -m stages.train` in a scratch copy of the project (its own MLflow store): what `dvc repro` runs."""
+    project = Path.cwd()
+    with tempfile.TemporaryDirectory() as scratch:
+        copy = Path(scratch)
+        for name in ("pipeline", "stages"):
+            shutil.copytree(project / name, copy / name, ignore=shutil.ignore_patterns("__pycache__"))
+        (copy / DATA_ROOT).mkdir()
+        (copy / DATA_ROOT / "MNIST").symlink_to((project / DATA_ROOT / "MNIST").resolve())
+        params = yaml.safe_load((project / "params.yaml").read_text())
+        params["train"].update(epochs=1, train_samples=samples, seed=seed, device=device_name)
+        (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        environment = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{copy}/mlflow.db"}
+        command = [sys.executable, "-m", "stages.train"]
+        result = subprocess.run(
+            command, cwd=copy, env=environment, capture_output=True, text=True, timeout=EPOCH_SECONDS_LIMIT
+        )
+        if result.returncode != 0:
+            raise SystemExit(f"`python -m stages.train` failed:\n{result.stderr[-3000:]}")
+        speed = json.loads((copy / TRAIN_SPEED).read_text())
+        quality = json.loads((copy / "metrics" / "train.json").read_text())
+    return float(speed["images_per_second"]), float(quality["test_accuracy"])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--samples", type=int, default=60_000, help="training images per epoch (default: all)")
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=1,
-        help="runs of each variant, seeds train.seed + 0, 1, ...; medians are reported",
-    )
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to train (default: cpu)")
-    args = parser.parse_args()
-    train_config = load_params().train
-    device = select_device(args.device, param="--device")
-    if device.type == "cuda":
-        return cuda_benchmark(train_config, args.samples, args.repeats, device)
-    precision = select_precision(train_config.precision, CPU)
-    threads = pin_runtime(CPU, precision, train_config.threads, train_config.seed).threads
-    print(
-        f"torch {torch.__version__}, {threads} CPU thread(s), {args.samples} images, {args.repeats} repeat(s), "
-        f"train.precision={train_config.precision} -> {precision}"
-    )
-    variants = {
-        "reference": lambda seed: reference_epoch(train_config.model, args.samples, seed),
-        "pipeline fp32": lambda seed: pipeline_epoch(train_config, args.samples, "fp32", tracked=False, seed=seed),
-        "pipeline": lambda seed: pipeline_epoch(train_config, args.samples, precision, tracked=False, seed=seed),
-        "pipeline+tracking": lambda seed: pipeline_epoch(
-            train_config, args.samples, precision, tracked=True, seed=seed
-        ),
-    }
-    speed = run_variants(variants, args.repeats, train_config.seed, ratio_of="pipeline")
-    print(
-        f"\nspeed-up vs reference: {speed['pipeline'] / speed['reference']:.2f}x (goal >= 2.5x); "
-        f"fp32 only: {speed['pipeline fp32'] / speed['reference']:.2f}x"
-    )
-    overhead = (speed["pipeline"] / speed["pipeline+tracking"] - 1) * 100
-    print(f"tracking overhead (MLflow + TensorBoard on vs off): {overhead:+.1f} % (goal <= 3 %)")
+def worker(variant: str, samples: int, seed: int, device_name: str) -> tuple[float, float]:
+    """One run of `variant`, in this (fresh) process."""
+    config = load_params().train
+    if variant == "reference":
+        return reference_epoch(config, samples, seed, device_name)
+    if variant == "train stage":
+        return stage_epoch(samples, seed, device_name)
+    # "pipeline", "pipeline+tracking", "pipeline fp32", "<execution> <precision>", "... +tracking"
+    tracked = variant.endswith("+tracking")
+    words = variant.removesuffix("+tracking").split()
+    execution = words[0] if words[0] in ("eager", "cuda_graph") else "eager"
+    precision = words[1] if len(words) > 1 else config.precision
+    return pipeline_epoch(config, samples, seed, device_name, precision, execution, tracked)
 
 
-def run_variants(variants, repeats: int, first_seed: int, ratio_of: str) -> dict[str, float]:
-    """Each variant once per repeat, interleaved; prints every run and a table; returns median images/s."""
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+def run_worker(variant: str, samples: int, seed: int, device_name: str) -> tuple[float, float]:
+    command = [sys.executable, "-m", "benchmarks.train_speed", "--worker", variant]
+    command += ["--samples", str(samples), "--seed", str(seed), "--device", device_name]
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=EPOCH_SECONDS_LIMIT)
+    if result.returncode != 0:
+        raise SystemExit(f"variant {variant!r} failed:\n{result.stderr[-3000:]}")
+    speed, accuracy = json.loads(result.stdout.strip().splitlines()[-1])
+    return float(speed), float(accuracy)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    images_per_second: float
+    accuracy: float
+
+
+def run_variants(
+    variants: list[str], repeats: int, first_seed: int, run: Callable[[str, int], tuple[float, float]]
+) -> dict[str, list[Run]]:
+    """Each variant once per repeat in its own process, the order rotated per repeat; prints every run."""
+    results: dict[str, list[Run]] = {name: [] for name in variants}
     for repeat in range(repeats):
-        # A new seed per repeat: one epoch's accuracy moves by a few 0.01 % with the seed, so a
-        # single seed cannot say which recipe is more accurate. Interleaved, so a slow period of a
-        # shared machine hits every variant alike.
-        for name, variant in variants.items():
-            results[name].append(variant(first_seed + repeat))
-        ratio = results[ratio_of][-1][0] / results["reference"][-1][0]
+        # A new seed per repeat: one epoch's accuracy moves by a few 0.01 % with the seed, so a single seed
+        # cannot say which recipe is more accurate. Rotated, so no variant always runs first (or last).
+        order = variants[repeat % len(variants) :] + variants[: repeat % len(variants)]
+        for name in order:
+            results[name].append(Run(*run(name, first_seed + repeat)))
         print(
             f"  repeat {repeat + 1} (seed {first_seed + repeat}): "
-            + ", ".join(f"{name} {runs[-1][0]:.0f} img/s" for name, runs in results.items())
-            + f" -> {ratio:.2f}x",
+            + ", ".join(f"{name} {runs[-1].images_per_second:.0f} img/s" for name, runs in results.items()),
             flush=True,
         )
+    return results
 
-    speed = {name: statistics.median(run[0] for run in runs) for name, runs in results.items()}
-    accuracy = {name: statistics.median(run[1] for run in runs) for name, runs in results.items()}
-    print(f"\n{'variant':<24} {'images/s':>10} {'vs ref':>7} {'test acc':>9} {'acc min-max':>15}")
+
+def ratios(results: dict[str, list[Run]], name: str, reference: str) -> list[float]:
+    """`name` over `reference` within each repeat (the pair shared a window of the machine)."""
+    return [a.images_per_second / b.images_per_second for a, b in zip(results[name], results[reference], strict=True)]
+
+
+def table(results: dict[str, list[Run]], reference: str) -> str:
+    lines = [
+        f"| variant | images/s median (min-max) | vs {reference}: median (min-max) | test accuracy median (min-max) |",
+        "| --- | ---: | ---: | ---: |",
+    ]
     for name, runs in results.items():
-        accuracies = [run[1] for run in runs]
-        print(
-            f"{name:<24} {speed[name]:>10.0f} {speed[name] / speed['reference']:>6.2f}x {accuracy[name]:>9.4f} "
-            f"{min(accuracies):>7.4f}-{max(accuracies):.4f}"
+        speeds = [run.images_per_second for run in runs]
+        paired = ratios(results, name, reference)
+        accuracies = [run.accuracy for run in runs]
+        lines.append(
+            f"| {name} | {statistics.median(speeds):.0f} ({min(speeds):.0f}-{max(speeds):.0f}) | "
+            f"{statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f}x) | "
+            f"{statistics.median(accuracies):.4f} ({min(accuracies):.4f}-{max(accuracies):.4f}) |"
         )
-    return speed
+    return "\n".join(lines)
 
 
-def cuda_benchmark(train_config, samples: int, repeats: int, device: torch.device) -> None:
-    """Reference vs eager vs CUDA graph on a GPU, each precision, plus what `auto` chooses there."""
-    from pipeline.training.execution import choose_precision, measure_step_ms
+def variants_for(config: TrainConfig, device_name: str, stage: bool) -> tuple[list[str], str]:
+    """The variants to run and the one the headline ratio is about."""
+    if device_name == "cuda":
+        names = ["reference", *(f"{e} {p}" for e in ("eager", "cuda_graph") for p in ("fp32", "bf16"))]
+        return [*names, "cuda_graph bf16+tracking", *(["train stage"] if stage else [])], "cuda_graph bf16"
+    names = ["reference", "pipeline", "pipeline+tracking"]
+    if config.precision != "fp32":
+        names.insert(2, "pipeline fp32")
+    return [*names, *(["train stage"] if stage else [])], "pipeline"
 
-    pin_runtime(device, "fp32", train_config.threads, train_config.seed)
-    train = to_device_data(*first_samples(*load_split(DATA_ROOT, "train"), samples), device)
-    choices = {
-        execution: choose_precision("auto", device, execution, measure_step_ms(train_config, train, device, execution))
-        for execution in ("eager", "cuda_graph")
-    }
-    del train
+
+def main(arguments: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=60_000, help="training images per epoch (default: all)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="fresh processes per variant; seeds train.seed + 0, 1, ..."
+    )
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to train (default: cpu)")
+    parser.add_argument("--no-stage", action="store_true", help="leave out the `python -m stages.train` variant")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(arguments)
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.samples, args.seed, args.device)))
+        return
+    config = load_params().train
+    variants, headline = variants_for(config, args.device, not args.no_stage)
     print(
-        f"torch {torch.__version__}, {torch.cuda.get_device_name(device)}, {samples} images, {repeats} repeat(s)\n"
-        + "\n".join(f"train.precision=auto -> {choice.precision}: {choice.reason}" for choice in choices.values())
+        f"{args.samples} images, {args.repeats} repeat(s) of {len(variants)} variants, each in a fresh process; "
+        f"train.precision={config.precision}, train.threads={config.threads or 'one per core'}; device {args.device}",
+        flush=True,
     )
-    variants = {"reference": lambda seed: reference_epoch(train_config.model, samples, seed, device)}
-    for execution in ("eager", "cuda_graph"):
-        for precision in ("fp32", "bf16"):
-            variants[f"{execution} {precision}"] = lambda seed, e=execution, p=precision: pipeline_epoch(
-                train_config, samples, p, False, seed, device, e
-            )
-    auto = f"cuda_graph {choices['cuda_graph'].precision}"
-    variants["cuda_graph auto+tracking"] = lambda seed: pipeline_epoch(
-        train_config, samples, choices["cuda_graph"].precision, True, seed, device, "cuda_graph"
+    started = time.perf_counter()
+    results = run_variants(
+        variants, args.repeats, config.seed, lambda name, seed: run_worker(name, args.samples, seed, args.device)
     )
-    speed = run_variants(variants, repeats, train_config.seed, ratio_of=auto)
+    print()
+    print(table(results, "reference"))
+    paired = ratios(results, headline, "reference")
     print(
-        f"\nspeed-up vs reference: {auto} (what train.execution/precision auto run) "
-        f"{speed[auto] / speed['reference']:.1f}x (goal >= 15x); eager {choices['eager'].precision} "
-        f"{speed['eager ' + choices['eager'].precision] / speed['reference']:.1f}x"
+        f"\n{headline} vs reference: {statistics.median(paired):.2f}x (min-max {min(paired):.2f}-{max(paired):.2f}x "
+        f"over {len(paired)} paired repeats). {time.perf_counter() - started:.0f} s."
     )
-    overhead = (speed[auto] / speed["cuda_graph auto+tracking"] - 1) * 100
-    print(f"tracking overhead (MLflow + TensorBoard on vs off): {overhead:+.1f} %")
+    tracked = next(name for name in variants if name.endswith("+tracking"))
+    cost = [100.0 * (1 / ratio - 1) for ratio in ratios(results, tracked, tracked.removesuffix("+tracking"))]
+    spread = f"min-max {min(cost):+.1f} to {max(cost):+.1f} %"
+    print(f"tracking costs {statistics.median(cost):+.1f} % of the loop's time ({spread}).")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from pipeline.data.mnist import MNIST_SHA256, dataset_digest, load_split
 from pipeline.data.tensors import to_device_data
 from pipeline.model.checkpoint import load_checkpoint
 from pipeline.training.loop import evaluate
-from tests.helpers.projects import read_params, reproduced_copy, started_training, write_params
+from tests.helpers.projects import ignored_sigint, read_params, reproduced_copy, started_training, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -185,3 +186,34 @@ def test_ctrl_c_mid_training_writes_nothing_and_marks_the_run_killed(
     assert not any((trained / relative).exists() for relative in OUTPUTS)
     assert not [p for p in trained.rglob(".partial-*")]
     assert [run.info.status for run in _train_runs(trained)].count("KILLED") == 1
+
+
+def _ignored_signals(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+
+
+def test_a_stage_started_with_sigint_ignored_keeps_ignoring_it_and_stops_on_sigterm(
+    trained: Path, mnist_mirror: Path
+) -> None:
+    """Started as a background job (`cmd &` in a script: SIGINT ignored), a stage respects that, as POSIX tools
+    do: a Ctrl-C meant for the foreground does not stop it. SIGTERM (`kill`, `timeout`, schedulers) does."""
+    params = read_params(trained)
+    params["train"].update(epochs=5, train_samples=0)
+    write_params(trained, params)
+    for relative in OUTPUTS:
+        (trained / relative).unlink(missing_ok=True)
+    killed_before = [run.info.status for run in _train_runs(trained)].count("KILLED")
+    process = started_training(trained, mnist_mirror, preexec=ignored_sigint)
+    try:
+        assert _ignored_signals(process.pid) & (1 << (signal.SIGINT - 1))
+        process.send_signal(signal.SIGINT)
+        with pytest.raises(subprocess.TimeoutExpired):
+            process.wait(timeout=3)  # still training
+    finally:
+        process.send_signal(signal.SIGTERM)
+        rest = process.communicate(timeout=60)[1]
+    assert process.returncode == 143
+    assert "terminated (SIGTERM); no outputs were written" in rest and "Traceback" not in rest
+    assert not any((trained / relative).exists() for relative in OUTPUTS)
+    assert [run.info.status for run in _train_runs(trained)].count("KILLED") == killed_before + 1

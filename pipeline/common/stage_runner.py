@@ -40,6 +40,10 @@ def run_stage(name: str, main: Callable[[], None]) -> None:
     printed. Programming errors keep their traceback on purpose: those are bugs to report, not
     inputs to fix.
     """
+    # SIGINT: Python's own KeyboardInterrupt, which it installs only where SIGINT was not ignored at start-up.
+    # A stage started as a background job of a non-interactive shell (`dvc repro &` in a script) inherits it
+    # ignored and so keeps ignoring it, as POSIX tools do: a Ctrl-C meant for the foreground job must not stop
+    # it. SIGTERM always stops a stage (kill, timeout, schedulers, container stops).
     signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         prepare_output_folders(name)

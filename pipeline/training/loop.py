@@ -85,7 +85,7 @@ def train_model(
     result = TrainingResult(model=model)
     # Sums stay on the device between records: reading them every step would force a GPU sync. One pair
     # for the whole run: a captured step adds into these very tensors.
-    window = _Window(
+    window = Window(
         loss=torch.zeros((), device=device, dtype=torch.float64),
         correct=torch.zeros((), device=device, dtype=torch.int64),
     )
@@ -94,7 +94,7 @@ def train_model(
     for epoch in epochs:
         lr = optimizer.param_groups[0]["lr"]
         started = time.perf_counter()
-        train_loss, train_accuracy = _train_epoch(
+        train_loss, train_accuracy = train_epoch(
             step, window, train, config, epoch, shuffler, result, tracker, progress
         )
         result.epoch_seconds.append(time.perf_counter() - started)
@@ -125,7 +125,9 @@ def train_model(
 
 
 @dataclass(frozen=True)
-class _Window:
+class Window:
+    """The loss and correct predictions summed on the device since the last logged step (no sync per step)."""
+
     loss: torch.Tensor  # float64 sum of per-sample losses since the last record
     correct: torch.Tensor  # int64 count of correct predictions since the last record
 
@@ -134,7 +136,7 @@ StepFunction = Callable[[torch.Tensor, torch.Tensor], None]
 
 
 def _step_function(
-    model: LabNet, optimizer: torch.optim.Optimizer, precision: str, window: _Window, graphed: bool
+    model: LabNet, optimizer: torch.optim.Optimizer, precision: str, window: Window, graphed: bool
 ) -> StepFunction:
     """One optimizer step on a batch, adding its loss and correct count to `window`.
 
@@ -183,9 +185,9 @@ def _batches(
         yield images[start : start + batch_size], labels[start : start + batch_size]
 
 
-def _train_epoch(
+def train_epoch(
     step: StepFunction,
-    window: _Window,
+    window: Window,
     data: DeviceData,
     config: TrainConfig,
     epoch: int,
@@ -194,6 +196,8 @@ def _train_epoch(
     tracker: Tracker | None,
     progress: bool,
 ) -> tuple[float, float]:
+    """One epoch of `step` over `data` in shuffled batches; every `log_every_steps` a StepRecord (and the
+    tracker's step metrics). Returns the epoch's mean loss and accuracy."""
     result.model.train()
     order = torch.randperm(len(data), generator=shuffler).to(data.labels.device)
     window_samples = epoch_samples = 0
@@ -220,7 +224,7 @@ def _train_epoch(
             epoch_correct += correct
             epoch_samples += window_samples
             if tracker is not None:
-                tracker.log_metrics(
+                tracker.log_step_metrics(
                     {
                         "train/loss": record.train_loss,
                         "train/accuracy": record.train_accuracy,

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -136,14 +137,33 @@ def copy_without_outputs(target: Path) -> Path:
     return project
 
 
-def started_training(project: Path, mnist_mirror: Path) -> subprocess.Popen[str]:
-    """The train stage of `project`, returned once its batch progress bar shows that training has started."""
+def default_sigint() -> None:
+    """For `Popen(preexec_fn=...)` of a child that a test sends SIGINT: SIGINT at its default, as in a terminal.
+
+    A suite started as a background job of a non-interactive shell (`make test &`, nohup, many job runners)
+    inherits SIGINT ignored, and an ignored signal stays ignored across fork and exec; a stage respects that
+    (README, "Bad input and failures"), so without this the test would depend on how pytest was started.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def ignored_sigint() -> None:
+    """For `Popen(preexec_fn=...)`: SIGINT ignored, as a background job of a non-interactive shell inherits it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def started_training(
+    project: Path, mnist_mirror: Path, preexec: Callable[[], None] = default_sigint
+) -> subprocess.Popen[str]:
+    """The train stage of `project`, returned once its batch progress bar shows that training has started;
+    SIGINT at its default unless `preexec` says otherwise."""
     process = subprocess.Popen(
         [sys.executable, "-m", "stages.train"],
         cwd=project,
         env=stage_environment(mnist_mirror),
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=preexec,
     )
     assert process.stderr is not None
     seen = ""

@@ -1,0 +1,63 @@
+"""Every benchmark the README names runs, as a tiny smoke run in a reproduced project copy: a benchmark that
+rots is a broken promise. They measure nothing here (samples and budgets far too small to mean anything);
+they check that each one runs to its table and that the table holds what it says."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.projects import read_params, reproduced_copy, run_command, stage_environment, write_params
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
+    """A project copy after `dvc repro train` with the tiny params: data/MNIST and models/model.pt in place."""
+    return reproduced_copy(tmp_path_factory.mktemp("benchmarks"), mnist_mirror, "train")
+
+
+def test_train_speed_times_every_variant_in_fresh_processes_and_prints_its_table(
+    trained: Path, mnist_mirror: Path
+) -> None:
+    command = [sys.executable, "-m", "benchmarks.train_speed", "--samples", "256", "--repeats", "2"]
+    result = run_command(command, trained, stage_environment(mnist_mirror))
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {
+        match["name"]: match
+        for match in re.finditer(
+            r"^\| (?P<name>[^|]+?) \| (?P<speed>[\d.]+) \((?P<low>[\d.]+)-(?P<high>[\d.]+)\) \| (?P<ratio>[\d.]+)x "
+            r"\([\d.]+-[\d.]+x\) \| (?P<accuracy>0\.\d{4}) ",
+            result.stdout,
+            re.MULTILINE,
+        )
+    }
+    # The tiny params train in fp32 on any CPU only if `auto` resolves so; either way these four are there.
+    assert {"reference", "pipeline", "pipeline+tracking", "train stage"} <= set(rows), result.stdout
+    for row in rows.values():
+        assert 0 < float(row["low"]) <= float(row["speed"]) <= float(row["high"])
+        assert 0.0 < float(row["accuracy"]) <= 1.0
+    assert rows["reference"]["ratio"] == "1.00"  # each paired with itself
+    assert result.stdout.count("repeat ") == 2
+    assert re.search(r"pipeline vs reference: [\d.]+x \(min-max [\d.]+-[\d.]+x over 2 paired repeats\)", result.stdout)
+    assert re.search(r"tracking costs [+-][\d.]+ % of the loop's time", result.stdout)
+
+
+def test_profile_stability_measures_each_combination_in_its_own_process_and_reports_the_rerun_difference(
+    trained: Path, mnist_mirror: Path
+) -> None:
+    params = read_params(trained)
+    params["profile"].update(batch_sizes=[16], modes=["inference", "train"], time_budget_s=0.5)
+    write_params(trained, params)
+    command = [sys.executable, "-m", "benchmarks.profile_stability", "--repeats", "2", "--goal-pct", "1000"]
+    result = run_command(command, trained, stage_environment(mnist_mirror))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for name in ("16-cpu-inference", "16-cpu-train"):
+        assert result.stdout.count(f"run 1 {name}:") == result.stdout.count(f"run 2 {name}:") == 1
+        assert re.search(rf"^\| {name} \| [\d.]+ \(±[\d.]+\) \| [\d.]+ \(±[\d.]+\) \| [\d.]+ \|", result.stdout, re.M)
+    assert "trained checkpoint, MNIST test images" in result.stdout
+    assert "2 of 2 combinations within 1000 % between runs" in result.stdout
