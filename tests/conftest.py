@@ -1,4 +1,4 @@
-"""Fixtures shared by every test module; plain helpers are in tests/helpers.py."""
+"""Fixtures shared by every test module; plain helpers are in the package tests/helpers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.projects import COMMAND_LIMIT_S, copy_project, run_command, stage_environment, tiny_params
+from tests.helpers.projects import (
+    COMMAND_LIMIT_S,
+    copy_project,
+    reproduced_copy,
+    run_command,
+    stage_environment,
+    tiny_params,
+)
 from tests.helpers.repo import REPO_PARAMS, REPO_ROOT
 
 
@@ -22,6 +29,17 @@ def mnist_mirror() -> Path:
     if not (path / "train-images-idx3-ubyte.gz").is_file():
         pytest.fail(f"offline MNIST mirror not found at {path}; set MNIST_MIRROR to the folder holding the IDX files")
     return path
+
+
+@pytest.fixture(scope="session")
+def reproduced_project(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
+    """One project copy after `dvc repro` of the whole pipeline with the tiny params, run once per test run.
+
+    Read-only: a test module that needs the pipeline's outputs clones it (`clone_project`), and a test that
+    changes its module's copy clones that in turn. Running the pipeline once instead of once per module is
+    most of what keeps `make test` within minutes on two cores.
+    """
+    return reproduced_copy(tmp_path_factory.mktemp("reproduced") / "project", mnist_mirror)
 
 
 @pytest.fixture

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.projects import read_params, reproduced_copy, run_command, stage_environment, write_params
+from tests.helpers.projects import clone_project, read_params, run_command, stage_environment, write_params
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
-    """A project copy after `dvc repro train` with the tiny params: data/MNIST and models/model.pt in place."""
-    return reproduced_copy(tmp_path_factory.mktemp("benchmarks"), mnist_mirror, "train")
+def trained(tmp_path_factory: pytest.TempPathFactory, reproduced_project: Path) -> Path:
+    """A project copy after `dvc repro` with the tiny params: data/MNIST and models/model.pt in place."""
+    return clone_project(reproduced_project, tmp_path_factory.mktemp("benchmarks") / "project")
 
 
 def test_train_speed_times_every_variant_in_fresh_processes_and_prints_its_table(

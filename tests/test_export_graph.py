@@ -21,7 +21,7 @@ from pipeline.model.checkpoint import load_checkpoint
 from pipeline.model.network import LabNet
 from pipeline.model.summary import summarize, summary_csv, summary_markdown
 from tests.helpers.data import LAB_MODEL
-from tests.helpers.projects import read_params, reproduced_copy, write_params
+from tests.helpers.projects import clone_project, read_params, write_params
 
 
 def test_summary_counts_every_parameter_and_the_convolution_flops() -> None:
@@ -43,8 +43,8 @@ def test_summary_counts_every_parameter_and_the_convolution_flops() -> None:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
-    return reproduced_copy(tmp_path_factory.mktemp("exported") / "project", mnist_mirror, "export_graph")
+def exported(tmp_path_factory: pytest.TempPathFactory, reproduced_project: Path) -> Path:
+    return clone_project(reproduced_project, tmp_path_factory.mktemp("exported") / "project")
 
 
 def _test_batch(project: Path, size: int) -> torch.Tensor:

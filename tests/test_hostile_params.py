@@ -29,12 +29,10 @@ from pipeline.params.validation import MARKER_TEXT, write_params_checked
 from pipeline.profiling.matrix import stage_combination
 from pipeline.profiling.record import Combination
 from tests.helpers.projects import (
-    TRACKED_OUTPUTS,
-    copy_project,
+    clone_project,
     read_params,
     run_command,
     stage_environment,
-    tiny_params,
     write_params,
 )
 from tests.helpers.repo import REPO_ROOT
@@ -242,17 +240,14 @@ def test_no_stage_command_holds_an_interpolated_value() -> None:
 
 
 @pytest.fixture(scope="module")
-def guarded(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
-    """A project copy after `dvc repro export_graph hardware` (data, model, graph files), committed to git."""
-    project = copy_project(tmp_path_factory.mktemp("guarded") / "project")
-    for relative in TRACKED_OUTPUTS:
-        path = project / relative
-        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-    params = tiny_params(read_params(project))
-    params["train"].update(train_samples=640)  # 10 steps: the tests need the files, not a good model
+def guarded(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path, reproduced_project: Path) -> Path:
+    """A project copy after `dvc repro` (data, model, graph files, profiles), its profile matrix cut to one
+    combination and all of it committed to git."""
+    project = clone_project(reproduced_project, tmp_path_factory.mktemp("guarded") / "project")
+    params = read_params(project)
     params["profile"].update(batch_sizes=[1], modes=["inference"])
     write_params(project, params)
-    result = run_command(["dvc", "repro", "export_graph", "hardware"], project, stage_environment(mnist_mirror))
+    result = run_command(["dvc", "repro", "validate"], project, stage_environment(mnist_mirror))
     assert result.returncode == 0, result.stderr[-3000:]
     subprocess.run(["git", "add", "-A"], cwd=project, check=True)
     subprocess.run(

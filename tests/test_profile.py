@@ -29,7 +29,7 @@ from pipeline.profiling.texts import measurement_warnings, operators_markdown
 from pipeline.profiling.timing import StepTiming
 from pipeline.profiling.trace_analysis import StepAnatomy, TraceAnalysis
 from tests.helpers.data import LAB_MODEL
-from tests.helpers.projects import clone_project, read_params, reproduced_copy, write_params
+from tests.helpers.projects import clone_project, read_params, write_params
 from tests.helpers.records import make_record
 from tests.helpers.repo import REPO_ROOT
 
@@ -217,9 +217,9 @@ def test_gpu_tables_of_the_h100_records_keep_the_gpu_column_and_say_what_their_f
 
 
 @pytest.fixture(scope="module")
-def profiled(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
+def profiled(tmp_path_factory: pytest.TempPathFactory, reproduced_project: Path) -> Path:
     """A copy after `dvc repro` of the whole matrix, with short timing windows."""
-    return reproduced_copy(tmp_path_factory.mktemp("profiled") / "project", mnist_mirror, "profile")
+    return clone_project(reproduced_project, tmp_path_factory.mktemp("profiled") / "project")
 
 
 COMBINATIONS = [f"{batch}-cpu-{mode}" for batch in (1, 16, 64) for mode in ("inference", "train")]

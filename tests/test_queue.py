@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from mlflow import MlflowClient
 
-from tests.helpers.projects import reproduced_copy
+from tests.helpers.projects import clone_project
 
 pytestmark = pytest.mark.slow
 LEARNING_RATES = ("0.5", "0.8", "1.2")
@@ -21,9 +21,9 @@ QUEUE_LIMIT_S = 600
 
 
 def test_queued_experiments_run_two_at_a_time_into_one_mlflow_store(
-    tmp_path: Path, mnist_mirror: Path, run_in: Any
+    tmp_path: Path, reproduced_project: Path, run_in: Any
 ) -> None:
-    project = reproduced_copy(tmp_path / "project", mnist_mirror, "train")
+    project = clone_project(reproduced_project, tmp_path / "project")
     committed = run_in(project, "bash", "-c", "git add -A && git -c user.name=t -c user.email=t@e commit -qm baseline")
     assert committed.returncode == 0, committed.stderr
     for rate in LEARNING_RATES:

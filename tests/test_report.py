@@ -17,7 +17,7 @@ from pipeline.params.parsing import params_from_mapping
 from pipeline.report.comparison import comparison_markdown, comparison_rows, comparison_sentences
 from pipeline.report.lab_report import build_report, read_inputs
 from pipeline.report.step_analysis import ADD_A_GPU, step_facts, step_sentences
-from tests.helpers.projects import read_params, reproduced_copy, write_params
+from tests.helpers.projects import clone_project, read_params, write_params
 from tests.helpers.records import make_record, write_two_profiles
 from tests.helpers.repo import REPO_ROOT
 
@@ -133,8 +133,8 @@ def test_report_stage_imports_no_torch() -> None:
 
 
 @pytest.fixture(scope="module")
-def reported(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
-    return reproduced_copy(tmp_path_factory.mktemp("reported") / "project", mnist_mirror, "report")
+def reported(tmp_path_factory: pytest.TempPathFactory, reproduced_project: Path) -> Path:
+    return clone_project(reproduced_project, tmp_path_factory.mktemp("reported") / "project")
 
 
 @pytest.mark.slow

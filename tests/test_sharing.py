@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from tests.helpers.projects import (
+    clone_project,
     copy_project,
     read_params,
-    reproduced_copy,
     run_command,
     stage_environment,
     tiny_params,
@@ -31,10 +31,10 @@ def _md5(path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def pushed(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> tuple[Path, Path]:
+def pushed(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path, reproduced_project: Path) -> tuple[Path, Path]:
     """Clone A: the whole pipeline run and committed, its outputs pushed to a local-folder remote."""
     root = tmp_path_factory.mktemp("sharing")
-    first = reproduced_copy(root / "first", mnist_mirror, "report")
+    first = clone_project(reproduced_project, root / "first")
     storage = root / "storage"
     environment = stage_environment(mnist_mirror)
     for command in (

@@ -20,7 +20,7 @@ from pipeline.data.mnist import MNIST_SHA256, dataset_digest, load_split
 from pipeline.data.tensors import to_device_data
 from pipeline.model.checkpoint import load_checkpoint
 from pipeline.training.loop import evaluate
-from tests.helpers.projects import ignored_sigint, read_params, reproduced_copy, started_training, write_params
+from tests.helpers.projects import clone_project, ignored_sigint, read_params, started_training, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -38,9 +38,9 @@ def _train_runs(project: Path) -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
-    """One project copy trained once by `dvc repro train`, shared by the tests below (in order)."""
-    return reproduced_copy(tmp_path_factory.mktemp("trained") / "project", mnist_mirror, "train")
+def trained(tmp_path_factory: pytest.TempPathFactory, reproduced_project: Path) -> Path:
+    """One project copy after `dvc repro` (training included), shared by the tests below (in order)."""
+    return clone_project(reproduced_project, tmp_path_factory.mktemp("trained") / "project")
 
 
 def test_train_stage_outputs_describe_a_learned_model(trained: Path) -> None:

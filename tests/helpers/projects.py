@@ -3,10 +3,12 @@ params, and the commands run in them (killed after a limit). The fixtures that s
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -174,19 +176,43 @@ def started_training(
     return process
 
 
-def reproduced_copy(target: Path, mnist_mirror: Path, stage: str) -> Path:
-    """A fresh project copy with quick params, after a successful `dvc repro <stage>`."""
+def reproduced_copy(target: Path, mnist_mirror: Path, stage: str | None = None) -> Path:
+    """A fresh project copy with quick params, after a successful `dvc repro <stage>` (all stages: None).
+    Most tests clone the session's one (conftest: `reproduced_project`) instead of running the pipeline."""
     project = copy_without_outputs(target)
     write_params(project, tiny_params(read_params(project)))
-    result = run_command(["dvc", "repro", stage], project, stage_environment(mnist_mirror))
+    result = run_command(["dvc", "repro", *([stage] if stage else [])], project, stage_environment(mnist_mirror))
     assert result.returncode == 0, result.stderr[-3000:]
     return project
 
 
 def clone_project(source: Path, target: Path) -> Path:
-    """A full copy of a project copy (workspace, DVC cache, stores), for a test that changes it."""
+    """A full copy of a project copy (workspace, git, DVC cache, stores), for a test that changes it.
+
+    The MLflow store keeps absolute paths (each experiment's artifact folder, each run's artifact URI, the
+    registered model's files): they are pointed at the clone, so that nothing it logs lands in `source`.
+    """
     shutil.copytree(source, target, symlinks=True)
+    store = target / "mlflow.db"
+    if store.is_file():
+        with contextlib.closing(sqlite3.connect(store)) as database, database:
+            for table, column in STORE_PATH_COLUMNS:
+                database.execute(
+                    f"UPDATE {table} SET {column} = replace({column}, ?, ?)",
+                    (str(source), str(target)),
+                )
     return target
+
+
+# Where a SQLite MLflow store (3.17) holds absolute paths of the project it was made in.
+STORE_PATH_COLUMNS = (
+    ("experiments", "artifact_location"),
+    ("runs", "artifact_uri"),
+    ("tags", "value"),
+    ("logged_models", "artifact_location"),
+    ("logged_model_tags", "tag_value"),
+    ("model_versions", "storage_location"),
+)
 
 
 # Committed stage outputs the report reads for its training and graph figures (copied, never written).
