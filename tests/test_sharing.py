@@ -11,15 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.projects import (
-    clone_project,
-    copy_project,
-    read_params,
-    run_command,
-    stage_environment,
-    tiny_params,
-    write_params,
-)
+from tests.helpers.projects import clone_project, copy_project, run_command, stage_environment, use_tiny_params
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +66,7 @@ def test_two_clones_get_the_same_data_digest_and_checkpoint(
 ) -> None:
     first, _ = pushed
     third = copy_project(tmp_path / "third")  # trains on its own, nothing pulled
-    write_params(third, tiny_params(read_params(third)))
+    use_tiny_params(third)
     result = run_in(third, "dvc", "repro", "train")
     assert result.returncode == 0, result.stderr[-2000:]
     manifest = "data/MNIST/manifest.json"

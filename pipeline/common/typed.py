@@ -16,40 +16,63 @@ import math
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 INVALID: Any = object()  # a value that failed its check; the problem was reported
 
 
-class Dialect(Protocol):
-    """How one kind of file names its keys and words its problems."""
+class Dialect:
+    """How one kind of file names its keys and words its problems; a subclass says what differs."""
 
     def report(self, message: str) -> None:
         """Collect `message`, or raise it (the walk then stops)."""
+        raise NotImplementedError
 
-    def field_key(self, parent: str, cls: type, name: str) -> str: ...
+    def field_key(self, parent: str, cls: type, name: str) -> str:
+        raise NotImplementedError
 
-    def item_key(self, key: str, index: int) -> str: ...
+    def item_key(self, key: str, index: int) -> str:
+        return f"{key}[{index}]"
 
-    def not_mapping(self, key: str, cls: type, value: Any) -> str: ...
+    def not_mapping(self, key: str, cls: type, value: Any) -> str:
+        raise NotImplementedError
 
-    def unknown(self, key: str, cls: type, unknown: list[Any], allowed: list[str]) -> list[str]: ...
+    def unknown(self, key: str, cls: type, unknown: list[Any], allowed: list[str]) -> list[str]:
+        raise NotImplementedError
 
-    def missing(self, key: str) -> str: ...
+    # Messages as templates, filled with: key, value (as `show` writes it), type (an item's, as `type_name`
+    # writes it) and choices.
+    MISSING = "{key} is missing"
+    NOT_LIST = "{key} must be a list"
+    NOT_CHOICE = "{key} is {value}, not one of {choices}"
 
-    def not_list(self, key: str, item_hint: Any, value: Any) -> str: ...
+    def show(self, value: Any) -> str:
+        return repr(value)
 
-    def not_choice(self, key: str, value: Any, choices: tuple[Any, ...]) -> str: ...
+    def type_name(self, hint: Any) -> str:
+        return str(getattr(hint, "__name__", hint))
 
-    def wrong_type(self, key: str, hint: Any, value: Any) -> str: ...
+    def missing(self, key: str) -> str:
+        return self.MISSING.format(key=key)
+
+    def not_list(self, key: str, item_hint: Any, value: Any) -> str:
+        return self.NOT_LIST.format(key=key, value=self.show(value), type=self.type_name(item_hint))
+
+    def not_choice(self, key: str, value: Any, choices: tuple[Any, ...]) -> str:
+        return self.NOT_CHOICE.format(key=key, value=self.show(value), choices=choices)
+
+    def wrong_type(self, key: str, hint: Any, value: Any) -> str:
+        raise NotImplementedError
 
     def value_problem(self, key: str, value: Any, converted: Any, rule: Mapping[str, Any]) -> str | None:
         """A scalar (as given, and converted) against the field's rules (metadata); None if it passes."""
+        return None
 
     def list_problem(
         self, key: str, item_hint: Any, value: list[Any], items: tuple[Any, ...] | None, rule: Mapping[str, Any]
     ) -> str | None:
         """A list against the field's rules: before its items are converted (`items` None), then after."""
+        return None
 
 
 def build(cls: type, raw: Any, key: str, dialect: Dialect, empty_is_mapping: bool = False) -> Any:

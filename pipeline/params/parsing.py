@@ -10,12 +10,11 @@ import math
 import reprlib
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pipeline.common.credentials import redact
 from pipeline.common.errors import PipelineError
-from pipeline.common.typed import build
+from pipeline.common.typed import Dialect, build
 from pipeline.params.schema import Params
 
 _Section = typing.TypeVar("_Section")
@@ -68,21 +67,15 @@ def _key_text(key: Any) -> str:
     return redact(text if len(text) <= 80 else text[:77] + "...")
 
 
-@dataclass
-class _ParamsDialect:
+class _ParamsDialect(Dialect):
     """params.yaml's words: keys as written in the file (`train.model.hidden_units`, `profile.devices[0]`),
     every problem collected and reported together."""
-
-    problems: list[str] = field(default_factory=list)
 
     def report(self, message: str) -> None:
         self.problems.append(message)
 
     def field_key(self, parent: str, cls: type, name: str) -> str:
         return f"{parent}.{name}" if parent else name
-
-    def item_key(self, key: str, index: int) -> str:
-        return f"{key}[{index}]"
 
     def not_mapping(self, key: str, cls: type, value: Any) -> str:
         return f"`{key or 'the top level'}` must be a mapping of keys, got {show_value(value)}"
@@ -91,14 +84,16 @@ class _ParamsDialect:
         prefix, where, listing = f"{key}." if key else "", key or "the top level", ", ".join(allowed) or "no keys yet"
         return [f"`{prefix}{_key_text(name)}` is not a known key (allowed in `{where}`: {listing})" for name in unknown]
 
-    def missing(self, key: str) -> str:
-        return f"`{key}` is missing; add it to params.yaml"
+    MISSING = "`{key}` is missing; add it to params.yaml"
+    NOT_LIST = "`{key}` = {value} has the wrong type; expected a list of {type}"
+    NOT_CHOICE = "`{key}` = {value} is not allowed; choose one of {choices}"
 
-    def not_list(self, key: str, item_hint: Any, value: Any) -> str:
-        return f"`{key}` = {show_value(value)} has the wrong type; expected a list of {_type_name(item_hint)}"
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+        self.show, self.type_name = show_value, _type_name  # type: ignore[method-assign]
 
     def not_choice(self, key: str, value: Any, choices: tuple[Any, ...]) -> str:
-        return f"`{key}` = {show_value(value)} is not allowed; choose one of {', '.join(map(repr, choices))}"
+        return self.NOT_CHOICE.format(key=key, value=show_value(value), choices=", ".join(map(repr, choices)))
 
     def wrong_type(self, key: str, hint: Any, value: Any) -> str:
         return f"`{key}` = {show_value(value)} has the wrong type; expected {_type_name(hint)}"

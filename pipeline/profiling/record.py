@@ -13,13 +13,12 @@ import dataclasses
 import json
 import statistics
 import typing
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.common.errors import PipelineError
-from pipeline.common.typed import build
+from pipeline.common.typed import Dialect, build
 from pipeline.params.schema import Device, ProfileConfig, ProfileMode
 from pipeline.profiling.statistics import Interval, MeasurementConditions, StepEstimate
 from pipeline.profiling.trace_analysis import KernelStats, RangeStats, StepAnatomy
@@ -291,7 +290,7 @@ class RecordMismatch(ValueError):
     """The first way a record differs from the record types (read_record names the file and the fix)."""
 
 
-class _RecordDialect:
+class _RecordDialect(Dialect):
     """The record's words: fields named by their class (`OperatorRow.mflops`); the first problem stops."""
 
     def report(self, message: str) -> None:
@@ -300,36 +299,16 @@ class _RecordDialect:
     def field_key(self, parent: str, cls: type, name: str) -> str:
         return f"{cls.__name__}.{name}"
 
-    def item_key(self, key: str, index: int) -> str:
-        return f"{key}[{index}]"
-
     def not_mapping(self, key: str, cls: type, value: Any) -> str:
         return f"{cls.__name__} must be an object, got {type(value).__name__}"
 
     def unknown(self, key: str, cls: type, unknown: list[Any], allowed: list[str]) -> list[str]:
         return [f"unknown field(s) {unknown} in {cls.__name__}"]
 
-    def missing(self, key: str) -> str:
-        return f"{key} is missing"
-
-    def not_list(self, key: str, item_hint: Any, value: Any) -> str:
-        return f"{key} must be a list"
-
-    def not_choice(self, key: str, value: Any, choices: tuple[Any, ...]) -> str:
-        return f"{key} is {value!r}, not one of {choices}"
-
     def wrong_type(self, key: str, hint: Any, value: Any) -> str:
         if typing.get_origin(hint) is dict:
             return f"{key} must be an object of strings"
         return f"{key} must be {getattr(hint, '__name__', hint)}, got {type(value).__name__}"
-
-    def value_problem(self, key: str, value: Any, converted: Any, rule: Mapping[str, Any]) -> str | None:
-        return None  # records carry types, not ranges
-
-    def list_problem(
-        self, key: str, item_hint: Any, value: list[Any], items: tuple[Any, ...] | None, rule: Mapping[str, Any]
-    ) -> str | None:
-        return None
 
 
 def parse_combination(arguments: list[str]) -> Combination:

@@ -127,6 +127,11 @@ def tiny_params(params: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
+def use_tiny_params(project: Path) -> None:
+    """`project`'s params.yaml rewritten with the tiny configuration."""
+    write_params(project, tiny_params(read_params(project)))
+
+
 def copy_without_outputs(target: Path) -> Path:
     """A fresh project copy without the committed outputs, so no stale file can pass for a new one."""
     project = copy_project(target)
