@@ -121,6 +121,8 @@ def train_model(
                 prefix="train/",
             )
             tracker.log_metrics({"loss": test_loss, "accuracy": test_accuracy}, step=step_reached, prefix="test/")
+    if tracker is not None:
+        tracker.flush()  # the step metrics in the store before training returns (a logged model links the latest)
     return result
 
 
