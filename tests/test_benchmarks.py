@@ -5,12 +5,14 @@ they check that each one runs to its table and that the table holds what it says
 from __future__ import annotations
 
 import re
+import sqlite3
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.projects import clone_project, read_params, run_command, stage_environment, write_params
+from tests.helpers.repo import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -61,3 +63,19 @@ def test_profile_stability_measures_each_combination_in_its_own_process_and_repo
         assert re.search(rf"^\| {name} \| [\d.]+ \(±[\d.]+\) \| [\d.]+ \(±[\d.]+\) \| [\d.]+ \|", result.stdout, re.M)
     assert "trained checkpoint, MNIST test images" in result.stdout
     assert "2 of 2 combinations within 1000 % between runs" in result.stdout
+
+
+def test_logging_cost_times_the_loop_with_and_without_tracking(tmp_path: Path, mnist_mirror: Path) -> None:
+    command = [sys.executable, "-m", "benchmarks.logging_cost", "--steps", "2000", "--repeats", "2"]
+    environment = stage_environment(mnist_mirror, {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    result = run_command(command, REPO_ROOT, environment)
+    assert result.returncode == 0, result.stderr[-3000:]
+    repeats = re.findall(r"repeat \d: ([\d.]+) µs/step bare, ([\d.]+) tracked -> ([+-][\d.]+) µs/step", result.stdout)
+    assert len(repeats) == 2 and all(float(bare) > 0 and float(tracked) > 0 for bare, tracked, _ in repeats)
+    assert re.search(r"tracking costs [+-][\d.]+ µs per step \(min-max .*\) over 2 repeats of 2000", result.stdout)
+        r"tracking costs [+-][\d.]+ µs per step \(min-max .*\) over 2 repeats of 2000 steps", result.stdout
+    )
+    # Its runs went to the store it was given, with every step's metrics flushed into it.
+    with sqlite3.connect(tmp_path / "mlflow.db") as store:
+        logged = store.execute("SELECT COUNT(*) FROM metrics WHERE key = 'train/loss'").fetchone()[0]
+    assert logged == 3 * (2000 // 50)  # a warm-up epoch and two timed ones, a record every 50 steps
