@@ -25,15 +25,6 @@ from pipeline.common.credentials import redact
 from pipeline.common.errors import PipelineError
 from pipeline.params.schema import TrackingConfig
 from pipeline.tracking.lineage import current_pipeline_run, current_run, mark_current, parent_run_id, training_run
-from pipeline.tracking.tags import BASELINE_REV_TAG, EXPERIMENT_TAG, ID_TAG, STAGE_TAG, machine_tags
-from pipeline.tracking.tensorboard_events import EventWriter
-
-if TYPE_CHECKING:  # imported lazily at run time: `import mlflow` alone costs ~2 s
-    import numpy as np
-    import torch
-    from mlflow import MlflowClient
-    from mlflow.utils.async_logging.run_operations import RunOperations
-    from torch.utils.tensorboard import SummaryWriter
 from pipeline.tracking.store import (
     check_artifact_folder,
     check_tracking_server,
@@ -44,7 +35,26 @@ from pipeline.tracking.store import (
     project_root,
     tracking_uri,
 )
-from pipeline.tracking.tags import INPUT_TAG_PREFIX, MODEL_ID_TAG, MODEL_URI_TAG, NOTE_TAG, TRAIN_RUN_TAG
+from pipeline.tracking.tags import (
+    BASELINE_REV_TAG,
+    EXPERIMENT_TAG,
+    ID_TAG,
+    INPUT_TAG_PREFIX,
+    MODEL_ID_TAG,
+    MODEL_URI_TAG,
+    NOTE_TAG,
+    STAGE_TAG,
+    TRAIN_RUN_TAG,
+    machine_tags,
+)
+from pipeline.tracking.tensorboard_events import EventWriter
+
+if TYPE_CHECKING:  # imported lazily at run time: `import mlflow` alone costs ~2 s
+    import numpy as np
+    import torch
+    from mlflow import MlflowClient
+    from mlflow.utils.async_logging.run_operations import RunOperations
+    from torch.utils.tensorboard import SummaryWriter
 
 # MLflow's default (10 s) leaves a GPU training of a few seconds without a single sample; psutil's
 # sampling thread costs well under 1 % of a core at this rate.
@@ -109,17 +119,8 @@ class Tracker:
         `prefix` (`profile/`, `train/`, ...) groups a stage's metrics: MLflow's charts and TensorBoard's
         scalars are sectioned by the part before the first `/`.
         """
-        from mlflow.entities import Metric  # lazy: `import mlflow` ≈ 2 s
-
         timestamp = int(time.time() * 1000)
-        self.client.log_batch(
-            self.run_id,
-            metrics=[
-                Metric(metric_name(prefix + key), float(value), timestamp, step) for key, value in metrics.items()
-            ],
-        )
-        for key, value in metrics.items():
-            self.events.add_scalar(prefix + key, value, step)
+        self._write([(prefix + key, float(value), timestamp, step) for key, value in metrics.items()], wait=True)
 
     def log_step_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Metrics of a training loop's step, kept off the step's path: held in memory and handed to MLflow's
@@ -132,17 +133,22 @@ class Tracker:
             self._send_pending()
 
     def _send_pending(self) -> None:
-        from mlflow.entities import Metric  # lazy: `import mlflow` ≈ 2 s
-
         pending, self._pending = self._pending, []
         self._last_flush = time.monotonic()
-        for start in range(0, len(pending), MLFLOW_BATCH_LIMIT):
-            chunk = pending[start : start + MLFLOW_BATCH_LIMIT]
+        self._write(pending, wait=False)
+
+    def _write(self, entries: Sequence[tuple[str, float, int, int]], wait: bool) -> None:
+        """(tag, value, timestamp ms, step) entries to MLflow, in batches of its limit, and to TensorBoard.
+        `wait`: the store has them on return; otherwise MLflow's async logging writes them and flush() waits."""
+        from mlflow.entities import Metric  # lazy: `import mlflow` ≈ 2 s
+
+        for start in range(0, len(entries), MLFLOW_BATCH_LIMIT):
+            chunk = entries[start : start + MLFLOW_BATCH_LIMIT]
             metrics = [Metric(metric_name(key), value, timestamp, step) for key, value, timestamp, step in chunk]
-            operation = self.client.log_batch(self.run_id, metrics=metrics, synchronous=False)
+            operation = self.client.log_batch(self.run_id, metrics=metrics, synchronous=wait)
             if operation is not None:
                 self._operations.append(operation)
-        for key, value, _, step in pending:
+        for key, value, _, step in entries:
             self.events.add_scalar(key, value, step)
 
     def flush(self) -> None:
