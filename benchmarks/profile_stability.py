@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Any
 
-from pipeline.common.machine import cpu_model
+from pipeline.common.machine import cpu_model, machine_fingerprint
 from pipeline.params.loading import load_params
 from pipeline.profiling.statistics import Interval, available_cores, cpu_pressure
 
@@ -96,9 +96,11 @@ def main() -> None:
         return
 
     config = load_params().profile
+    fingerprint = machine_fingerprint()
     combinations = [(batch, mode) for batch in config.batch_sizes for mode in config.modes]
     print(
-        f"machine: {cpu_model()}, {available_cores()} cores; profile.threads {config.threads or 'one per core'}, "
+        f"machine: {cpu_model()} ({fingerprint['cpu_family_model']}; {fingerprint['cpu_features']}), "
+        f"{available_cores()} cores; profile.threads {config.threads or 'one per core'}, "
         f"ci_target_pct {config.ci_target_pct:g}, time_budget_s {config.time_budget_s:g}; device {args.device}; "
         f"load average at start {' '.join(f'{value:.2f}' for value in os.getloadavg())}",
         flush=True,

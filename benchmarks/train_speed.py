@@ -3,20 +3,22 @@
     python -m benchmarks.train_speed [--samples 60000] [--repeats 3] [--device cpu|cuda] [--no-stage]
 
 Every variant trains one epoch over the first `--samples` training images in a process of its own, started
-for that one run, as every DVC stage is (a warm process that has trained before runs faster: it has grown its
-heap). One repeat runs each variant once, in a rotated order, so that the variants of one repeat share a
-window of the machine's time; a ratio is taken within a repeat (paired), and the table gives the median over
-repeats with the min-max spread. Variants (CPU):
+for that one run, as every DVC stage is (a warm process that has trained before runs faster: glibc has raised
+its thresholds; pipeline.common.allocator). One repeat runs each variant once, in a rotated order, so that the
+variants of one repeat share a window of the machine's time; a ratio is taken within a repeat (paired), and the
+table gives the median over repeats with the min-max spread. Variants (CPU):
 
 - `reference`: pytorch/examples mnist/main.py's way of feeding batches (torchvision dataset, ToTensor +
   Normalize per item, DataLoader with shuffle; on CUDA `num_workers=1, pin_memory=True`), same network
   (pipeline.model.network.LabNet), optimizer and thread count;
-- `pipeline`: the train stage's loop (`train.precision` resolved as the stage resolves it), no tracking;
+- `pipeline`: the train stage's loop (`train.precision` resolved as the stage resolves it, the allocator tuned
+  as the stage tunes it; the reference keeps glibc's defaults, as its users get them), no tracking;
   `pipeline fp32` where that resolves to another precision;
 - `pipeline+tracking`: the same loop logging to MLflow + TensorBoard in a throw-away store;
 - `train stage`: `python -m stages.train` itself in a scratch copy of the project (epochs 1, the same
   samples), its images/s read from the `metrics/train_speed.json` it writes (`--no-stage` skips it).
 
+The table also gives the minor page faults during the timed epoch (`benchmarks.allocator` compares allocators).
 On CUDA: eager and CUDA-graph-replayed (`train.execution`), each in fp32 and bf16, and the graph with
 tracking. Needs `dvc repro download` (or MNIST in data/) first. Writes nothing in the project.
 """
@@ -27,17 +29,19 @@ import argparse
 import dataclasses
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import yaml
 
+from pipeline.common.allocator import tune_allocator
 from pipeline.common.paths import DATA_ROOT, TRAIN_SPEED
 from pipeline.params.loading import load_params
 from pipeline.params.schema import TrainConfig
@@ -45,8 +49,8 @@ from pipeline.params.schema import TrainConfig
 EPOCH_SECONDS_LIMIT = 3600  # one worker; a hung one must not hang the benchmark
 
 
-def reference_epoch(config: TrainConfig, samples: int, seed: int, device_name: str) -> tuple[float, float]:
-    """pytorch/examples mnist: (images per second, test accuracy)."""
+def reference_epoch(config: TrainConfig, samples: int, seed: int, device_name: str) -> tuple[float, float, float]:
+    """pytorch/examples mnist: (images per second, test accuracy, minor page faults while training)."""
     import torch
     import torch.nn.functional as F
     from torch.utils.data import DataLoader, Subset
@@ -67,6 +71,7 @@ def reference_epoch(config: TrainConfig, samples: int, seed: int, device_name: s
     model = LabNet(config.model).to(device)
     optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0)
     model.train()
+    faults = minor_faults()
     started = time.perf_counter()
     for batch_index, (data, target) in enumerate(train_loader):
         optimizer.zero_grad()
@@ -78,18 +83,20 @@ def reference_epoch(config: TrainConfig, samples: int, seed: int, device_name: s
     if on_gpu:
         torch.cuda.synchronize(device)  # queued GPU work belongs to the epoch
     seconds = time.perf_counter() - started
+    faults = minor_faults() - faults
     model.eval()
     correct = 0
     with torch.no_grad():
         for data, target in test_loader:
             correct += int((model(data.to(device)).argmax(dim=1) == target.to(device)).sum().item())
-    return samples / seconds, correct / len(test_set)
+    return samples / seconds, correct / len(test_set), faults
 
 
 def pipeline_epoch(
     config: TrainConfig, samples: int, seed: int, device_name: str, precision: str, execution: str, tracked: bool
-) -> tuple[float, float]:
-    """This pipeline's loop, one epoch: (images per second as the stage reports it, test accuracy).
+) -> tuple[float, float, float]:
+    """This pipeline's loop, one epoch: (images per second as the stage reports it, test accuracy, minor page
+    faults during `train_model`, its per-epoch test pass included).
 
     The seconds are the train stage's own (`TrainingResult.train_seconds`): with cuda_graph they include the
     eager warm-up steps and the capture, paid once per run.
@@ -107,6 +114,7 @@ def pipeline_epoch(
     pin_runtime(device, precision, config.threads, config.seed)
     train = to_device_data(*first_samples(*load_split(DATA_ROOT, "train"), samples), device)
     test = to_device_data(*load_split(DATA_ROOT, "test"), device)
+    faults = minor_faults()
     if not tracked:
         result = train_model(config, train, test, device, precision, tracker=None, progress=False, execution=execution)
     else:
@@ -117,11 +125,12 @@ def pipeline_epoch(
                 result = train_model(
                     config, train, test, device, precision, tracker, progress=False, execution=execution
                 )
+    faults = minor_faults() - faults
     _, accuracy = evaluate(result.model, test, config.test_batch_size)
-    return result.images_per_second, accuracy
+    return result.images_per_second, accuracy, faults
 
 
-def stage_epoch(samples: int, seed: int, device_name: str) -> tuple[float, float]:
+def stage_epoch(samples: int, seed: int, device_name: str) -> tuple[float, float, float]:
     """`python -m stages.train` in a scratch copy of the project (its own MLflow store): what `dvc repro` runs."""
     project = Path.cwd()
     with tempfile.TemporaryDirectory() as scratch:
@@ -135,21 +144,25 @@ def stage_epoch(samples: int, seed: int, device_name: str) -> tuple[float, float
         (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         environment = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{copy}/mlflow.db"}
         command = [sys.executable, "-m", "stages.train"]
+        faults = resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt
         result = subprocess.run(
             command, cwd=copy, env=environment, capture_output=True, text=True, timeout=EPOCH_SECONDS_LIMIT
         )
+        faults = resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt - faults
         if result.returncode != 0:
             raise SystemExit(f"`python -m stages.train` failed:\n{result.stderr[-3000:]}")
         speed = json.loads((copy / TRAIN_SPEED).read_text())
         quality = json.loads((copy / "metrics" / "train.json").read_text())
-    return float(speed["images_per_second"]), float(quality["test_accuracy"])
+    # The whole stage's faults (imports, data, tracking): more than the loop's alone.
+    return float(speed["images_per_second"]), float(quality["test_accuracy"]), float(faults)
 
 
-def worker(variant: str, samples: int, seed: int, device_name: str) -> tuple[float, float]:
-    """One run of `variant`, in this (fresh) process."""
+def worker(variant: str, samples: int, seed: int, device_name: str) -> tuple[float, float, float]:
+    """One run of `variant`, in this (fresh) process: (images/s, test accuracy, minor page faults)."""
     config = load_params().train
     if variant == "reference":
-        return reference_epoch(config, samples, seed, device_name)
+        return reference_epoch(config, samples, seed, device_name)  # glibc's defaults, as its users get them
+    tune_allocator()  # as every torch stage does (pipeline.common.allocator); $LAB_ALLOCATOR=default undoes it
     if variant == "train stage":
         return stage_epoch(samples, seed, device_name)
     # "pipeline", "pipeline+tracking", "pipeline fp32", "<execution> <precision>", "... +tracking"
@@ -160,24 +173,40 @@ def worker(variant: str, samples: int, seed: int, device_name: str) -> tuple[flo
     return pipeline_epoch(config, samples, seed, device_name, precision, execution, tracked)
 
 
-def run_worker(variant: str, samples: int, seed: int, device_name: str) -> tuple[float, float]:
+def run_worker(
+    variant: str, samples: int, seed: int, device_name: str, environment: Mapping[str, str] | None = None
+) -> tuple[float, float, float]:
+    """`variant` in a fresh process (with `environment` added to this one's); what `worker` returned."""
     command = [sys.executable, "-m", "benchmarks.train_speed", "--worker", variant]
     command += ["--samples", str(samples), "--seed", str(seed), "--device", device_name]
-    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=EPOCH_SECONDS_LIMIT)
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=EPOCH_SECONDS_LIMIT,
+        env={**os.environ, **(environment or {})},
+    )
     if result.returncode != 0:
         raise SystemExit(f"variant {variant!r} failed:\n{result.stderr[-3000:]}")
-    speed, accuracy = json.loads(result.stdout.strip().splitlines()[-1])
-    return float(speed), float(accuracy)
+    speed, accuracy, faults = json.loads(result.stdout.strip().splitlines()[-1])
+    return float(speed), float(accuracy), float(faults)
+
+
+def minor_faults() -> int:
+    """Minor page faults of this process so far: first touches of fresh pages (pipeline.common.allocator)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
     images_per_second: float
     accuracy: float
+    page_faults: float  # minor page faults during the timed epoch (train stage: the whole process)
 
 
 def run_variants(
-    variants: list[str], repeats: int, first_seed: int, run: Callable[[str, int], tuple[float, float]]
+    variants: list[str], repeats: int, first_seed: int, run: Callable[[str, int], tuple[float, float, float]]
 ) -> dict[str, list[Run]]:
     """Each variant once per repeat in its own process, the order rotated per repeat; prints every run."""
     results: dict[str, list[Run]] = {name: [] for name in variants}
@@ -202,17 +231,20 @@ def ratios(results: dict[str, list[Run]], name: str, reference: str) -> list[flo
 
 def table(results: dict[str, list[Run]], reference: str) -> str:
     lines = [
-        f"| variant | images/s median (min-max) | vs {reference}: median (min-max) | test accuracy median (min-max) |",
-        "| --- | ---: | ---: | ---: |",
+        f"| variant | images/s median (min-max) | vs {reference}: median (min-max) | test accuracy median (min-max) "
+        "| page faults, millions (min-max) |",
+        "| --- | ---: | ---: | ---: | ---: |",
     ]
     for name, runs in results.items():
         speeds = [run.images_per_second for run in runs]
         paired = ratios(results, name, reference)
         accuracies = [run.accuracy for run in runs]
+        faults = [run.page_faults / 1e6 for run in runs]
         lines.append(
             f"| {name} | {statistics.median(speeds):.0f} ({min(speeds):.0f}-{max(speeds):.0f}) | "
             f"{statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f}x) | "
-            f"{statistics.median(accuracies):.4f} ({min(accuracies):.4f}-{max(accuracies):.4f}) |"
+            f"{statistics.median(accuracies):.4f} ({min(accuracies):.4f}-{max(accuracies):.4f}) | "
+            f"{statistics.median(faults):.2f} ({min(faults):.2f}-{max(faults):.2f}) |"
         )
     return "\n".join(lines)
 

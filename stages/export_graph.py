@@ -1,5 +1,6 @@
 """DVC stage `export_graph`: the trained model's dataflow graph in TensorBoard, .pt2, ONNX, a summary and a picture."""
 
+from pipeline.common.allocator import tune_allocator
 from pipeline.common.outputs import AtomicOutputs
 from pipeline.common.paths import DATA_ROOT, GRAPH_ONNX, GRAPH_PT2, GRAPH_SVG, MODEL_CHECKPOINT
 from pipeline.common.stage_runner import run_stage
@@ -14,6 +15,7 @@ from pipeline.tracking.tracker import open_tracker
 
 
 def main() -> None:
+    tune_allocator()  # before any tensor: pipeline.common.allocator says why
     params = load_params()
     config = params.graph
     checkpoint = load_checkpoint(MODEL_CHECKPOINT)

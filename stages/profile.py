@@ -40,7 +40,7 @@ def main() -> None:
             }
         )
         tracker.link_training(setup.model_digest)
-        record = run_profile(setup, config.top_k, outputs.staged(paths.trace))
+        record = run_profile(setup, config.top_k, outputs.staged(paths.trace), config.allocator_whatif_s)
         texts = write_profile_outputs(outputs, paths, record)
         log_profile(tracker, outputs, paths, record, texts)
     print(texts.console(record))

@@ -1,5 +1,6 @@
 """DVC stage `train`: train the lab CNN on in-memory MNIST, log it, write checkpoint + metrics atomically."""
 
+from pipeline.common.allocator import tune_allocator
 from pipeline.common.outputs import AtomicOutputs
 from pipeline.common.paths import DATA_ROOT, MODEL_CHECKPOINT
 from pipeline.common.stage_runner import run_stage
@@ -16,6 +17,7 @@ from pipeline.training.runtime import hardware_description, select_device
 
 
 def main() -> None:
+    tune_allocator()  # before any tensor: pipeline.common.allocator says why
     params = load_params()
     config = params.train
     device = select_device(config.device)

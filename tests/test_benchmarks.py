@@ -49,6 +49,25 @@ def test_train_speed_times_every_variant_in_fresh_processes_and_prints_its_table
     assert re.search(r"tracking costs [+-][\d.]+ % of the loop's time", result.stdout)
 
 
+def test_allocator_benchmark_runs_every_variant_in_its_own_environment(trained: Path, mnist_mirror: Path) -> None:
+    command = [sys.executable, "-m", "benchmarks.allocator", "--samples", "128", "--repeats", "1"]
+    result = run_command(command, trained, stage_environment(mnist_mirror))
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = dict(
+        re.findall(
+            r"^\| ([^|]+?) \| [\d.]+ \([\d.]+-[\d.]+\) \| [\d.]+x \([\d.]+-[\d.]+x\) \| (0\.\d{4}) \(",
+            result.stdout,
+            re.MULTILINE,
+        )
+    )
+    assert {"glibc defaults", "mallopt (the stages)", "THP (THP_MEM_ALLOC_ENABLE=1)"} <= set(rows), result.stdout
+    # An allocator moves bytes, not arithmetic: the same seed trains the same model under every one of them.
+    assert len(set(rows.values())) == 1, rows
+    faults = dict(re.findall(r"^\| ([^|]+?) \|.*\| ([\d.]+) \([\d.]+-[\d.]+\) \|$", result.stdout, re.MULTILINE))
+    assert float(faults["mallopt (the stages)"]) < float(faults["glibc defaults"]), faults
+    assert re.search(r"mallopt \(the stages\) vs glibc defaults: [\d.]+x", result.stdout)
+
+
 def test_profile_stability_measures_each_combination_in_its_own_process_and_reports_the_rerun_difference(
     trained: Path, mnist_mirror: Path
 ) -> None:

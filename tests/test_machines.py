@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import platform
 import shutil
 import statistics
 import sys
@@ -19,7 +20,9 @@ from mlflow import MlflowClient
 from pipeline.common.errors import PipelineError
 from pipeline.common.machine import (
     IDENTITY_KEYS,
+    KERNEL_FEATURES,
     LABEL_VARIABLE,
+    kernel_features,
     machine_fingerprint,
     machine_id,
     machine_name,
@@ -80,6 +83,28 @@ def test_machine_names_say_gpu_cpu_and_cores_unless_labelled() -> None:
     assert machine_name(LAPTOP) == "11th Gen Intel Core i7-1165G7 (8 vCPUs)"
     assert machine_name({**H100, "gpus": "NVIDIA A100, NVIDIA A100"}).startswith("2x NVIDIA A100 + ")
     assert machine_name(LAPTOP, "alice-laptop") == "alice-laptop"
+
+
+def test_fingerprint_tells_cpus_of_one_model_name_apart_and_ignores_the_kernel_build() -> None:
+    """Two "AMD EPYC" VMs, one with AVX-512 BF16 (bf16 training) and one with AVX2 only (fp32): the features and
+    the family/model come from /proc/cpuinfo, read here independently; the OS keeps no build suffix."""
+    fingerprint = machine_fingerprint()
+    info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    fields = dict((key.strip(), value.strip()) for key, _, value in (line.partition(":") for line in info.splitlines()))
+    assert fingerprint["cpu_family_model"] == f"family {fields['cpu family']}, model {fields['model']}"
+    flags = set(fields["flags"].split())
+    assert set(fingerprint["cpu_features"].split()) == {f for f in KERNEL_FEATURES if f in flags} or (
+        fingerprint["cpu_features"] == "none" and not flags & set(KERNEL_FEATURES)
+    )
+    assert "-" not in fingerprint["os"] and platform.release().startswith(fingerprint["os"].split()[1])
+    zen4 = {**H100, "cpu": "AMD EPYC", "cpu_count": "2", "gpus": "none", "cpu_family_model": "family 25, model 17"}
+    avx512 = {**zen4, "cpu_features": "avx2 fma avx512f avx512_vnni avx512_bf16"}
+    avx2 = {**zen4, "cpu_features": "avx2 fma"}
+    assert machine_id(avx512) != machine_id(avx2)
+    assert machine_name(avx512) == "AMD EPYC (2 vCPUs, AVX-512 BF16)"
+    assert machine_name(avx2) == "AMD EPYC (2 vCPUs, AVX2)"
+    assert machine_name({**avx512, "cpu_features": "avx512f amx_tile"}) == "AMD EPYC (2 vCPUs, AMX)"
+    assert kernel_features("fpu avx2 sse4_2 avx512f fma") == "avx2 fma avx512f" and kernel_features("fpu") == "none"
 
 
 def test_h100_fingerprint_above_is_the_reference_runs() -> None:

@@ -45,7 +45,7 @@ def test_timing_record_is_the_median_estimate_of_the_blocks() -> None:
     step_timing = StepTiming(estimate_step_time(blocks, 16, 2.0), blocks, conditions, 2, 1.5)
     anatomy = StepAnatomy("cpu", 4, 10.0, 9.0, 90.0, 10.0, 0, 0, 0, "device-bound", "")
     analysis = TraceAnalysis((), (), (), anatomy, 0)
-    result = ProfileResult(Combination(16, "cpu", "train"), step_timing, (), 5.0, analysis)
+    result = ProfileResult(Combination(16, "cpu", "train"), step_timing, (), 5.0, analysis, 0.0)
     timing = result.timing()
     assert timing.step_time_ms_median == pytest.approx(5.0) and timing.step_time_ms_iqr == pytest.approx(4.0)
     assert timing.step_time_ms_ci_low == pytest.approx(2.0) and timing.step_time_ms_ci_high == pytest.approx(8.0)
@@ -259,6 +259,33 @@ def test_matrix_yields_six_tables_with_timing_and_traces(profiled: Path) -> None
 
 
 @pytest.mark.slow
+def test_every_cpu_combination_times_its_step_with_glibc_defaults_first_then_tuned(profiled: Path) -> None:
+    """The allocator what-if (pipeline.common.allocator): the same step, the same process, both set-ups."""
+    faults = {}
+    for name in COMBINATIONS:
+        folder = profiled / "profiles" / name
+        record = json.loads((folder / "profile.json").read_text())
+        whatif, timing = record["allocator_whatif"], json.loads((folder / "timing.json").read_text())
+        assert "malloc, defaults" in whatif["default_allocator"] and "tuned" in record["settings"]["allocator"]
+        assert whatif["step_time_ms_ci_low"] <= whatif["step_time_ms_median"] <= whatif["step_time_ms_ci_high"]
+        assert timing["default_allocator_step_time_ms_median"] == whatif["step_time_ms_median"]
+        assert timing["default_allocator_slowdown"] == pytest.approx(
+            whatif["step_time_ms_median"] / timing["step_time_ms_median"]
+        )
+        assert timing["page_faults_per_step"] == whatif["tuned_page_faults_per_step"] >= 0
+        assert {row["operator"] for row in whatif["operators"]} & {row["operator"] for row in record["top_operators"]}
+        assert (
+            "Allocator what-if: with glibc malloc's defaults the same step took"
+            in (folder / "top_operators.md").read_text()
+        )
+        faults[name] = (whatif["page_faults_per_step"], whatif["tuned_page_faults_per_step"])
+    # Structure, not speed: with the defaults a batch-64 training step maps its large buffers anew and faults
+    # them in again (thousands of pages); tuned, they stay on the heap.
+    default, tuned = faults["64-cpu-train"]
+    assert default > 1000 and tuned < default / 10, faults
+
+
+@pytest.mark.slow
 def test_one_mlflow_run_and_tensorboard_folder_per_combination(profiled: Path) -> None:
     client = MlflowClient(f"sqlite:///{profiled / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("mnist-lab")
@@ -287,7 +314,8 @@ def test_one_mlflow_run_and_tensorboard_folder_per_combination(profiled: Path) -
         # The per-block series is a TensorBoard curve and a profile.json field, not an MLflow metric (whose
         # last value would read like one more statistic in the overview and Compare).
         assert not [key for key in run.data.metrics if "block_step_time_ms" in key]
-        assert {"profile.ci_target_pct", "profile.time_budget_s"} <= set(run.data.params)
+        assert {"profile.ci_target_pct", "profile.time_budget_s", "allocator"} <= set(run.data.params)
+        assert "tuned" in run.data.params["allocator"]
         assert {"trace.json.gz", "top_operators.csv", "profile.json"} <= {
             a.path for a in client.list_artifacts(run.info.run_id)
         }

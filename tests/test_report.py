@@ -158,8 +158,17 @@ def test_report_numbers_equal_the_stage_outputs(reported: Path) -> None:
         row = re.search(pattern, report, re.MULTILINE)
         assert row and row.group(1) == f"{timing['step_time_ms_median']:.3f}", name
         assert row.group(2) == f"{timing['step_time_ci_pct']:.1f}", name
+        # The allocator what-if (section 9): this combination's row holds the record's numbers.
+        record = json.loads((reported / "profiles" / name / "profile.json").read_text())
+        whatif = record["allocator_whatif"]
+        what_if_row = re.search(rf"^\| {batch} {mode} \| ([\d.]+) \([\d.]+-[\d.]+\) \| ([\d.]+) ", report, re.MULTILINE)
+        assert what_if_row, name
+        assert what_if_row.group(1) == f"{whatif['step_time_ms_median']:.3f}", name
+        assert what_if_row.group(2) == f"{timing['step_time_ms_median']:.3f}", name
         top_table = (reported / "profiles" / name / "top_operators.md").read_text().split("\n", 1)[1]
         assert top_table in report
+    assert "## 9. Memory allocator: glibc's defaults against the tuned allocator" in report
+    assert f"| Memory allocator (profiles) | {record['settings']['allocator']} |" in report
     assert "## Missing inputs" not in report
     assert ADD_A_GPU in report
     for name in (f"{b}-cpu-{m}" for b in (1, 16, 64) for m in ("inference", "train")):  # the step analysis

@@ -68,6 +68,9 @@ def test_train_run_in_mlflow_has_params_curves_model_and_data_digest(trained: Pa
     assert params["train.precision"] == ran["precision"] != "auto" and ran["execution"] == "eager"
     assert params["train.precision_requested"] == "auto" and int(params["train.threads"]) >= 1
     assert "runtime.precision_reason" in params and "runtime.threads" not in params
+    # The stage tuned glibc's allocator (pipeline.common.allocator) and says so where speed is read.
+    assert ran["allocator"] == "tuned" and params["runtime.allocator"].startswith("glibc ")
+    assert "tuned: no mmap" in params["runtime.allocator"]
     # The machine is described by tags (as on every stage), not by params Compare would list.
     assert tags["hardware.device_name"] and not [key for key in params if key.startswith("hardware.")]
     assert tags["data.digest"] == dataset_digest(MNIST_SHA256)

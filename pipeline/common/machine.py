@@ -24,12 +24,18 @@ from pipeline.common.errors import PipelineError
 
 
 def machine_fingerprint() -> dict[str, str]:
-    """CPU model and cores, GPUs, OS, Python, torch and its CUDA build: stable on one machine."""
+    """CPU model, family, kernel-relevant features and cores, GPUs, OS, Python, torch and its CUDA build: stable on
+    one machine, and different on two machines whose CPUs run different kernels under the same model name."""
+    cpu = cpu_info()
     return {
         "cpu": cpu_model(),
+        "cpu_family_model": f"family {cpu['cpu family']}, model {cpu['model']}" if "cpu family" in cpu else "unknown",
+        "cpu_features": kernel_features(cpu.get("flags", "")) if "flags" in cpu else "unknown",
         "cpu_count": str(os.cpu_count()),
         "gpus": ", ".join(nvidia_gpus()) or "none",
-        "os": f"{platform.system()} {platform.release()}",
+        # The kernel's version without its build suffix (`6.1.0-28-cloud-amd64` -> `6.1.0`): a rebuilt kernel of
+        # the same version must not make an identical machine look like another one.
+        "os": f"{platform.system()} {platform.release().split('-')[0]}",
         "machine": platform.machine(),
         "python": platform.python_version(),
         "torch": _package_version("torch"),
@@ -38,15 +44,49 @@ def machine_fingerprint() -> dict[str, str]:
     }
 
 
-def cpu_model() -> str:
+# Instruction-set features that change which kernels oneDNN and ATen pick, and so the timings and, through
+# `train.precision: auto` (bf16 only where native), the trained model: two "AMD EPYC" VMs differ exactly here.
+KERNEL_FEATURES = (
+    "avx2",
+    "fma",
+    "avx_vnni",
+    "avx512f",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
+# The most capable of them, for a machine's name: (flag, label), best first.
+_ISA_LEVELS = (("amx_tile", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
+
+
+def cpu_info() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (`model name`, `cpu family`, `model`, `flags`); empty off Linux."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    if fields:
+                        break  # the first processor is enough: a VM's vCPUs are alike
+                    continue
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
-        pass  # not Linux: platform's answer below
-    return platform.processor() or platform.machine()
+        pass  # not Linux
+    return fields
+
+
+def kernel_features(flags: str) -> str:
+    """The KERNEL_FEATURES among /proc/cpuinfo's `flags`, in KERNEL_FEATURES' order; `none` if none."""
+    present = set(flags.split())
+    return " ".join(feature for feature in KERNEL_FEATURES if feature in present) or "none"
+
+
+def cpu_model() -> str:
+    return cpu_info().get("model name") or platform.processor() or platform.machine()
 
 
 def nvidia_gpus() -> list[str]:
@@ -82,7 +122,19 @@ LABEL_VARIABLE = "LAB_MACHINE_LABEL"
 LABEL_MAX_CHARS = 64
 # The keys of pipeline.common.machine.machine_fingerprint() (checked by a test): profile runs log them as
 # `hardware.<key>` params, so the id of a run logged before these tags existed can be recomputed.
-IDENTITY_KEYS = ("cpu", "cpu_count", "gpus", "os", "machine", "python", "torch", "torchvision", "torch_cuda_build")
+IDENTITY_KEYS = (
+    "cpu",
+    "cpu_family_model",
+    "cpu_features",
+    "cpu_count",
+    "gpus",
+    "os",
+    "machine",
+    "python",
+    "torch",
+    "torchvision",
+    "torch_cuda_build",
+)
 ID_LENGTH = 12  # hex digits: 48 bits, no collision among a class's machines
 
 # Marketing noise in /proc/cpuinfo model names: "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz",
@@ -113,10 +165,13 @@ def gpu_summary(gpus: str) -> str:
 
 
 def machine_name(fingerprint: Mapping[str, str], label: str | None = None) -> str:
-    """The label if given, else `<GPUs> + <CPU> (<n> vCPUs)` or `<CPU> (<n> vCPUs)`."""
+    """The label if given, else `<GPUs> + <CPU> (<n> vCPUs[, <ISA>])` or `<CPU> (<n> vCPUs[, <ISA>])`, where ISA is
+    the most capable of AMX, AVX-512 BF16, AVX-512, AVX2 the CPU has (fingerprints that record its features)."""
     if label:
         return label
-    cpu = f"{short_cpu_name(fingerprint.get('cpu', ''))} ({fingerprint.get('cpu_count', '?')} vCPUs)"
+    features = set(fingerprint.get("cpu_features", "").split())
+    isa = next((f", {name}" for flag, name in _ISA_LEVELS if flag in features), "")
+    cpu = f"{short_cpu_name(fingerprint.get('cpu', ''))} ({fingerprint.get('cpu_count', '?')} vCPUs{isa})"
     gpus = gpu_summary(fingerprint.get("gpus", "none"))
     return f"{gpus} + {cpu}" if gpus else cpu
 

@@ -150,6 +150,9 @@ class ProfileConfig:
     time_budget_s: float = _rule(gt=0, le=3600)
     # CPU threads; 0 = one per core (the number used is recorded).
     threads: int = _rule(ge=0, le=1024)
+    # Seconds of the allocator what-if per CPU combination: the step timed with glibc malloc's defaults too
+    # (pipeline.common.allocator); 0 = off.
+    allocator_whatif_s: float = _rule(ge=0, le=3600)
     # Rows of the operator table.
     top_k: int = _rule(ge=1, le=200)
 

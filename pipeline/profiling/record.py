@@ -146,6 +146,8 @@ class ProfileSettings:
     optimizer_lr: float  # Adadelta's lr in train mode: the one the checkpoint was trained with
     ci_target_pct: float
     time_budget_s: float
+    # How the process allocated (pipeline.common.allocator): it moves the step time 1.3-1.7x on a CPU.
+    allocator: str = "not recorded"
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,26 @@ class StepAnalysis:
 
 
 @dataclass(frozen=True)
+class OperatorShare:
+    operator: str
+    share_pct: float  # of the step's operator time
+
+
+@dataclass(frozen=True)
+class AllocatorWhatIf:
+    """The same step with glibc malloc's defaults, timed first in the same fresh process (CPU only), against
+    the tuned allocator the record's timing ran with (pipeline.common.allocator: the 1.3-1.7x lesson)."""
+
+    default_allocator: str  # what the what-if ran with; the record's `settings.allocator` says the tuned one
+    step_time_ms_median: float  # with the defaults; the same estimator as the record's timing
+    step_time_ms_ci_low: float
+    step_time_ms_ci_high: float
+    page_faults_per_step: float  # minor page faults (getrusage), with the defaults
+    tuned_page_faults_per_step: float  # the same count with the tuned allocator
+    operators: tuple[OperatorShare, ...]  # the default allocator's operator shares, most expensive first
+
+
+@dataclass(frozen=True)
 class ProfileRecord:
     combination: Combination
     hardware: dict[str, str]
@@ -197,13 +219,34 @@ class ProfileRecord:
     format: int = RECORD_FORMAT
     # cuda only: the same step replayed from a CUDA graph, timed on the same clock (empty elsewhere).
     graph_step_times_ms: tuple[float, ...] = ()
+    # cpu only, where the stage tuned glibc's allocator itself (None elsewhere and in older records).
+    allocator_whatif: AllocatorWhatIf | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def metrics(self) -> dict[str, float]:
         """timing.json, MLflow and TensorBoard: the same names for every combination (graph replay: cuda only)."""
-        return {**self.timing.as_metrics(), **self.conditions.metrics(), **self.graph_metrics()}
+        return {
+            **self.timing.as_metrics(),
+            **self.conditions.metrics(),
+            **self.graph_metrics(),
+            **self.allocator_metrics(),
+        }
+
+    def allocator_metrics(self) -> dict[str, float]:
+        """Where the allocator what-if ran: the step and page faults with glibc's defaults, beside the tuned ones."""
+        whatif = self.allocator_whatif
+        if whatif is None:
+            return {}
+        return {
+            "default_allocator_step_time_ms_median": whatif.step_time_ms_median,
+            "default_allocator_slowdown": whatif.step_time_ms_median / self.timing.step_time_ms_median
+            if self.timing.step_time_ms_median
+            else 0.0,
+            "page_faults_per_step": whatif.tuned_page_faults_per_step,
+            "default_allocator_page_faults_per_step": whatif.page_faults_per_step,
+        }
 
     def graph_metrics(self) -> dict[str, float]:
         """Where a graph replay was timed: its median step and the host overhead of an eager step.
@@ -236,6 +279,7 @@ def run_params(combination: Combination, settings: ProfileSettings, top_k: int) 
         "profile.ci_target_pct": settings.ci_target_pct,
         "profile.time_budget_s": settings.time_budget_s,
         "profile.top_k": top_k,
+        "allocator": settings.allocator,
     }
 
 

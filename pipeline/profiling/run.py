@@ -23,6 +23,9 @@ import copy
 import dataclasses
 import gzip
 import json
+import math
+import resource
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +36,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, schedule
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
+from pipeline.common.allocator import AllocatorSetup, glibc_defaults, plan_allocator, tune_allocator
 from pipeline.common.errors import PipelineError
 from pipeline.common.native_stderr import filtered_native_stderr
 from pipeline.data.mnist import load_split
@@ -44,8 +48,10 @@ from pipeline.params.schema import ProfileConfig, ProfileMode
 from pipeline.profiling.peak import measure_peak
 from pipeline.profiling.record import (
     PROFILE_PRECISION,
+    AllocatorWhatIf,
     Combination,
     OperatorRow,
+    OperatorShare,
     ProfileRecord,
     ProfileSettings,
     StepAnalysis,
@@ -69,6 +75,7 @@ class ProfileResult:
     operators: tuple[OperatorRow, ...]  # every ATen operator, most expensive first
     peak_memory_mb: float  # most memory torch had allocated on the device during the measured steps
     analysis: TraceAnalysis  # what the trace says: operators, ranges, kernels, step anatomy
+    page_faults_per_step: float  # minor page faults per step, counted after the timing
 
     def timing(self) -> Timing:
         top = self.operators[0] if self.operators else None
@@ -123,26 +130,9 @@ def profile_combination(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     step_timing = time_steps(step, device, combination.batch_size, ci_target_pct, time_budget_s)
-
+    faults = page_faults_per_step(step, sync, step_timing.estimate.median_ms)
     on_gpu = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    # wait 1 + warmup 1: the profiler's own start-up stays out of the traced steps. One cycle (repeat=1), so
-    # keeping its events (acc_events) changes nothing, and torch 2.11 (the GPU image) then makes no needless
-    # "Profiler clears events" warning (pytorch/pytorch#180348).
-    # Kineto's progress lines and its no-GPU-driver message stay out of the console (pipeline.common.native_stderr).
-    # No `with_flops`: FLOPs are counted apart (count_step_flops; the module docstring says why).
-    with filtered_native_stderr():
-        with profile(
-            activities=activities,
-            schedule=schedule(wait=1, warmup=1, active=active_steps, repeat=1),
-            profile_memory=True,
-            acc_events=True,
-        ) as profiler:
-            for _ in range(2 + active_steps):
-                step()
-                sync()
-                profiler.step()
-        profiler.export_chrome_trace(str(trace_path))
+    trace_steps(step, sync, on_gpu, active_steps, trace_path)
     peak = torch.cuda.max_memory_allocated(device) if on_gpu else _peak_cpu_memory(trace_path)
     step_flops = count_step_flops(step)  # after the peak memory is read: the counter's step stays out of it
     sync()
@@ -153,7 +143,48 @@ def profile_combination(
         operators=tuple(operator_row(row, on_gpu) for row in analysis.operators),
         peak_memory_mb=peak / _MEGABYTE,
         analysis=analysis,
+        page_faults_per_step=faults,
     )
+
+
+def trace_steps(step: Callable[[], None], sync: Callable[[], None], on_gpu: bool, steps: int, path: Path) -> None:
+    """Trace `steps` steps with torch.profiler into the Chrome trace `path`."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    # wait 1 + warmup 1: the profiler's own start-up stays out of the traced steps. One cycle (repeat=1), so
+    # keeping its events (acc_events) changes nothing, and torch 2.11 (the GPU image) then makes no needless
+    # "Profiler clears events" warning (pytorch/pytorch#180348).
+    # Kineto's progress lines and its no-GPU-driver message stay out of the console (pipeline.common.native_stderr).
+    # No `with_flops`: FLOPs are counted apart (count_step_flops; the module docstring says why).
+    with filtered_native_stderr():
+        with profile(
+            activities=activities,
+            schedule=schedule(wait=1, warmup=1, active=steps, repeat=1),
+            profile_memory=True,
+            acc_events=True,
+        ) as profiler:
+            for _ in range(2 + steps):
+                step()
+                sync()
+                profiler.step()
+        profiler.export_chrome_trace(str(path))
+
+
+FAULT_COUNT_S = 0.2  # steps counted for the page-fault rate: about this long, and at least MIN_FAULT_STEPS
+MIN_FAULT_STEPS = 5
+
+
+def page_faults_per_step(step: Callable[[], None], sync: Callable[[], None], step_ms: float) -> float:
+    """Minor page faults per step (getrusage, the whole process), over about `FAULT_COUNT_S` of steps.
+
+    A minor fault is the kernel handing the process a fresh zeroed page on first touch: with glibc's
+    defaults a step's large buffers are mapped anew each step, so they fault in again (pipeline.common.allocator).
+    """
+    steps = max(MIN_FAULT_STEPS, math.ceil(FAULT_COUNT_S * 1000 / step_ms) if step_ms > 0 else MIN_FAULT_STEPS)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(steps):
+        step()
+    sync()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps
 
 
 def count_step_flops(step: Callable[[], None]) -> tuple[CountedCall, ...]:
@@ -249,6 +280,7 @@ def prepare_profile(
         optimizer_lr=lr,
         ci_target_pct=config.ci_target_pct,
         time_budget_s=config.time_budget_s,
+        allocator=plan_allocator().description,  # what the timing runs with: run_profile sets it up
     )
     return ProfileSetup(
         combination=combination,
@@ -269,10 +301,55 @@ def prepare_profile(
     )
 
 
-def run_profile(setup: ProfileSetup, top_k: int, trace_path: Path) -> ProfileRecord:
-    """Time and trace the combination, then measure the device's peak; the record keeps the `top_k`
-    most expensive operators and kernels."""
+def measure_allocator_whatif(setup: ProfileSetup, seconds: float, defaults: AllocatorSetup) -> DefaultAllocatorRun:
+    """The step with glibc malloc's defaults, which this fresh process still runs: warmed up, timed for about
+    `seconds` (the same estimator as the main timing), its page faults counted and `active_steps` traced for
+    the operator shares. Run before `tune_allocator`: once tuned, a process cannot go back to the defaults
+    (mallopt turns glibc's dynamic threshold off for good)."""
     settings = setup.settings
+    sync = synchronizer(setup.device)
+    for _ in range(settings.warmup_steps):
+        setup.step()
+    sync()
+    timing = time_steps(setup.step, setup.device, setup.combination.batch_size, settings.ci_target_pct, seconds)
+    faults = page_faults_per_step(setup.step, sync, timing.estimate.median_ms)
+    with tempfile.TemporaryDirectory(prefix="allocator-whatif-") as scratch:
+        trace = Path(scratch) / "trace.json"
+        trace_steps(setup.step, sync, False, settings.active_steps, trace)
+        analysis = analyse_trace(read_trace(trace), setup.device.type, ())
+    return DefaultAllocatorRun(defaults.description, timing, faults, analysis.operators)
+
+
+@dataclass(frozen=True)
+class DefaultAllocatorRun:
+    allocator: str
+    timing: StepTiming
+    page_faults_per_step: float
+    operators: tuple[OperatorStats, ...]
+
+    def whatif(self, tuned_page_faults_per_step: float, top_k: int) -> AllocatorWhatIf:
+        estimate = self.timing.estimate
+        return AllocatorWhatIf(
+            default_allocator=self.allocator,
+            step_time_ms_median=estimate.median_ms,
+            step_time_ms_ci_low=estimate.ci_low_ms,
+            step_time_ms_ci_high=estimate.ci_high_ms,
+            page_faults_per_step=self.page_faults_per_step,
+            tuned_page_faults_per_step=tuned_page_faults_per_step,
+            operators=tuple(OperatorShare(row.operator, row.share_pct) for row in self.operators[: 2 * top_k]),
+        )
+
+
+def run_profile(setup: ProfileSetup, top_k: int, trace_path: Path, allocator_whatif_s: float = 0.0) -> ProfileRecord:
+    """Time and trace the combination, then measure the device's peak; the record keeps the `top_k`
+    most expensive operators and kernels.
+
+    On a CPU, with `allocator_whatif_s` > 0 and glibc's allocator still at its defaults, the step is first
+    measured with those defaults (`measure_allocator_whatif`); then the allocator is tuned
+    (pipeline.common.allocator) and everything else runs tuned, as in every other torch stage."""
+    defaults = glibc_defaults() if setup.device.type == "cpu" and allocator_whatif_s > 0 else None
+    default_run = measure_allocator_whatif(setup, allocator_whatif_s, defaults) if defaults else None
+    settings = dataclasses.replace(setup.settings, allocator=tune_allocator().description)
     result = profile_combination(
         setup.combination,
         setup.step,
@@ -309,6 +386,7 @@ def run_profile(setup: ProfileSetup, top_k: int, trace_path: Path) -> ProfileRec
             unattributed_device_ms=analysis.unattributed_device_ms,
         ),
         graph_step_times_ms=graph_times,
+        allocator_whatif=default_run.whatif(result.page_faults_per_step, top_k) if default_run else None,
     )
 
 

@@ -30,6 +30,7 @@ from pipeline.common.paths import (
 from pipeline.params.schema import Params, ProfileConfig
 from pipeline.profiling.record import ProfileRecord, combinations, read_record
 from pipeline.profiling.texts import kernels_markdown
+from pipeline.report.allocator_whatif import allocator_markdown, allocator_sentences
 from pipeline.report.comparison import ComparisonRow, comparison_markdown, comparison_rows, comparison_sentences
 from pipeline.report.figures import batch_size_plot, cpu_vs_gpu_figure, read_csv, roofline_figure, training_curves
 from pipeline.report.rendering import GRAPH_FIGURE
@@ -93,6 +94,8 @@ def environment_markdown(hardware: dict[str, str], profiles: Sequence[ProfileRec
     cuda_runtime = next((p.hardware["cuda_runtime"] for p in profiles if p.hardware.get("cuda_runtime")), None)
     rows = [
         ("CPU model", hardware["cpu"]),
+        ("CPU family, model", hardware.get("cpu_family_model", "not recorded")),
+        ("CPU features that choose kernels", hardware.get("cpu_features", "not recorded")),
         ("vCPUs", hardware["cpu_count"]),
         ("GPU model", ", ".join(sorted(set(gpus))) or "none"),
         ("GPU count", str(len(gpus))),
@@ -102,6 +105,7 @@ def environment_markdown(hardware: dict[str, str], profiles: Sequence[ProfileRec
         ("torchvision", hardware["torchvision"]),
         ("CUDA (torch build)", hardware["torch_cuda_build"]),
         ("CUDA (runtime used)", cuda_runtime or "not used: no GPU profile"),
+        ("Memory allocator (profiles)", "; ".join(sorted({p.settings.allocator for p in profiles})) or "no profile"),
     ]
     return "| item | value |\n| --- | --- |\n" + "".join(f"| {name} | {value} |\n" for name, value in rows)
 
@@ -162,8 +166,11 @@ def build_report(params: Params, figures: Path) -> Report:
     facts = step_facts(inputs.profiles)
     sections += step_sections(facts, figures)
 
-    sections.append("## 9. Analysis\n")
-    sentences = comparison_sentences(rows) + step_sentences(facts)
+    sections += ["## 9. Memory allocator: glibc's defaults against the tuned allocator\n"]
+    sections.append(allocator_markdown(inputs.profiles))
+
+    sections.append("## 10. Analysis\n")
+    sentences = comparison_sentences(rows) + step_sentences(facts) + allocator_sentences(inputs.profiles)
     sections.append("".join(f"- {sentence}\n" for sentence in sentences) if rows else "_No profiles to analyse._\n")
 
     if inputs.missing:

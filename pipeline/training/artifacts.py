@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.common.allocator import current_allocator
 from pipeline.common.outputs import AtomicOutputs
 from pipeline.common.paths import MODEL_CHECKPOINT, TRAIN_EPOCHS_PLOT, TRAIN_METRICS, TRAIN_SPEED, TRAIN_STEPS_PLOT
 from pipeline.common.tables import records_csv
@@ -45,11 +46,12 @@ def quality_metrics(result: TrainingResult) -> dict[str, float]:
 def speed_metrics(result: TrainingResult, runtime: Mapping[str, object]) -> dict[str, object]:
     """`metrics/train_speed.json`: wall-clock numbers (they differ run to run, so they are kept apart from
     `quality_metrics`) and what ran (`runtime`: device, precision, execution, threads after resolving
-    `auto`), which the report quotes and `dvc metrics diff` compares across machines."""
+    `auto`, and the allocator set-up, pipeline.common.allocator), which the report quotes and
+    `dvc metrics diff` compares across machines."""
     return {
         "train_seconds": round(result.train_seconds, 3),
         "images_per_second": round(result.images_per_second, 1),
-        "runtime": {key: runtime[key] for key in RESOLVED_KEYS},
+        "runtime": {**{key: runtime[key] for key in RESOLVED_KEYS}, "allocator": current_allocator().kind},
     }
 
 
@@ -75,11 +77,15 @@ def log_training_setup(
     hardware: Mapping[str, str],
     data_digest: str,
 ) -> None:
-    """Params (`train.*` as it ran, `runtime.*` for how it was chosen) and the machine as tags, which MLflow's
-    Compare lists apart from params: they describe where a run ran, not a setting to compare."""
+    """Params (`train.*` as it ran, `runtime.*` for how it was chosen and the allocator) and the machine as
+    tags, which MLflow's Compare lists apart from params: they describe where a run ran, not a setting to compare."""
     tracker.log_params(resolved_params(train_params, runtime), prefix="train.")
     tracker.log_params(
-        {key: value for key, value in runtime.items() if key not in (*RESOLVED_KEYS, "seed")}, "runtime."
+        {
+            **{key: value for key, value in runtime.items() if key not in (*RESOLVED_KEYS, "seed")},
+            "allocator": current_allocator().description,
+        },
+        "runtime.",
     )
     tracker.set_tags({DATA_DIGEST_TAG: data_digest, **hardware_tags(hardware)})
 

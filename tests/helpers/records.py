@@ -171,7 +171,7 @@ def log_profile_folder(
         record = json.loads(path.read_text())
         combination = record["combination"]
         name = f"{combination['batch_size']}-{combination['device']}-{combination['mode']}"
-        fingerprint = {key: record["hardware"][key] for key in IDENTITY_KEYS}
+        fingerprint = {key: record["hardware"].get(key, "") for key in IDENTITY_KEYS}  # older records: fewer keys
         tags = {
             "stage": "profile",
             "combination": name,

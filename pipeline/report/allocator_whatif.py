@@ -1,0 +1,103 @@
+"""The allocator what-if as report text: the same step with glibc malloc's defaults and tuned, per CPU combination.
+
+Each CPU profile stage first times its step with glibc's defaults, then tunes the allocator and measures as
+usual (pipeline.profiling.run, pipeline.common.allocator); the record keeps both. The lesson: the same
+model and the same operators, one allocator setting apart, and the operator table charges the page faults
+to whichever operator allocates. Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipeline.common.tables import markdown_table
+from pipeline.profiling.record import AllocatorWhatIf, ProfileRecord
+from pipeline.profiling.statistics import Interval, ratio
+
+SHIFTED_OPERATORS = 2  # operators named per combination: those whose share moves the most
+
+
+def whatif_records(records: Sequence[ProfileRecord]) -> list[tuple[ProfileRecord, AllocatorWhatIf]]:
+    return [(record, record.allocator_whatif) for record in records if record.allocator_whatif is not None]
+
+
+def allocator_markdown(records: Sequence[ProfileRecord]) -> str:
+    """The what-if table, or a line saying why there is none."""
+    measured = whatif_records(records)
+    if not measured:
+        return (
+            "No allocator what-if in these profiles: it runs on CPU combinations when `profile.allocator_whatif_s` "
+            "is above 0 and the stage tunes glibc's allocator itself (not with `LAB_ALLOCATOR=default`, glibc's "
+            "`MALLOC_*` variables or an allocator in `LD_PRELOAD`).\n"
+        )
+    rows = []
+    for record, whatif in measured:
+        tuned = record.timing.step_interval()
+        default = _default_interval(whatif)
+        rows.append(
+            (
+                f"{record.combination.batch_size} {record.combination.mode}",
+                f"{default.value:.3f} ({default.low:.3f}-{default.high:.3f})",
+                f"{tuned.value:.3f} ({tuned.low:.3f}-{tuned.high:.3f})",
+                ratio(default, tuned).describe(),
+                f"{whatif.page_faults_per_step:,.0f}",
+                f"{whatif.tuned_page_faults_per_step:,.0f}",
+                shifted_operators(record, whatif),
+            )
+        )
+    columns = (
+        "batch, mode",
+        ">step ms, glibc defaults (95 % CI)",
+        ">step ms, tuned (95 % CI)",
+        ">defaults ÷ tuned",
+        ">page faults per step, defaults",
+        ">tuned",
+        "operators whose share moves most (defaults → tuned)",
+    )
+    allocators = sorted({whatif.default_allocator for _, whatif in measured})
+    tuned_allocators = sorted({record.settings.allocator for record, _ in measured})
+    return "\n".join(
+        [
+            "Every CPU profile stage first times its step with glibc malloc's defaults "
+            f"({'; '.join(allocators)}), then tunes the allocator ({'; '.join(tuned_allocators)}) and measures "
+            "everything else, tables included, tuned. With the defaults, buffers above the mmap threshold are "
+            "mapped and unmapped every step, so each step faults its memory in again page by page; the operator "
+            "that allocates is charged for it.\n",
+            *markdown_table(columns, rows),
+            "",
+        ]
+    )
+
+
+def shifted_operators(record: ProfileRecord, whatif: AllocatorWhatIf) -> str:
+    """The operators whose share of the step moves most between the defaults and the tuned allocator."""
+    tuned = {row.operator: row.share_pct for row in record.top_operators}
+    default = {row.operator: row.share_pct for row in whatif.operators}
+    # Only operators both tables rank: a share missing from a top-k list is unknown, not 0.
+    both = [name for name in default if name in tuned]
+    moved = sorted(both, key=lambda name: abs(default[name] - tuned[name]), reverse=True)[:SHIFTED_OPERATORS]
+    return ", ".join(f"`{name}` {default[name]:.1f} → {tuned[name]:.1f} %" for name in moved) or "–"
+
+
+def allocator_sentences(records: Sequence[ProfileRecord]) -> list[str]:
+    """One analysis sentence: the range of the defaults' cost over the CPU combinations."""
+    measured = whatif_records(records)
+    if not measured:
+        return []
+    ratios = [(record, ratio(_default_interval(whatif), record.timing.step_interval())) for record, whatif in measured]
+    slowest = max(ratios, key=lambda pair: pair[1].value)
+    unmeasurable = [record.combination.name for record, value in ratios if not value.measurable]
+    if not slowest[1].measurable:
+        return ["Memory allocation: no measurable difference between glibc malloc's defaults and the tuned allocator."]
+    sentence = (
+        f"Memory allocation: with glibc malloc's defaults the CPU steps took up to {slowest[1].describe()} as long "
+        f"as with the tuned allocator (batch {slowest[0].combination.batch_size} {slowest[0].combination.mode}), "
+        "with the same operators on the same values: the difference is page faults, not arithmetic."
+    )
+    if unmeasurable:
+        sentence += f" No measurable difference for {', '.join(unmeasurable)}."
+    return [sentence]
+
+
+def _default_interval(whatif: AllocatorWhatIf) -> Interval:
+    return Interval(whatif.step_time_ms_median, whatif.step_time_ms_ci_low, whatif.step_time_ms_ci_high)
