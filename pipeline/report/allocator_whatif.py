@@ -96,6 +96,23 @@ def allocator_sentences(records: Sequence[ProfileRecord]) -> list[str]:
     )
     if unmeasurable:
         sentence += f" No measurable difference for {', '.join(unmeasurable)}."
+    # Where neither set-up page-faulted, a measurable difference cannot be the faults: buffer placement differs, and
+    # the what-if runs first in the process, so it also carries how one process's passes drift apart (README,
+    # "Timing you can trust").
+    drift = [
+        f"{record.combination.name} ({value.describe()})"
+        for record, value in ratios
+        if value.measurable
+        and record.allocator_whatif is not None
+        and record.allocator_whatif.page_faults_per_step < 1
+        and record.allocator_whatif.tuned_page_faults_per_step < 1
+    ]
+    if drift:
+        sentence += (
+            f" Neither set-up page-faulted in {', '.join(drift)}: that difference is not page faults; where the "
+            "buffers sit (the heap or mappings of their own) or the drift between two passes of one process (the "
+            "defaults are timed first) can make it."
+        )
     return [sentence]
 
 
