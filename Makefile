@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 # Stages run as `python -m stages.X`: put the venv first so DVC finds its python.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install repro test test-fast test-browser check requirements
+.PHONY: install repro test test-fast test-stress test-browser check requirements
 
 install: $(INSTALLED)
 
@@ -28,6 +28,10 @@ test: install
 # Everything but the `slow` (and browser) tests (real dvc CLI, real training): about a minute.
 test-fast: install
 	python -m pytest -m "not slow and not browser"
+
+# SIGINT and SIGTERM at ten moments of a training stage, alone, through `dvc repro` and `dvc queue kill` (~10 min).
+test-stress: install
+	python -m pytest -m stress
 
 # MLflow's web UI rendered in headless Chromium (Debian package `chromium`): not part of `make test`.
 test-browser: install

@@ -1,7 +1,7 @@
 """Which allocator set-up trains fastest in a fresh process: glibc's defaults, the stages' mallopt tuning, and
 the alternatives a user can switch on without code (transparent huge pages, jemalloc, tcmalloc).
 
-    python -m benchmarks.allocator [--samples 12800] [--repeats 3]
+    python -m benchmarks.allocator [--samples 12800] [--test-samples 10000] [--repeats 3]
 
 Each variant trains one epoch of the train stage's loop (`benchmarks.train_speed`'s `pipeline` worker) over the
 first `--samples` training images, in a process of its own started for that run, as every DVC stage is; only
@@ -19,7 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.train_speed import ratios, run_variants, run_worker, table
+from benchmarks.train_speed import add_test_samples_option, ratios, run_variants, run_worker, table
 from pipeline.common.allocator import ALLOCATOR_VARIABLE, DEFAULT, TOP_PAD, TRIM_THRESHOLD
 from pipeline.params.loading import load_params
 
@@ -58,6 +58,7 @@ def main(arguments: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=12_800, help="training images per epoch (default: 12800)")
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per variant")
+    add_test_samples_option(parser)
     args = parser.parse_args(arguments)
     environments = variants()
     seed = load_params().train.seed
@@ -67,7 +68,9 @@ def main(arguments: list[str] | None = None) -> None:
         list(environments),
         args.repeats,
         seed,
-        lambda name, run_seed: run_worker("pipeline", args.samples, run_seed, "cpu", environments[name]),
+        lambda name, run_seed: run_worker(
+            "pipeline", args.samples, run_seed, "cpu", environments[name], test_samples=args.test_samples
+        ),
     )
     print()
     print(table(results, BASELINE))

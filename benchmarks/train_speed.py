@@ -1,6 +1,7 @@
 """Training speed as a user gets it: this pipeline's loop vs the pytorch/examples MNIST recipe, each in fresh processes.
 
-    python -m benchmarks.train_speed [--samples 60000] [--repeats 3] [--device cpu|cuda] [--no-stage]
+    python -m benchmarks.train_speed [--samples 60000] [--test-samples 10000] [--repeats 3] [--device cpu|cuda]
+                                     [--no-stage]
 
 Every variant trains one epoch over the first `--samples` training images in a process of its own, started
 for that one run, as every DVC stage is (a warm process that has trained before runs faster: glibc has raised
@@ -47,9 +48,12 @@ from pipeline.params.loading import load_params
 from pipeline.params.schema import TrainConfig
 
 EPOCH_SECONDS_LIMIT = 3600  # one worker; a hung one must not hang the benchmark
+TEST_IMAGES = 10_000  # MNIST's test set
 
 
-def reference_epoch(config: TrainConfig, samples: int, seed: int, device_name: str) -> tuple[float, float, float]:
+def reference_epoch(
+    config: TrainConfig, samples: int, seed: int, device_name: str, test_samples: int
+) -> tuple[float, float, float]:
     """pytorch/examples mnist: (images per second, test accuracy, minor page faults while training)."""
     import torch
     import torch.nn.functional as F
@@ -64,7 +68,9 @@ def reference_epoch(config: TrainConfig, samples: int, seed: int, device_name: s
     pin_runtime(device, "fp32", config.threads, seed)
     transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((MNIST_MEAN,), (MNIST_STD,))])
     train_set = Subset(datasets.MNIST(str(DATA_ROOT), train=True, download=False, transform=transform), range(samples))
-    test_set = datasets.MNIST(str(DATA_ROOT), train=False, download=False, transform=transform)
+    test_set = Subset(
+        datasets.MNIST(str(DATA_ROOT), train=False, download=False, transform=transform), range(test_samples)
+    )
     on_gpu = device.type == "cuda"  # the example's `cuda_kwargs`: one loader worker and pinned host memory
     train_loader = DataLoader(train_set, batch_size=64, shuffle=True, num_workers=int(on_gpu), pin_memory=on_gpu)
     test_loader = DataLoader(test_set, batch_size=1000, num_workers=int(on_gpu), pin_memory=on_gpu)
@@ -93,7 +99,14 @@ def reference_epoch(config: TrainConfig, samples: int, seed: int, device_name: s
 
 
 def pipeline_epoch(
-    config: TrainConfig, samples: int, seed: int, device_name: str, precision: str, execution: str, tracked: bool
+    config: TrainConfig,
+    samples: int,
+    seed: int,
+    device_name: str,
+    precision: str,
+    execution: str,
+    tracked: bool,
+    test_samples: int,
 ) -> tuple[float, float, float]:
     """This pipeline's loop, one epoch: (images per second as the stage reports it, test accuracy, minor page
     faults during `train_model`, its per-epoch test pass included).
@@ -105,7 +118,7 @@ def pipeline_epoch(
     from pipeline.data.tensors import first_samples, to_device_data
     from pipeline.params.schema import TrackingConfig
     from pipeline.tracking.tracker import open_tracker
-    from pipeline.training.loop import evaluate, train_model
+    from pipeline.training.loop import train_model
     from pipeline.training.runtime import pin_runtime, select_device, select_precision
 
     device = select_device(device_name, param="--device")
@@ -113,7 +126,7 @@ def pipeline_epoch(
     config = dataclasses.replace(config, epochs=1, train_samples=samples, seed=seed)
     pin_runtime(device, precision, config.threads, config.seed)
     train = to_device_data(*first_samples(*load_split(DATA_ROOT, "train"), samples), device)
-    test = to_device_data(*load_split(DATA_ROOT, "test"), device)
+    test = to_device_data(*first_samples(*load_split(DATA_ROOT, "test"), test_samples), device)
     faults = minor_faults()
     if not tracked:
         result = train_model(config, train, test, device, precision, tracker=None, progress=False, execution=execution)
@@ -126,8 +139,8 @@ def pipeline_epoch(
                     config, train, test, device, precision, tracker, progress=False, execution=execution
                 )
     faults = minor_faults() - faults
-    _, accuracy = evaluate(result.model, test, config.test_batch_size)
-    return result.images_per_second, accuracy, faults
+    # The epoch's own test pass (fp32, pipeline.training.loop.evaluate), as the stage records it.
+    return result.images_per_second, result.epochs[-1].test_accuracy, faults
 
 
 def stage_epoch(samples: int, seed: int, device_name: str) -> tuple[float, float, float]:
@@ -157,11 +170,14 @@ def stage_epoch(samples: int, seed: int, device_name: str) -> tuple[float, float
     return float(speed["images_per_second"]), float(quality["test_accuracy"]), float(faults)
 
 
-def worker(variant: str, samples: int, seed: int, device_name: str) -> tuple[float, float, float]:
-    """One run of `variant`, in this (fresh) process: (images/s, test accuracy, minor page faults)."""
+def worker(variant: str, samples: int, seed: int, device_name: str, test_samples: int) -> tuple[float, float, float]:
+    """One run of `variant`, in this (fresh) process: (images/s, test accuracy, minor page faults). The train
+    stage variant tests on the whole test set, as the stage does."""
     config = load_params().train
     if variant == "reference":
-        return reference_epoch(config, samples, seed, device_name)  # glibc's defaults, as its users get them
+        return reference_epoch(
+            config, samples, seed, device_name, test_samples
+        )  # glibc's defaults, as its users get them
     tune_allocator()  # as every torch stage does (pipeline.common.allocator); $LAB_ALLOCATOR=default undoes it
     if variant == "train stage":
         return stage_epoch(samples, seed, device_name)
@@ -170,15 +186,21 @@ def worker(variant: str, samples: int, seed: int, device_name: str) -> tuple[flo
     words = variant.removesuffix("+tracking").split()
     execution = words[0] if words[0] in ("eager", "cuda_graph") else "eager"
     precision = words[1] if len(words) > 1 else config.precision
-    return pipeline_epoch(config, samples, seed, device_name, precision, execution, tracked)
+    return pipeline_epoch(config, samples, seed, device_name, precision, execution, tracked, test_samples)
 
 
 def run_worker(
-    variant: str, samples: int, seed: int, device_name: str, environment: Mapping[str, str] | None = None
+    variant: str,
+    samples: int,
+    seed: int,
+    device_name: str,
+    environment: Mapping[str, str] | None = None,
+    test_samples: int = TEST_IMAGES,
 ) -> tuple[float, float, float]:
     """`variant` in a fresh process (with `environment` added to this one's); what `worker` returned."""
     command = [sys.executable, "-m", "benchmarks.train_speed", "--worker", variant]
-    command += ["--samples", str(samples), "--seed", str(seed), "--device", device_name]
+    command += ["--samples", str(samples), "--test-samples", str(test_samples), "--seed", str(seed)]
+    command += ["--device", device_name]
     result = subprocess.run(
         command,
         capture_output=True,
@@ -191,6 +213,15 @@ def run_worker(
         raise SystemExit(f"variant {variant!r} failed:\n{result.stderr[-3000:]}")
     speed, accuracy, faults = json.loads(result.stdout.strip().splitlines()[-1])
     return float(speed), float(accuracy), float(faults)
+
+
+def add_test_samples_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--test-samples",
+        type=int,
+        default=TEST_IMAGES,
+        help="test images for the accuracy column (default: all 10000; the train stage variant always uses all)",
+    )
 
 
 def minor_faults() -> int:
@@ -267,12 +298,13 @@ def main(arguments: list[str] | None = None) -> None:
         "--repeats", type=int, default=3, help="fresh processes per variant; seeds train.seed + 0, 1, ..."
     )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to train (default: cpu)")
+    add_test_samples_option(parser)
     parser.add_argument("--no-stage", action="store_true", help="leave out the `python -m stages.train` variant")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(arguments)
     if args.worker:
-        print(json.dumps(worker(args.worker, args.samples, args.seed, args.device)))
+        print(json.dumps(worker(args.worker, args.samples, args.seed, args.device, args.test_samples)))
         return
     config = load_params().train
     variants, headline = variants_for(config, args.device, not args.no_stage)
@@ -283,7 +315,10 @@ def main(arguments: list[str] | None = None) -> None:
     )
     started = time.perf_counter()
     results = run_variants(
-        variants, args.repeats, config.seed, lambda name, seed: run_worker(name, args.samples, seed, args.device)
+        variants,
+        args.repeats,
+        config.seed,
+        lambda name, seed: run_worker(name, args.samples, seed, args.device, test_samples=args.test_samples),
     )
     print()
     print(table(results, "reference"))

@@ -1,6 +1,7 @@
 """DVC stage `train`: train the lab CNN on in-memory MNIST, log it, write checkpoint + metrics atomically."""
 
 from pipeline.common.allocator import tune_allocator
+from pipeline.common.interrupts import pause_at
 from pipeline.common.outputs import AtomicOutputs
 from pipeline.common.paths import DATA_ROOT, MODEL_CHECKPOINT
 from pipeline.common.stage_runner import run_stage
@@ -30,16 +31,22 @@ def main() -> None:
     runtime, choice = settle_runtime(config, device, execution, train)
     # The checkpoint records what ran; MLflow also records why (with measured times, which vary run to run).
     runtime_record = {**runtime.as_params(), "execution": execution}
+    pause_at("loaded")  # pipeline.common.interrupts: where the signal tests hold the stage
 
     with open_tracker("train", params.tracking, system_metrics=True) as tracker, AtomicOutputs() as outputs:
+        pause_at("run-started")
         log_training_setup(
             tracker, train_params, {**runtime_record, **choice.as_params()}, hardware_description(device), data_digest
         )
         log_training_inputs(manifest, DATA_ROOT, {"train": len(train), "test": len(test)})
+        pause_at("setup-logged")
         result = train_model(config, train, test, device, runtime.precision, tracker, execution=execution)
+        pause_at("trained")
         log_training_result(tracker, result, train_params, runtime_record)
         version = log_model(tracker, result.model, params.tracking.registered_model, result.optimizer_steps)
+        pause_at("model-logged")
         metrics = write_training_outputs(outputs, tracker, result, train_params, data_digest, runtime_record)
+        pause_at("outputs-staged")
     print(
         f"test accuracy {metrics['test_accuracy']:.4f}, test loss {metrics['test_loss']:.4f} after "
         f"{len(result.epochs)} epoch(s); {result.images_per_second:.0f} images/s on {device} "

@@ -26,7 +26,17 @@ def trained(tmp_path_factory: pytest.TempPathFactory, reproduced_project: Path) 
 def test_train_speed_times_every_variant_in_fresh_processes_and_prints_its_table(
     trained: Path, mnist_mirror: Path
 ) -> None:
-    command = [sys.executable, "-m", "benchmarks.train_speed", "--samples", "256", "--repeats", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.train_speed",
+        "--samples",
+        "256",
+        "--test-samples",
+        "500",
+        "--repeats",
+        "1",
+    ]
     result = run_command(command, trained, stage_environment(mnist_mirror))
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {
@@ -50,7 +60,17 @@ def test_train_speed_times_every_variant_in_fresh_processes_and_prints_its_table
 
 
 def test_allocator_benchmark_runs_every_variant_in_its_own_environment(trained: Path, mnist_mirror: Path) -> None:
-    command = [sys.executable, "-m", "benchmarks.allocator", "--samples", "128", "--repeats", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.allocator",
+        "--samples",
+        "128",
+        "--test-samples",
+        "500",
+        "--repeats",
+        "1",
+    ]
     result = run_command(command, trained, stage_environment(mnist_mirror))
     assert result.returncode == 0, result.stderr[-3000:]
     rows = dict(

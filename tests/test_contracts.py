@@ -153,7 +153,21 @@ def import_closure(script: str) -> set[str]:
         seen.add(relative)
         for module in pipeline_imports(REPO_ROOT / relative):
             pending.append(module.replace(".", "/") + ".py")
+        pending.extend(_package_inits_with_code(relative))
     return seen
+
+
+def _package_inits_with_code(relative: str) -> list[str]:
+    """The `__init__.py` files Python runs before `relative` that do more than hold a docstring
+    (stages/__init__.py installs the signal handlers before a stage's imports)."""
+    inits = []
+    for package in Path(relative).parents:
+        init = REPO_ROOT / package / "__init__.py"
+        if str(package) != "." and init.is_file():
+            body = ast.parse(init.read_text()).body
+            if not (len(body) == 1 and isinstance(body[0], ast.Expr)):
+                inits.append(f"{package}/__init__.py")
+    return inits
 
 
 def stage_code_deps() -> dict[str, tuple[set[str], set[str]]]:
@@ -180,6 +194,7 @@ def test_the_closure_follows_imports_through_modules() -> None:
     closure = import_closure("stages/train.py")
     assert "pipeline/common/machine.py" in closure  # reached only through pipeline/training/runtime.py
     assert "pipeline/tracking/tracker.py" in closure and "stages/train.py" in closure
+    assert "stages/__init__.py" in closure and "pipeline/common/interrupts.py" in closure  # run before any import
 
 
 # --- TensorBoard files written without torch ------------------------------------------------------

@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from pipeline.common.errors import PipelineError
+from pipeline.common.interrupts import enter_commit_point, pause_at
 from pipeline.common.processes import pid_alive
 
 PARTIAL_PREFIX = ".partial-"
@@ -64,8 +65,12 @@ class AtomicOutputs:
         self.write_text(final, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
     def commit(self) -> None:
-        """Rename every staged file into place; on any failure restore what was there before."""
+        """Rename every staged file into place; on any failure restore what was there before. The stage's commit
+        point (pipeline.common.interrupts): a signal that arrived before it stops the stage here, a later one
+        once the stage is done."""
         try:
+            pause_at("commit")
+            enter_commit_point()
             _replace_all(self._staged)
         finally:
             self._remove_folders()

@@ -7,10 +7,10 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 
 from pipeline.common.credentials import redact
 from pipeline.common.errors import PipelineError
+from pipeline.common.interrupts import Terminated, deferred_signal, install_handlers, pause_at
 from pipeline.common.outputs import check_output_folder, sweep_stale_partials, write_error_message
 from pipeline.common.paths import STAGE_OUTPUT_FOLDERS
 
@@ -19,17 +19,6 @@ EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT: 128 + 2
 EXIT_TERMINATED = 143  # 128 + SIGTERM (15), what `timeout`, schedulers and container stops send
 # Environment problems the user fixes (full disk, quota, read-only or forbidden folder), not bugs.
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the stage is; a KeyboardInterrupt so every Ctrl-C cleanup path runs too
-    (temp outputs discarded, the MLflow run ended KILLED)."""
-
-
-def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    # Later SIGTERMs are ignored: the cleanup this one starts must be allowed to finish.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Terminated()
 
 
 def run_stage(name: str, main: Callable[[], None]) -> None:
@@ -43,9 +32,11 @@ def run_stage(name: str, main: Callable[[], None]) -> None:
     # SIGINT: Python's own KeyboardInterrupt, which it installs only where SIGINT was not ignored at start-up.
     # A stage started as a background job of a non-interactive shell (`dvc repro &` in a script) inherits it
     # ignored and so keeps ignoring it, as POSIX tools do: a Ctrl-C meant for the foreground job must not stop
-    # it. SIGTERM always stops a stage (kill, timeout, schedulers, container stops).
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    # it. SIGTERM always stops a stage (kill, timeout, schedulers, container stops). stages/__init__.py installs
+    # the same before the stage's imports; pipeline.common.interrupts says what changes at the commit point.
+    install_handlers(name)
     try:
+        pause_at("imported")
         prepare_output_folders(name)
         main()
     except PipelineError as error:
@@ -64,6 +55,15 @@ def run_stage(name: str, main: Callable[[], None]) -> None:
     except KeyboardInterrupt:
         print(f"\nstage '{name}' interrupted; no outputs were written.", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
+    late = deferred_signal()
+    if late is not None:
+        # It came after the commit point: the stage finished, and stops the pipeline all the same.
+        print(
+            f"\nstage '{name}' received {signal.Signals(late).name} after its outputs were committed: they are "
+            "complete and its run ended; stopping here (the next `dvc repro` reruns it).",
+            file=sys.stderr,
+        )
+        sys.exit(EXIT_TERMINATED if late == signal.SIGTERM else EXIT_INTERRUPTED)
 
 
 def prepare_output_folders(stage: str, root: Path = Path(".")) -> None:

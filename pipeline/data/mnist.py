@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from pipeline.common.credentials import basic_auth_header, netrc_credentials, redact
 from pipeline.common.errors import PipelineError
+from pipeline.common.interrupts import enter_commit_point, pause_at
 from pipeline.common.outputs import write_error_message
 from pipeline.data.idx import IdxFormatError, parse_idx
 from pipeline.params.schema import DataConfig
@@ -311,6 +312,8 @@ def _write_dataset(result: DownloadResult, root: Path) -> Path:
             (raw / verified.name).write_bytes(verified.content)
         (staging / MANIFEST_FILE).write_text(json.dumps(build_manifest(result), indent=2, sort_keys=True) + "\n")
         staging.chmod(0o755)  # mkdtemp makes it private; the data set is not a secret
+        pause_at("commit")
+        enter_commit_point()  # pipeline.common.interrupts: no signal cuts the swap below in half
         if final.exists():
             retired = Path(tempfile.mkdtemp(prefix=f".{DATASET_DIR}.old-{os.getpid()}-", dir=root))
             os.replace(final, retired / DATASET_DIR)

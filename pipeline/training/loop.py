@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from pipeline.common.interrupts import pause_at
 from pipeline.data.tensors import MEMORY_FORMAT, DeviceData
 from pipeline.model.network import LabNet
 from pipeline.params.schema import TrainConfig
@@ -235,6 +236,7 @@ def train_epoch(
                     step=record.step,
                 )
             bar.set_postfix(loss=f"{record.train_loss:.4f}")
+            pause_at("training")  # once per log window, not per step: pipeline.common.interrupts
             window.loss.zero_()
             window.correct.zero_()
             window_samples = 0

@@ -92,6 +92,22 @@ def run_command(
     return subprocess.CompletedProcess(command, returncode, outputs[0], outputs[1])
 
 
+def processes_in(folder: Path) -> list[int]:
+    """Processes (other than this one) whose working directory is inside `folder`: dvc, its stages, queue workers."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            working_directory = (entry / "cwd").resolve(strict=True)
+            state = next(line for line in (entry / "status").read_text().splitlines() if line.startswith("State:"))
+        except (OSError, StopIteration):  # gone meanwhile, or not ours to inspect
+            continue
+        if working_directory.is_relative_to(folder.resolve()) and "zombie" not in state:
+            found.append(int(entry.name))
+    return found
+
+
 def read_params(project: Path) -> dict[str, Any]:
     return yaml.safe_load((project / "params.yaml").read_text())
 

@@ -1,0 +1,106 @@
+"""How a stage takes Ctrl-C (SIGINT) and SIGTERM: before its commit point as an interruption that leaves nothing
+behind, from its commit point on as a request to stop once the stage is done.
+
+Before the commit point SIGINT raises KeyboardInterrupt (Python's own handler) and SIGTERM raises `Terminated`, so
+every cleanup path runs: temp outputs discarded, the MLflow run ended KILLED, exit 130 or 143
+(pipeline.common.stage_runner). A stage started with SIGINT ignored (a background job of a non-interactive shell)
+keeps ignoring it, as POSIX tools do; SIGTERM always stops it.
+
+The commit point is the moment before a stage's first output is renamed into place (`enter_commit_point`,
+called by pipeline.common.outputs.AtomicOutputs.commit and the data set's folder swap). A signal that arrived
+before it is raised there, before anything moved. From there on an exception would cut the renames, or the
+run's end, in half: outputs new but the run KILLED, or half the outputs new. So a signal is only recorded, the
+stage finishes (outputs in place, run FINISHED), and then exits 130 or 143 all the same, so that `dvc repro`
+stops after it (DVC records no lock entry for it and reruns it next time). A second signal stops it at once: a
+tracking store that hangs at the run's end must not trap the user.
+
+`pause_at` holds a stage at a named moment of its life while $LAB_PAUSE_AT names it (`train:commit`), so that a
+test can deliver a signal at that exact point through the real paths (the stage alone, `dvc repro`'s process group,
+`dvc queue kill`); unset, it costs one string comparison. Inside `dvc exp run`, $LAB_PAUSE_PLAN may name a JSON file
+mapping experiment names ($DVC_EXP_NAME) to such moments, so that one queue worker can run experiments that each
+pause somewhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+PAUSE_VARIABLE = "LAB_PAUSE_AT"
+PAUSE_LIMIT_S = 300.0  # a paused stage nobody signals goes on after this
+PLAN_VARIABLE = "LAB_PAUSE_PLAN"
+_INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+_deferred: list[int] = []  # signals received after the commit point, in order
+_committing = False
+_pause_at = ""  # "<stage>:<moment>", set by install_handlers
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the stage is; a KeyboardInterrupt so every Ctrl-C cleanup path runs too
+    (temp outputs discarded, the MLflow run ended KILLED)."""
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    # Later SIGTERMs are ignored: the cleanup this one starts must be allowed to finish.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated()
+
+
+def install_handlers(stage: str) -> None:
+    """SIGTERM raises `Terminated`; SIGINT keeps Python's KeyboardInterrupt, or stays ignored if it was. Reads
+    where `stage` is to pause, if anywhere."""
+    global _pause_at
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    _pause_at = _requested_pause(stage)
+
+
+def _requested_pause(stage: str) -> str:
+    wanted = os.environ.get(PAUSE_VARIABLE, "")
+    plan = os.environ.get(PLAN_VARIABLE, "")
+    if not wanted and plan and os.environ.get("DVC_EXP_NAME"):
+        with contextlib.suppress(OSError, ValueError):
+            wanted = str(json.loads(Path(plan).read_text()).get(os.environ["DVC_EXP_NAME"], ""))
+    return wanted if wanted.startswith(f"{stage}:") else ""
+
+
+def _defer(signum: int, frame: FrameType | None) -> None:
+    _deferred.append(signum)
+    if len(_deferred) > 1:  # the second one: stop now, whatever is left undone
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def enter_commit_point() -> None:
+    """Call right before the first output is renamed into place. A signal that already arrived raises here;
+    any later one is deferred until the stage is done (`deferred_signal`)."""
+    global _committing
+    if _committing:
+        return
+    # pthread_sigmask runs the Python handlers of signals that have arrived but not been handled yet
+    # (CPython calls PyErr_CheckSignals in it): KeyboardInterrupt/Terminated surfaces here, before any rename.
+    signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    for signum in _INTERRUPTS:
+        if signal.getsignal(signum) not in (signal.SIG_IGN, signal.SIG_DFL, None):
+            signal.signal(signum, _defer)
+    _committing = True
+
+
+def deferred_signal() -> int | None:
+    """The first SIGINT/SIGTERM received after the commit point, if any."""
+    return _deferred[0] if _deferred else None
+
+
+def pause_at(moment: str) -> None:
+    """Hold here while $LAB_PAUSE_AT names `moment` (tests only): say so on stderr, then sleep until a signal
+    ends it (KeyboardInterrupt/Terminated raised here) or PAUSE_LIMIT_S passes."""
+    if not _pause_at or _pause_at.partition(":")[2] != moment:
+        return
+    print(f"[paused at {_pause_at}]", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + PAUSE_LIMIT_S
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
