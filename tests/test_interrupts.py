@@ -1,0 +1,103 @@
+"""The commit point (pipeline.common.interrupts), in fresh interpreters: a signal before it stops the stage with
+nothing written; one after it is recorded, the stage finishes, then stops the pipeline; a second one stops it at
+once; an ignored SIGINT stays ignored. tests/test_signal_stress.py stops the real train stage at its named moments."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.helpers.repo import REPO_ROOT
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_stage_signalled_after_its_commit_keeps_its_outputs_and_still_stops_the_pipeline(tmp_path: Path) -> None:
+    result = _run(
+        f"""
+        import os, signal
+        from pathlib import Path
+        from pipeline.common.outputs import AtomicOutputs
+        from pipeline.common.stage_runner import run_stage
+
+        def main():
+            with AtomicOutputs() as outputs:
+                outputs.write_text(Path({str(tmp_path / "out.txt")!r}), "complete")
+            os.kill(os.getpid(), signal.SIGINT)  # after the renames: what a late Ctrl-C meets
+            print("finished")
+
+        run_stage("train", main)
+        """
+    )
+    assert result.returncode == 130, result.stdout + result.stderr
+    assert result.stdout.strip() == "finished"
+    assert "stage 'train' received SIGINT after its outputs were committed" in result.stderr
+    assert (tmp_path / "out.txt").read_text() == "complete" and list(tmp_path.glob(".partial-*")) == []
+
+
+def test_a_signal_before_the_commit_leaves_no_output(tmp_path: Path) -> None:
+    result = _run(
+        f"""
+        import os, signal
+        from pathlib import Path
+        from pipeline.common.outputs import AtomicOutputs
+        from pipeline.common.stage_runner import run_stage
+
+        def main():
+            with AtomicOutputs() as outputs:
+                outputs.write_text(Path({str(tmp_path / "out.txt")!r}), "complete")
+                os.kill(os.getpid(), signal.SIGTERM)  # staged, not yet renamed
+                print("not reached")
+
+        run_stage("train", main)
+        """
+    )
+    assert result.returncode == 143 and "not reached" not in result.stdout, result.stdout + result.stderr
+    assert "stage 'train' terminated (SIGTERM); no outputs were written." in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_after_the_commit_point_a_signal_is_recorded_and_a_second_one_stops_at_once() -> None:
+    result = _run(
+        """
+        import os, signal
+        from pipeline.common.interrupts import deferred_signal, enter_commit_point, install_handlers
+        install_handlers("train")
+        enter_commit_point()
+        os.kill(os.getpid(), signal.SIGINT)
+        print("renamed and finished despite", signal.Signals(deferred_signal()).name)
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            print("second signal ignored")
+        except KeyboardInterrupt as error:
+            print("second signal:", type(error).__name__)
+        """
+    )
+    assert result.stdout.splitlines() == ["renamed and finished despite SIGINT", "second signal: Terminated"], (
+        result.stdout + result.stderr
+    )
+
+
+def test_an_ignored_sigint_stays_ignored_after_the_commit_point() -> None:
+    result = _run(
+        """
+        import os, signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job of a non-interactive shell
+        from pipeline.common.interrupts import deferred_signal, enter_commit_point, install_handlers
+        install_handlers("train")
+        enter_commit_point()
+        os.kill(os.getpid(), signal.SIGINT)
+        print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN, deferred_signal())
+        """
+    )
+    assert result.stdout.strip() == "True None", result.stdout + result.stderr
