@@ -22,8 +22,11 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_a_stage_signalled_after_its_commit_keeps_its_outputs_and_still_stops_the_pipeline(tmp_path: Path) -> None:
-    result = _run(
+def _stage_writing(output: Path, signal_name: str, inside: bool) -> subprocess.CompletedProcess[str]:
+    """A stage (run_stage) that writes `output` through AtomicOutputs and sends itself `signal_name` while the file
+    is staged (`inside`) or after it was renamed into place; it prints "finished" if it gets to its end."""
+    send = f"os.kill(os.getpid(), signal.{signal_name})"
+    return _run(
         f"""
         import os, signal
         from pathlib import Path
@@ -32,13 +35,18 @@ def test_a_stage_signalled_after_its_commit_keeps_its_outputs_and_still_stops_th
 
         def main():
             with AtomicOutputs() as outputs:
-                outputs.write_text(Path({str(tmp_path / "out.txt")!r}), "complete")
-            os.kill(os.getpid(), signal.SIGINT)  # after the renames: what a late Ctrl-C meets
+                outputs.write_text(Path({str(output)!r}), "complete")
+                {send if inside else "pass"}
+            {"pass" if inside else send}
             print("finished")
 
         run_stage("train", main)
         """
     )
+
+
+def test_a_stage_signalled_after_its_commit_keeps_its_outputs_and_still_stops_the_pipeline(tmp_path: Path) -> None:
+    result = _stage_writing(tmp_path / "out.txt", "SIGINT", inside=False)  # what a late Ctrl-C meets
     assert result.returncode == 130, result.stdout + result.stderr
     assert result.stdout.strip() == "finished"
     assert "stage 'train' received SIGINT after its outputs were committed" in result.stderr
@@ -46,23 +54,8 @@ def test_a_stage_signalled_after_its_commit_keeps_its_outputs_and_still_stops_th
 
 
 def test_a_signal_before_the_commit_leaves_no_output(tmp_path: Path) -> None:
-    result = _run(
-        f"""
-        import os, signal
-        from pathlib import Path
-        from pipeline.common.outputs import AtomicOutputs
-        from pipeline.common.stage_runner import run_stage
-
-        def main():
-            with AtomicOutputs() as outputs:
-                outputs.write_text(Path({str(tmp_path / "out.txt")!r}), "complete")
-                os.kill(os.getpid(), signal.SIGTERM)  # staged, not yet renamed
-                print("not reached")
-
-        run_stage("train", main)
-        """
-    )
-    assert result.returncode == 143 and "not reached" not in result.stdout, result.stdout + result.stderr
+    result = _stage_writing(tmp_path / "out.txt", "SIGTERM", inside=True)  # staged, not yet renamed
+    assert result.returncode == 143 and "finished" not in result.stdout, result.stdout + result.stderr
     assert "stage 'train' terminated (SIGTERM); no outputs were written." in result.stderr
     assert list(tmp_path.iterdir()) == []
 

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +10,7 @@ from typing import Any
 import pytest
 from mlflow import MlflowClient
 
-from tests.helpers.projects import clone_project, processes_in
+from tests.helpers.projects import clone_project, kill_processes_in
 
 pytestmark = pytest.mark.slow
 LEARNING_RATES = ("0.5", "1.2")  # as many as run at once: -j 2
@@ -32,7 +29,7 @@ def test_queued_experiments_run_two_at_a_time_into_one_mlflow_store(
     try:
         status = _run_queue(project, run_in)
     finally:
-        _kill_processes_in(project)  # workers idle 10 s before leaving; none may outlive the test
+        kill_processes_in(project)
     for line in status.splitlines():
         if "Success" in line:
             logs = run_in(project, "dvc", "queue", "logs", line.split()[1]).stdout
@@ -77,10 +74,3 @@ def _run_queue(project: Path, run_in: Any) -> str:
         time.sleep(3)
     assert status.count("Success") == len(LEARNING_RATES), status
     return status
-
-
-def _kill_processes_in(project: Path) -> None:
-    """SIGKILL every process working inside the project (queue workers and the experiments they run)."""
-    for pid in processes_in(project):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)

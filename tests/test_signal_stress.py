@@ -9,7 +9,6 @@ from outside once it says so, so each case hits the same point every time. Every
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -28,6 +27,7 @@ from pipeline.tracking.tags import EXPERIMENT_TAG
 from tests.helpers.projects import (
     clone_project,
     default_sigint,
+    kill_processes_in,
     processes_in,
     read_params,
     run_command,
@@ -191,9 +191,7 @@ def queued(project: Path, mnist_mirror: Path, tmp_path_factory: pytest.TempPathF
     plan = {f"stress-{index}": f"train:{moment}" for index, moment in enumerate(MOMENTS)}
     (queue_project.parent / "plan.json").write_text(json.dumps(plan))
     yield queue_project
-    for pid in processes_in(queue_project):  # queue workers idle 10 s before leaving; none may outlive the tests
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    kill_processes_in(queue_project)
 
 
 WORKER_START_S = 30.0  # a started worker shows in `dvc queue status` only once celery is up

@@ -50,10 +50,10 @@ def run_stage(name: str, main: Callable[[], None]) -> None:
         print(redact(f"\nerror in stage '{name}': {message} No outputs were written."), file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
     except Terminated:
-        print(f"\nstage '{name}' terminated (SIGTERM); no outputs were written.", file=sys.stderr)
+        print(f"\nstage '{name}' terminated (SIGTERM); {_what_was_written()}", file=sys.stderr)
         sys.exit(EXIT_TERMINATED)
     except KeyboardInterrupt:
-        print(f"\nstage '{name}' interrupted; no outputs were written.", file=sys.stderr)
+        print(f"\nstage '{name}' interrupted; {_what_was_written()}", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     late = deferred_signal()
     if late is not None:
@@ -64,6 +64,14 @@ def run_stage(name: str, main: Callable[[], None]) -> None:
             file=sys.stderr,
         )
         sys.exit(EXIT_TERMINATED if late == signal.SIGTERM else EXIT_INTERRUPTED)
+
+
+def _what_was_written() -> str:
+    # A second signal after the commit point stops the stage at once (pipeline.common.interrupts): by then its
+    # outputs are in place, and only the run's end may be left undone.
+    if deferred_signal() is None:
+        return "no outputs were written."
+    return "its outputs were already committed (complete); its MLflow run may not have been ended."
 
 
 def prepare_output_folders(stage: str, root: Path = Path(".")) -> None:

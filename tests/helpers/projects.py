@@ -108,6 +108,14 @@ def processes_in(folder: Path) -> list[int]:
     return found
 
 
+def kill_processes_in(folder: Path) -> None:
+    """SIGKILL every process working inside `folder`: queue workers (they idle 10 s before leaving) and the
+    experiments they run; none may outlive the test that started them."""
+    for pid in processes_in(folder):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def read_params(project: Path) -> dict[str, Any]:
     return yaml.safe_load((project / "params.yaml").read_text())
 
