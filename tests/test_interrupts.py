@@ -9,16 +9,19 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests.helpers.projects import default_sigint
 from tests.helpers.repo import REPO_ROOT
 
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:
+    """`code` in a fresh interpreter with SIGINT at its default, as in a terminal, however pytest was started."""
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=60,
+        preexec_fn=default_sigint,
     )
 
 
