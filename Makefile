@@ -25,17 +25,18 @@ repro: install
 test: install
 	python -m pytest
 
-# Everything but the `slow` (and browser) tests (real dvc CLI, real training): about a minute.
+# Everything but the `slow` (and browser) tests (real dvc CLI, real training), on two workers.
 test-fast: install
 	python -m pytest -m "not slow and not browser"
 
-# SIGINT and SIGTERM at ten moments of a training stage, alone, through `dvc repro` and `dvc queue kill` (~10 min).
+# SIGINT and SIGTERM at ten moments of a training stage, alone, through `dvc repro` and `dvc queue kill` (~18 min;
+# one module, so in one process: its 10 s exit limits were measured without a second worker beside it).
 test-stress: install
-	python -m pytest -m stress
+	python -m pytest -n 0 -m stress
 
 # MLflow's web UI rendered in headless Chromium (Debian package `chromium`): not part of `make test`.
 test-browser: install
-	python -m pytest -m browser tests/browser
+	python -m pytest -n 0 -m browser tests/browser
 
 # Lint, format, types and the import rules between the wings (pyproject.toml): what CI runs before the tests.
 check: install

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from filelock import FileLock
 
 from tests.helpers.projects import (
     COMMAND_LIMIT_S,
@@ -37,9 +38,66 @@ def reproduced_project(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: P
 
     Read-only: a test module that needs the pipeline's outputs clones it (`clone_project`), and a test that
     changes its module's copy clones that in turn. Running the pipeline once instead of once per module is
-    most of what keeps `make test` within minutes on two cores.
+    most of what keeps `make test` within minutes on two cores. With pytest-xdist the workers share it: the
+    first to need it builds it in the run's common temp folder under a file lock, the others wait for it
+    (tests/conftest.py orders the modules so that they have other work meanwhile).
     """
-    return reproduced_copy(tmp_path_factory.mktemp("reproduced") / "project", mnist_mirror)
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: `-n 0` or `-p no:xdist`
+        return reproduced_copy(tmp_path_factory.mktemp("reproduced") / "project", mnist_mirror)
+    shared = tmp_path_factory.getbasetemp().parent  # pytest-N/, common to this run's workers
+    project, failed = shared / "reproduced" / "project", shared / "reproduced.failed"
+    with FileLock(shared / "reproduced.lock"):
+        if failed.exists():
+            pytest.fail(f"the shared reproduced project could not be built (by another worker):\n{failed.read_text()}")
+        if not project.exists():
+            try:
+                reproduced_copy(project, mnist_mirror)
+            except BaseException as error:
+                failed.write_text(f"{type(error).__name__}: {error}")
+                raise
+    return project
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules in the order that keeps the xdist workers (`--dist loadscope`: a module per worker at a time)
+    busy: first the module whose worker builds the shared reproduced project (~2.5 min) and has most to do after
+    it, then every module that does not need that project (the other workers run them meanwhile), then the
+    rest; within each group the long modules first, so that no worker is left with a long one at the end
+    (LONG_MODULES, measured). Within a module the order is unchanged. Deterministic, as xdist requires."""
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def needs_project(module: str) -> bool:
+        return any("reproduced_project" in getattr(item, "fixturenames", ()) for item in modules[module])
+
+    def longest_first(group: list[str]) -> list[str]:
+        return sorted(
+            group, key=lambda module: LONG_MODULES.index(module) if module in LONG_MODULES else len(LONG_MODULES)
+        )
+
+    dependent = longest_first([module for module in modules if needs_project(module)])
+    order = dependent[:1] + longest_first([module for module in modules if not needs_project(module)]) + dependent[1:]
+    items[:] = [item for module in order for item in modules[module]]
+
+
+# The longest modules, longest first (`--durations`, two workers, AMD EPYC 2 vCPUs): the first that needs the
+# shared reproduced project builds it.
+LONG_MODULES = (
+    "tests/test_benchmarks.py",  # 130 s after the build
+    "tests/test_queue.py",  # 115 s
+    "tests/test_train_stage.py",  # 100 s
+    "tests/test_machines_server.py",  # 90 s
+    "tests/test_profile.py",  # 80 s
+    "tests/test_sharing.py",  # 60 s
+    "tests/test_tracking_server.py",  # 55 s
+    "tests/test_training.py",  # 55 s
+    "tests/test_hostile_params.py",  # 50 s
+    "tests/test_signals.py",  # 40 s
+    "tests/test_download_stage.py",  # 30 s
+    "tests/test_machines.py",  # 30 s
+    "tests/test_report.py",  # 20 s
+)
 
 
 @pytest.fixture

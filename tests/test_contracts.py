@@ -214,6 +214,40 @@ def test_event_writer_scalars_and_text_read_back_with_tensorboard(tmp_path: Path
     assert events.summary_metadata["report/markdown/text_summary"].plugin_data.plugin_name == "text"
 
 
+def test_event_writer_frames_records_as_tensorboard_does_and_flush_shows_them_before_close(tmp_path: Path) -> None:
+    """The writer checksums records itself (google-crc32c, in C): every length and event checksum must equal
+    TensorBoard's own pure-Python masked CRC32C, and a flushed file must read back while still open."""
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    writer = EventWriter(tmp_path / "run")
+    for step in range(50):
+        writer.add_scalar("train/loss", 1.0 / (step + 1), step)
+    writer.flush()
+    events = EventAccumulator(str(tmp_path / "run"))
+    events.Reload()
+    assert len(events.Scalars("train/loss")) == 50  # visible before close: TensorBoard follows a training live
+    writer.add_png("data/grid", _tiny_png())
+    writer.close()
+    (path,) = (tmp_path / "run").glob("events.out.tfevents.*")
+    data, records = path.read_bytes(), 0
+    while data:
+        length = int.from_bytes(data[:8], "little")
+        assert int.from_bytes(data[8:12], "little") == masked_crc32c(data[:8])
+        assert int.from_bytes(data[12 + length : 16 + length], "little") == masked_crc32c(data[12 : 12 + length])
+        data, records = data[16 + length :], records + 1
+    assert records == 1 + 50 + 1  # the file-version event, the scalars, the image
+
+
+def _tiny_png() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("L", (3, 2), 128).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 # --- one dvc repro is one tree of runs in MLflow ----------------------------------------------------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,17 @@ def test_dvc_repro_downloads_logs_and_is_idempotent(project_copy: Path, run_in: 
     }
     shown = np.asarray(Image.open(io.BytesIO(image_event.encoded_image_string)).convert("L"))
     assert np.array_equal(shown, sample_grid(images, labels, per_class=10)[:, :, 0])
+
+
+def test_the_stage_never_imports_torch(project_copy: Path, run_in: Any) -> None:
+    """Its sample grid reaches TensorBoard as a PNG that PIL encodes: `import torch` (~3 s) would double the stage."""
+    probe = (
+        "import runpy, sys; sys.argv = ['stages.download']; runpy.run_module('stages.download', run_name='__main__'); "
+        "assert 'torch' not in sys.modules, 'torch imported'; print('no torch')"
+    )
+    result = run_in(project_copy, sys.executable, "-c", probe)
+    assert result.returncode == 0 and "no torch" in result.stdout, result.stderr[-2000:]
+    assert (project_copy / "data" / "MNIST").is_dir()
 
 
 def test_corrupt_mirror_fails_clearly_and_leaves_no_output(

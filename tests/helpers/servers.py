@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+import psutil
+
 from tests.helpers.repo import VENV_BIN
 
 
@@ -20,6 +22,20 @@ def closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]  # closed again on exit
+
+
+def _listens(leader: int, port: int) -> bool:
+    """Whether a process of `leader`'s tree listens on `port`: the /health that answered is this server's, not
+    that of a server another xdist worker started on the same (briefly closed) port."""
+    try:
+        tree = [psutil.Process(leader), *psutil.Process(leader).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return False
+    for process in tree:
+        with suppress(psutil.Error):
+            if any(c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in process.net_connections("tcp")):
+                return True
+    return False
 
 
 SERVER_START_LIMIT_S = 120  # measured 20-30 s on two cores; generous for a loaded CI machine
@@ -49,7 +65,7 @@ def running_mlflow_server(folder: Path, backend_store_uri: str | None = None) ->
         while True:
             try:
                 with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
-                    if response.status == 200:
+                    if response.status == 200 and _listens(server.pid, port):
                         break
             except OSError:
                 pass  # not listening yet
