@@ -68,16 +68,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
 
-    def needs_project(module: str) -> bool:
-        return any("reproduced_project" in getattr(item, "fixturenames", ()) for item in modules[module])
+    needing = {
+        module
+        for module, found in modules.items()
+        if any("reproduced_project" in getattr(item, "fixturenames", ()) for item in found)
+    }
 
     def longest_first(group: list[str]) -> list[str]:
         return sorted(
             group, key=lambda module: LONG_MODULES.index(module) if module in LONG_MODULES else len(LONG_MODULES)
         )
 
-    dependent = longest_first([module for module in modules if needs_project(module)])
-    order = dependent[:1] + longest_first([module for module in modules if not needs_project(module)]) + dependent[1:]
+    dependent = longest_first([module for module in modules if module in needing])
+    order = dependent[:1] + longest_first([module for module in modules if module not in needing]) + dependent[1:]
     items[:] = [item for module in order for item in modules[module]]
 
 

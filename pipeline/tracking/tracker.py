@@ -135,10 +135,10 @@ class Tracker:
         if time.monotonic() - self._last_flush >= self.flush_interval_s:
             self._send_pending()
 
-    def _send_pending(self) -> None:
+    def _send_pending(self, wait: bool = False) -> None:
         pending, self._pending = self._pending, []
         self._last_flush = time.monotonic()
-        self._write(pending, wait=False)
+        self._write(pending, wait=wait)
         self.events.flush()  # TensorBoard shows training as it goes, a window every `flush_interval_s`
 
     def _write(self, entries: Sequence[tuple[str, float, int, int]], wait: bool) -> None:
@@ -164,10 +164,7 @@ class Tracker:
         operations, self._operations = self._operations, []
         for operation in operations:
             operation.wait()  # type: ignore[no-untyped-call]
-        pending, self._pending = self._pending, []
-        self._last_flush = time.monotonic()
-        self._write(pending, wait=True)
-        self.events.flush()
+        self._send_pending(wait=True)
 
     def log_curve(self, tag: str, values: Sequence[float]) -> None:
         """A curve at steps 0..n-1 in TensorBoard only. In MLflow a per-step series shows in the run overview
