@@ -10,7 +10,7 @@ import hashlib
 import math
 import pickle
 import shutil
-import zipfile
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,7 +103,9 @@ def load_checkpoint(path: Path) -> Checkpoint:
     the weights must match its shapes.
     """
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # garbage may "declare" pickle protocol 191: the error says enough
+            warnings.simplefilter("ignore", UserWarning)
+            payload = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise PipelineError(f"{path} is missing: run the train stage first (`dvc repro train`).") from None
     except pickle.UnpicklingError as error:  # damaged bytes, or what weights_only refuses to load
@@ -116,7 +118,10 @@ def load_checkpoint(path: Path) -> Checkpoint:
             else "is not a readable checkpoint"
         )
         raise PipelineError(f"{path} {what} ({reason}). {_FIX}") from None
-    except (RuntimeError, zipfile.BadZipFile, EOFError, OSError, ValueError, TypeError) as error:
+    except Exception as error:  # noqa: BLE001: damaged bytes reach the unpickler's internals
+        # Random bytes after a pickle header fail in the unpickler with whatever its stack state
+        # gives (IndexError, KeyError, UnicodeDecodeError, ... measured over 2,000 seeds), not only
+        # UnpicklingError, so any ordinary exception here means "not readable"; Ctrl-C still passes.
         reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
         raise PipelineError(f"{path} is not a readable checkpoint ({reason}). {_FIX}") from None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
