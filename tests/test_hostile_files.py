@@ -416,13 +416,17 @@ def healthy_store(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 
 
 STORE_DAMAGE: list[tuple[str, Callable[[bytes], bytes], str]] = [
-    ("garbage", lambda good: os.urandom(len(good)), "is not a readable SQLite database (file is not a database)"),
+    (
+        "garbage",
+        lambda good: random.Random(0).randbytes(len(good)),
+        "is not a readable SQLite database (file is not a database)",
+    ),
     (
         "truncated",
         lambda good: good[: len(good) // 2],
         "is not a readable SQLite database (database disk image is malformed)",
     ),
-    ("overwritten-pages", lambda good: good[:8192] + os.urandom(8192) + good[16384:], "MLflow store"),
+    ("overwritten-pages", lambda good: good[:8192] + random.Random(0).randbytes(8192) + good[16384:], "MLflow store"),
     ("empty", lambda good: b"", "is empty (0 bytes): whatever runs it held are gone"),
 ]
 
