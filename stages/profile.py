@@ -9,6 +9,8 @@ params.yaml as usual.
 
 import sys
 
+from tqdm import tqdm
+
 from pipeline.common.outputs import AtomicOutputs
 from pipeline.common.paths import DATA_ROOT, MODEL_CHECKPOINT, profile_outputs
 from pipeline.common.stage_runner import run_stage
@@ -40,7 +42,10 @@ def main() -> None:
             }
         )
         tracker.link_training(setup.model_digest)
-        record = run_profile(setup, config.top_k, outputs.staged(paths.trace), config.allocator_whatif_s)
+        with tqdm(total=setup.processes, desc="timing processes", unit="process", disable=setup.processes < 2) as bar:
+            record = run_profile(
+                setup, config.top_k, outputs.staged(paths.trace), config.allocator_whatif_s, lambda _: bar.update()
+            )
         texts = write_profile_outputs(outputs, paths, record)
         log_profile(tracker, outputs, paths, record, texts)
     print(texts.console(record))

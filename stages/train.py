@@ -26,7 +26,7 @@ def main() -> None:
     manifest = read_manifest(DATA_ROOT)
     data_digest = str(manifest["dataset_digest"])
     train = to_device_data(*first_samples(*load_split(DATA_ROOT, "train"), config.train_samples), device)
-    test = to_device_data(*load_split(DATA_ROOT, "test"), device)
+    test = to_device_data(*first_samples(*load_split(DATA_ROOT, "test"), config.test_samples, "test"), device)
     train_params = section_as_dict(config)
     runtime, choice = settle_runtime(config, device, execution, train)
     # The checkpoint records what ran; MLflow also records why (with measured times, which vary run to run).

@@ -23,11 +23,12 @@ from pipeline.model.network import LabNet
 from pipeline.model.summary import summarize
 from pipeline.params.schema import ProfileMode
 from pipeline.profiling.record import Combination, OperatorRow, flop_rate, read_record
-from pipeline.profiling.run import ProfileResult, make_step, profile_combination
+from pipeline.profiling.run import ProfileResult, profile_combination
 from pipeline.profiling.statistics import Block, MeasurementConditions, estimate_step_time
 from pipeline.profiling.texts import measurement_warnings, operators_markdown
 from pipeline.profiling.timing import StepTiming
 from pipeline.profiling.trace_analysis import StepAnatomy, TraceAnalysis
+from pipeline.profiling.worker import make_step
 from tests.helpers.data import LAB_MODEL
 from tests.helpers.projects import clone_project, read_params, write_params
 from tests.helpers.records import make_record
@@ -99,14 +100,20 @@ def test_profile_of_a_real_model_ranks_operators_and_writes_a_trace(mode: Profil
 def test_operator_table_header_shows_the_estimate_and_flags(tmp_path: Path) -> None:
     quiet = make_record(16, "cpu", "inference", 4.0, (("aten::mkldnn_convolution", 40.0),))
     header = operators_markdown(quiet).split("| # |")[0]
-    assert "Step time 4.000 ms median (IQR 0.400 ms; 95 % CI 3.920-4.080 ms, ±2.0 %; 400 steps in 100 blocks)" in header
+    assert (
+        "Step time 4.000 ms median (IQR 0.400 ms; 95 % CI 3.920-4.080 ms, ±2.0 %, within one process, which a "
+        "rerun need not respect; 400 steps in 100 blocks)" in header
+    )
     assert "0.2500 ms per sample; 4000 samples/s" in header and "load average 0.50 before" in header
     assert "Warning" not in header and measurement_warnings(quiet) == []
     noisy_and_busy = make_record(16, "cpu", "inference", 4.0, ci_pct=7.5, load=3.2)
     header = operators_markdown(noisy_and_busy).split("| # |")[0]
     busy = "**Warning:** the machine was busy while measuring (load average 3.20 before, 3.20 after, on 2 cores)"
     assert busy in header
-    assert "**Warning:** noisy: rerun on a quiet machine or raise the budget (the 95 % CI of the median" in header
+    assert (
+        "**Warning:** noisy: rerun on a quiet machine, or raise `profile.processes` or the budget "
+        "(the 95 % CI of the median" in header
+    )
     assert "is ±7.5 %, the target `profile.ci_target_pct` ±2 %" in header
     assert len(measurement_warnings(noisy_and_busy)) == 2
 
@@ -255,7 +262,13 @@ def test_matrix_yields_six_tables_with_timing_and_traces(profiled: Path) -> None
         table = (folder / "top_operators.md").read_text()
         assert f"| 1 | `{operators[0]}` |" in table
         assert "self GPU ms" not in table and all(row["self_device_ms"] == "" for row in rows)  # no GPU: no number
-        assert record["format"] == 3 and "MFLOPs per step: convolutions and matrix products" in table
+        assert record["format"] == 4 and "MFLOPs per step: convolutions and matrix products" in table
+        # Timed in the tiny params' 2 fresh processes: their medians kept, the interval from their spread.
+        assert record["settings"]["processes"] == timing["processes"] == 2
+        medians = record["process_step_times_ms"]
+        assert len(medians) == 2 and timing["step_time_ms_median"] == pytest.approx(sum(medians) / 2, rel=1e-4)
+        assert timing["step_time_ms_ci_low"] <= min(medians) <= max(medians) <= timing["step_time_ms_ci_high"]
+        assert "from the spread between 2 fresh processes" in table
 
 
 @pytest.mark.slow

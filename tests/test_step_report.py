@@ -16,16 +16,17 @@ import torch
 from PIL import Image
 
 from pipeline.profiling.artifacts import step_metrics
-from pipeline.profiling.peak import measure_peak
+from pipeline.profiling.peak import measure_roofs
 from pipeline.profiling.record import AllocatorWhatIf, OperatorShare, ProfileRecord, StepAnalysis, flop_rate
+from pipeline.profiling.roofs import MachineRoofs, read_roofs, write_roofs
 from pipeline.profiling.statistics import Interval, ratio
 from pipeline.profiling.texts import kernel_table_markdown
 from pipeline.profiling.trace_analysis import KernelStats, StepAnatomy
 from pipeline.report.allocator_whatif import allocator_markdown, allocator_sentences
 from pipeline.report.figures import cpu_vs_gpu_figure, roofline_figure
 from pipeline.report.step_analysis import (
-    ADD_A_GPU,
     StepFacts,
+    add_a_gpu,
     anatomy_markdown,
     cpu_vs_gpu_markdown,
     flop_rate_markdown,
@@ -110,15 +111,31 @@ def test_cpu_vs_gpu_section_gives_ratios_and_explains_the_slow_gpu_at_batch_1() 
         s == "On cuda inference at batch 1 the GPU is busy 5 % of the step: host-bound; at 64, 25 %: host-bound."
         for s in sentences
     ), sentences
-    assert ADD_A_GPU not in sentences
+    assert not any(s.startswith("No GPU was profiled") for s in sentences)
 
 
-def test_cpu_only_reports_say_how_to_add_a_gpu() -> None:
+def test_anatomy_text_names_the_rows_whose_traced_step_is_shorter_than_the_timed_interval() -> None:
+    facts = [fact for fact in reference_facts() if fact.anatomy is not None]
+    assert "Here every traced step is within or above the timed step's 95 % interval." in anatomy_markdown(facts)
+    first = facts[0]
+    assert first.anatomy is not None
+    faster = dataclasses.replace(first.anatomy, step_ms=first.step.low / 2)
+    text = anatomy_markdown([dataclasses.replace(first, anatomy=faster), *facts[1:]])
+    assert f"Here {first.label} traced shorter than the low end of the timed step's 95 % interval" in text
+    assert "within or above" not in text
+
+
+def test_cpu_only_reports_say_how_to_add_a_gpu_and_count_what_it_adds() -> None:
     cpu_only = [fact for fact in reference_facts() if fact.device == "cpu"]
-    assert cpu_vs_gpu_markdown(cpu_only) == ADD_A_GPU + "\n"
-    assert "`profile.devices: [cpu, cuda]`" in ADD_A_GPU
-    assert "`dvc repro`" in ADD_A_GPU
-    assert step_sentences(cpu_only)[-1] == ADD_A_GPU
+    text = add_a_gpu(cpu_only)
+    assert cpu_vs_gpu_markdown(cpu_only) == text + "\n" and step_sentences(cpu_only)[-1] == text
+    assert "`profile.devices: [cpu, cuda]`" in text and "`dvc repro`" in text
+    count = len({(fact.batch_size, fact.mode) for fact in cpu_only})
+    assert f"the {count} cuda combinations are profiled beside the CPU ones" in text
+    # One more batch size in both modes adds two: the count is the matrix's, never a fixed "six".
+    modes = {fact.mode: fact for fact in cpu_only}
+    wider = [*cpu_only, *(dataclasses.replace(fact, batch_size=4096) for fact in modes.values())]
+    assert f"the {count + len(modes)} cuda combinations are profiled" in add_a_gpu(wider)
 
 
 def test_flop_rate_table_and_sentences_carry_the_share_of_peak() -> None:
@@ -147,7 +164,8 @@ def test_anatomy_table_has_a_verdict_per_row_and_kernel_table_the_launchers() ->
     table = anatomy_markdown(facts)
     assert table.count("**host-bound**") == 4  # two table cells, two verdict lines
     assert "| 64 | cpu | train |" in table
-    assert "- batch 64 cpu train: **device-bound**: x." in table
+    # The record says "device-bound" (the words before format 4); the table says it as a CPU user would.
+    assert "- batch 64 cpu train: **operator-bound**: x." in table and "device-bound" not in table
     assert anatomy_markdown(reference_facts()).startswith("_No step anatomy")
     kernel = KernelStats("cuBLAS GEMM (sm80)", 2.0, 0.05, 25.0, 40.0, "aten::addmm", "sm80_xmma_gemm_x")
     markdown = kernel_table_markdown([kernel], "#### Top kernels")
@@ -164,11 +182,20 @@ def test_figures_draw_the_peak_and_both_devices(tmp_path: Path) -> None:
             assert image.height > 300
 
 
-def test_measured_cpu_peak_is_a_positive_rate_with_its_method() -> None:
-    peak = measure_peak(torch.device("cpu"), repeats=3, size=256)
-    assert peak.gflops_per_s > 0.1  # any working CPU multiplies 256x256 matrices faster than this
-    assert peak.threads == torch.get_num_threads()
-    assert peak.method == f"fastest of 3 fp32 256x256 matrix products (torch.mm; {peak.threads} CPU threads)"
+def test_measured_cpu_roofs_are_positive_rates_with_their_methods(tmp_path: Path) -> None:
+    roofs = measure_roofs(torch.device("cpu"), repeats=3, size=256, triad_elements=1 << 20)
+    matmul, triad = roofs.matmul_gflops_per_s, roofs.triad_gb_per_s
+    assert matmul.best >= matmul.median >= matmul.worst > 0.1  # any working CPU multiplies 256x256 faster
+    assert triad.best >= triad.median >= triad.worst > 0.1  # and streams more than 100 MB/s
+    assert matmul.repeats == triad.repeats == 3 and roofs.threads == torch.get_num_threads()
+    assert roofs.ridge_flops_per_byte == pytest.approx(matmul.best / triad.best)
+    assert roofs.method == f"fastest of 3 fp32 256x256 matrix products (torch.mm; {roofs.threads} CPU threads)"
+    assert roofs.bandwidth_method.startswith("fastest of 3 STREAM triads a = b + s*c over 3 x 4 MiB fp32 arrays")
+    text = write_roofs(MachineRoofs({"cpu": "test"}, (roofs,)))
+    path = tmp_path / "roofs.json"
+    path.write_text(text)
+    assert read_roofs(path) == MachineRoofs({"cpu": "test"}, (roofs,))
+    assert read_roofs(path).for_device("cuda") is None
 
 
 def test_step_metrics_have_the_same_names_on_every_device() -> None:

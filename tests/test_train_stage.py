@@ -17,7 +17,7 @@ from mlflow import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from pipeline.data.mnist import MNIST_SHA256, dataset_digest, load_split
-from pipeline.data.tensors import to_device_data
+from pipeline.data.tensors import first_samples, to_device_data
 from pipeline.model.checkpoint import load_checkpoint
 from pipeline.training.loop import evaluate
 from tests.helpers.projects import clone_project, ignored_sigint, read_params, started_training, write_params
@@ -48,8 +48,9 @@ def test_train_stage_outputs_describe_a_learned_model(trained: Path) -> None:
     assert metrics["test_accuracy"] > 0.90 and metrics["steps"] == 100
     checkpoint = load_checkpoint(trained / "models/model.pt")
     assert checkpoint.data_digest == dataset_digest(MNIST_SHA256)
-    assert checkpoint.train_params["train_samples"] == 6400
-    test = to_device_data(*load_split(trained / "data", "test"), torch.device("cpu"))
+    assert checkpoint.train_params["train_samples"] == 6400 and checkpoint.train_params["test_samples"] == 2000
+    # The stated accuracy is that of the first 2,000 test images (train.test_samples), exactly.
+    test = to_device_data(*first_samples(*load_split(trained / "data", "test"), 2000, "test"), torch.device("cpu"))
     loss, accuracy = evaluate(checkpoint.model, test, 1000)
     assert accuracy == metrics["test_accuracy"] and loss == pytest.approx(metrics["test_loss"], rel=1e-6)
     epochs = (trained / "plots/train_epochs.csv").read_text().splitlines()

@@ -102,10 +102,13 @@ def test_absent_cuda_is_a_clear_user_error() -> None:
 
 
 def test_too_many_train_samples_names_the_param() -> None:
-    images, labels = np.zeros((10, 28, 28), np.uint8), np.zeros(10, np.uint8)
+    images, labels = np.zeros((10, 28, 28), np.uint8), np.arange(10, dtype=np.uint8)
     with pytest.raises(PipelineError, match=r"`train.train_samples` = 11 but the training set has 10 images"):
         first_samples(images, labels, 11)
     assert first_samples(images, labels, 0)[1].shape == (10,)
+    with pytest.raises(PipelineError, match=r"`train.test_samples` = 11 but the test set has 10 images"):
+        first_samples(images, labels, 11, "test")
+    assert first_samples(images, labels, 3, "test")[1].tolist() == [0, 1, 2]
 
 
 def test_training_learns_and_averages_over_the_right_counts(tiny_train: TrainConfig, mnist_root: Path) -> None:

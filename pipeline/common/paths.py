@@ -22,6 +22,7 @@ SUMMARY_CSV = GRAPH_DIR / "summary.csv"
 SUMMARY_JSON = GRAPH_DIR / "summary.json"
 GRAPH_METRICS = Path("metrics/graph.json")
 HARDWARE_FINGERPRINT = Path("hardware/fingerprint.json")
+HARDWARE_ROOFS = Path("hardware/roofs.json")  # matmul FLOP/s and triad bandwidth, measured once per machine
 PROFILES_DIR = Path("profiles")
 
 
@@ -87,6 +88,7 @@ STAGE_OUTPUT_FOLDERS: dict[str, tuple[Path, ...]] = {
     "train": (MODEL_CHECKPOINT.parent, TRAIN_METRICS.parent, TRAIN_STEPS_PLOT.parent),
     "export_graph": (GRAPH_DIR, GRAPH_METRICS.parent),
     "hardware": (HARDWARE_FINGERPRINT.parent,),
+    "roofs": (HARDWARE_ROOFS.parent,),
     "profile": (PROFILES_DIR,),
     "report": (REPORT_DIR, PROFILE_COMPARISON_PLOT.parent),
 }

@@ -42,11 +42,14 @@ def to_device_data(images: np.ndarray, labels: np.ndarray, device: torch.device)
     )
 
 
-def first_samples(images: np.ndarray, labels: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first `count` samples (0 = all); asking for more than exist is a user error."""
+def first_samples(
+    images: np.ndarray, labels: np.ndarray, count: int, split: str = "train"
+) -> tuple[np.ndarray, np.ndarray]:
+    """The first `count` samples of `split` (0 = all); asking for more than exist is a user error."""
     if count > len(labels):
+        name = "training" if split == "train" else split
         raise PipelineError(
-            f"`train.train_samples` = {count} but the training set has {len(labels)} images. "
+            f"`train.{split}_samples` = {count} but the {name} set has {len(labels)} images. "
             f"Set it to at most {len(labels)}, or 0 for all of them, in params.yaml."
         )
     return (images[:count], labels[:count]) if count else (images, labels)

@@ -118,7 +118,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
             else "is not a readable checkpoint"
         )
         raise PipelineError(f"{path} {what} ({reason}). {_FIX}") from None
-    except Exception as error:  # noqa: BLE001: damaged bytes reach the unpickler's internals
+    except Exception as error:  # damaged bytes reach the unpickler's internals
         # Random bytes after a pickle header fail in the unpickler with whatever its stack state
         # gives (IndexError, KeyError, UnicodeDecodeError, ... measured over 2,000 seeds), not only
         # UnpicklingError, so any ordinary exception here means "not readable"; Ctrl-C still passes.

@@ -115,6 +115,9 @@ class TrainConfig:
     epochs: int = _rule(ge=1, le=1000)
     # Train on the first N training images (0 = all 60,000): quick experiments and smoke tests.
     train_samples: int = _rule(ge=0)
+    # Evaluate on the first N test images (0 = all 10,000): the evaluation of each epoch is ~4 s on one
+    # CPU thread, a quarter of a tiny training run.
+    test_samples: int = _rule(ge=0)
     batch_size: int = _rule(ge=1)
     test_batch_size: int = _rule(ge=1)
     lr: float = _rule(gt=0)
@@ -148,6 +151,9 @@ class ProfileConfig:
     ci_target_pct: float = _rule(gt=0, le=50)
     # ... or this many seconds per combination have passed; the row is then flagged noisy.
     time_budget_s: float = _rule(gt=0, le=3600)
+    # Fresh processes the budget is shared among (pipeline/profiling/processes.py): the interval comes from the
+    # spread between them, which a rerun respects; 1 = time in the stage's process (an interval a rerun misses).
+    processes: int = _rule(ge=1, le=64)
     # CPU threads; 0 = one per core (the number used is recorded).
     threads: int = _rule(ge=0, le=1024)
     # Seconds of the allocator what-if per CPU combination: the step timed with glibc malloc's defaults too

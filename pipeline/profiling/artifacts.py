@@ -20,7 +20,7 @@ class ProfileTexts:
 
     def console(self, record: ProfileRecord) -> str:
         anatomy = record.analysis.anatomy
-        return f"{self.operators}\n{self.kernels}\n{anatomy.verdict}: {anatomy.reason}"
+        return f"{self.operators}\n{self.kernels}\n{anatomy.words}: {anatomy.reason}"
 
 
 def profile_metrics(record: ProfileRecord) -> dict[str, float]:
@@ -69,7 +69,7 @@ def step_metrics(analysis: StepAnalysis) -> dict[str, float]:
         "traced_step_ms": anatomy.step_ms,
         "busy_pct": anatomy.busy_pct,
         "idle_pct": anatomy.idle_pct,
-        "host_bound": 1.0 if anatomy.verdict == "host-bound" else 0.0,
+        "host_bound": 1.0 if anatomy.host_bound else 0.0,
         "device_activities_per_step": anatomy.launches_per_step,
         "launch_call_ms": anatomy.launch_call_ms,
         "achieved_gflops_per_s": rate.achieved_gflops_per_s,

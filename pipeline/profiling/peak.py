@@ -1,72 +1,100 @@
-"""The device's attainable fp32 FLOP/s, measured: the ceiling achieved FLOP/s is compared with.
+"""The device's two roofs, measured: attainable fp32 FLOP/s and memory bandwidth (the roofline's ceilings).
 
 A datasheet peak is a number no PyTorch program reaches (it assumes every unit busy every cycle, and
 on NVIDIA parts it is often quoted for TF32 or with sparsity); a large fp32 matrix multiply through
 the same library the model uses (oneDNN/MKL on the CPU, cuBLAS on the GPU) is what this machine can
-actually do, and it is measured with the same thread count as the profile. It takes well under a
-second: a few warm-up products, then the fastest of `repeats` timed ones. The fastest, not the
-median: other work on the machine only ever slows a product down, so the fastest repeat is the
-closest to what the hardware can do (the same reasoning as `timeit`'s minimum).
+actually do, and it is measured with the same thread count as the profile. The memory roof is a STREAM
+triad (a = b + s·c, three arrays far larger than any cache; STREAM's count: 3 × 4 bytes per element, no
+write-allocate traffic) through torch's own element-wise kernels.
+
+Each roof is the fastest of its timed repeats, not the median: other work on the machine only ever slows an
+operation down, so the fastest repeat is the closest to what the hardware can do (timeit's reasoning). The
+median and the slowest are kept beside it, so a reader sees how stable it was. The `roofs` stage measures
+them once per machine (its dep is the hardware fingerprint); every profile stage reads them
+(`hardware/roofs.json`), so "% of peak" no longer moves 2x between stages of one `dvc repro`.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 
-# Big enough to keep every core (or every SM) busy, small enough to take < 0.1 s per product:
-# 2 * 1024^3 = 2.1 GFLOP on a CPU, 2 * 4096^3 = 137 GFLOP on a GPU.
-MATRIX_SIZE = {"cpu": 1024, "cuda": 4096, "mps": 2048}
+from pipeline.profiling.roofs import DeviceRoofs, Roof
+
+# Big enough to keep every core (or every SM) busy, small enough to take < 0.2 s per product:
+# 2 * 2048^3 = 17 GFLOP on a CPU, 2 * 4096^3 = 137 GFLOP on a GPU.
+MATRIX_SIZE = {"cpu": 2048, "cuda": 4096, "mps": 2048}
+# fp32 elements per triad array: 3 x 128 MiB on a CPU, 3 x 1 GiB on a GPU, far beyond any L3 or L2 cache.
+TRIAD_ELEMENTS = {"cpu": 1 << 25, "cuda": 1 << 28, "mps": 1 << 25}
+ROOF_REPEATS = 15  # timed repeats of each roof (after WARMUP): enough for a fastest one that repeats
 
 
-@dataclass(frozen=True)
-class PeakMeasurement:
-    device: str  # cpu | cuda | mps
-    gflops_per_s: float  # of the fastest timed repeat
-    matrix_size: int  # n of the n x n @ n x n product
-    repeats: int
-    threads: int  # CPU threads torch used
-    tf32: bool  # whether cuBLAS was allowed TF32 for fp32 matmuls (torch's default: no)
-
-    @property
-    def method(self) -> str:
-        return (
-            f"fastest of {self.repeats} fp32 {self.matrix_size}x{self.matrix_size} matrix products "
-            f"(torch.mm{', TF32 allowed' if self.tf32 else ''}; {self.threads} CPU threads)"
-        )
+def _synchronizer(device: torch.device) -> Callable[[], None]:
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    if device.type == "mps":
+        return torch.mps.synchronize
+    return lambda: None
 
 
-def measure_peak(device: torch.device, repeats: int = 7, warmup: int = 2, size: int | None = None) -> PeakMeasurement:
-    """Achievable fp32 matmul FLOP/s on `device` (one n x n product is 2 n^3 floating-point operations)."""
-    n = size or MATRIX_SIZE.get(device.type, 1024)
-    generator = torch.Generator().manual_seed(0)
-    left = torch.randn(n, n, generator=generator).to(device)
-    right = torch.randn(n, n, generator=generator).to(device)
-    output = torch.empty(n, n, device=device)
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        elif device.type == "mps":
-            torch.mps.synchronize()
-
+def _timed(operation: Callable[[], object], device: torch.device, repeats: int, warmup: int) -> list[float]:
+    """Seconds of each of `repeats` runs of `operation` after `warmup` untimed ones (device synchronised)."""
+    sync = _synchronizer(device)
     for _ in range(warmup):
-        torch.mm(left, right, out=output)
+        operation()
     sync()
     seconds = []
     for _ in range(repeats):
         started = time.perf_counter()
-        torch.mm(left, right, out=output)
+        operation()
         sync()
         seconds.append(time.perf_counter() - started)
-    tf32 = device.type == "cuda" and torch.get_float32_matmul_precision() != "highest"  # "highest": no TF32
-    return PeakMeasurement(
+    return seconds
+
+
+def _roof(work: float, seconds: list[float]) -> Roof:
+    """`work` per run (GFLOP or GB) over each run's seconds: the fastest, the median and the slowest rate."""
+    rates = sorted(work / second for second in seconds)
+    return Roof(best=rates[-1], median=statistics.median(rates), worst=rates[0], repeats=len(rates))
+
+
+def _tf32(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.get_float32_matmul_precision() != "highest"  # "highest": no TF32
+
+
+def matmul_roof(device: torch.device, n: int, repeats: int) -> Roof:
+    """GFLOP/s of fp32 n x n @ n x n products (2 n^3 FLOPs each) on `device`."""
+    generator = torch.Generator().manual_seed(0)
+    left = torch.randn(n, n, generator=generator).to(device)
+    right = torch.randn(n, n, generator=generator).to(device)
+    product = torch.empty(n, n, device=device)
+    return _roof(2 * n**3 / 1e9, _timed(lambda: torch.mm(left, right, out=product), device, repeats, warmup=2))
+
+
+def triad_roof(device: torch.device, elements: int, repeats: int) -> Roof:
+    """GB/s of the STREAM triad a = b + 3c over fp32 arrays of `elements` values (12 bytes moved per element)."""
+    generator = torch.Generator().manual_seed(0)
+    b = torch.rand(elements, generator=generator).to(device)
+    c = torch.rand(elements, generator=generator).to(device)
+    a = torch.empty(elements, device=device)
+    return _roof(12 * elements / 1e9, _timed(lambda: torch.add(b, c, alpha=3.0, out=a), device, repeats, warmup=2))
+
+
+def measure_roofs(
+    device: torch.device, repeats: int = ROOF_REPEATS, size: int | None = None, triad_elements: int | None = None
+) -> DeviceRoofs:
+    """Both roofs of `device`, each over `repeats` timed repeats (the arrays of one are freed before the other)."""
+    n = size or MATRIX_SIZE.get(device.type, 1024)
+    elements = triad_elements or TRIAD_ELEMENTS.get(device.type, 1 << 25)
+    return DeviceRoofs(
         device=device.type,
-        gflops_per_s=2 * n**3 / min(seconds) / 1e9,
+        matmul_gflops_per_s=matmul_roof(device, n, repeats),
+        triad_gb_per_s=triad_roof(device, elements, repeats),
         matrix_size=n,
-        repeats=repeats,
+        triad_elements=elements,
         threads=torch.get_num_threads(),
-        tf32=tf32,
+        tf32=_tf32(device),
     )

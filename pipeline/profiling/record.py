@@ -32,9 +32,10 @@ METRIC_PREFIX = "profile/"
 # (anatomy, kernels, achieved FLOP/s).
 # 3: operator rows say "no number" as null: MFLOPs counted by torch.utils.flop_counter on the operator that
 # runs them (forward and backward), null where none ran; GPU times null on CPU-only runs.
-RECORD_FORMAT = 3
+# 4: the step timed in `profile.processes` fresh processes, each one's median kept; the interval from their spread.
+RECORD_FORMAT = 4
 # Older formats the report still reads (committed records of earlier runs), converted by `_upgrade`.
-READABLE_FORMATS = (2, RECORD_FORMAT)
+READABLE_FORMATS = (2, 3, RECORD_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,9 @@ class Timing:
     timing_s: float  # wall time the timing took (it stops at the CI target or the time budget)
     peak_memory_mb: float  # most memory torch had allocated on the device during the traced steps
     top_operator_share_pct: float
+    # Fresh processes the step was timed in (profile.processes); from 2 on, the interval is their spread.
+    # Format-3 records timed in one process.
+    processes: int = 1
 
     @classmethod
     def from_estimate(
@@ -123,6 +127,7 @@ class Timing:
             timing_s=timing_s,
             peak_memory_mb=peak_memory_mb,
             top_operator_share_pct=top_operator_share_pct,
+            processes=estimate.processes,
         )
 
     def as_metrics(self) -> dict[str, float]:
@@ -148,6 +153,7 @@ class ProfileSettings:
     time_budget_s: float
     # How the process allocated (pipeline.common.allocator): it moves the step time 1.3-1.7x on a CPU.
     allocator: str = "not recorded"
+    processes: int = 1  # fresh processes the step was timed in (format 4); earlier records timed in one
 
 
 @dataclass(frozen=True)
@@ -221,6 +227,8 @@ class ProfileRecord:
     graph_step_times_ms: tuple[float, ...] = ()
     # cpu only, where the stage tuned glibc's allocator itself (None elsewhere and in older records).
     allocator_whatif: AllocatorWhatIf | None = None
+    # The median step time of each timing process, in the order they ran (format 4; empty before).
+    process_step_times_ms: tuple[float, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -278,6 +286,7 @@ def run_params(combination: Combination, settings: ProfileSettings, top_k: int) 
         "profile.active_steps": settings.active_steps,
         "profile.ci_target_pct": settings.ci_target_pct,
         "profile.time_budget_s": settings.time_budget_s,
+        "profile.processes": settings.processes,
         "profile.top_k": top_k,
         "allocator": settings.allocator,
     }
@@ -298,7 +307,7 @@ def read_record(path: Path, combination: Combination) -> ProfileRecord:
     if not isinstance(raw, dict) or raw.get("format") not in READABLE_FORMATS:
         raise PipelineError(f"{path} is not a profile record of format {RECORD_FORMAT} from this pipeline; {fix}")
     try:
-        record: ProfileRecord = build(ProfileRecord, _upgrade(raw), "", _RecordDialect())
+        record: ProfileRecord = build(ProfileRecord, _upgrade(raw), "", RecordDialect())
     except RecordMismatch as error:
         raise PipelineError(f"{path} does not match this pipeline's profile record ({error}); {fix}") from None
     if record.combination != combination:
@@ -334,7 +343,7 @@ class RecordMismatch(ValueError):
     """The first way a record differs from the record types (read_record names the file and the fix)."""
 
 
-class _RecordDialect(Dialect):
+class RecordDialect(Dialect):
     """The record's words: fields named by their class (`OperatorRow.mflops`); the first problem stops."""
 
     def report(self, message: str) -> None:

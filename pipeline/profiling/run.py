@@ -7,8 +7,8 @@ inflate the times) until the median step time is known to `ci_target_pct` or `ti
 The operator table, kernel table and step anatomy are read from that trace (pipeline.profiling.trace_analysis:
 each microsecond counted once, profiler ranges kept apart). One more step runs under
 torch.utils.flop_counter, whose FLOPs per call (convolutions and matrix products, forward and backward)
-the analysis credits to the traced operators that run them. Last, a short matmul benchmark measures the
-device's attainable FLOP/s (pipeline.profiling.peak), the ceiling the step's achieved FLOP/s is compared with.
+the analysis credits to the traced operators that run them. The ceiling the step's achieved FLOP/s is compared
+with is the device's matmul roof, measured once per machine by the `roofs` stage (pipeline.profiling.peak).
 
 Why not the profiler's own `with_flops`: in torch 2.15 it credits a convolution's forward FLOPs to the
 `aten::conv2d` wrapper (0 on `aten::mkldnn_convolution` / `aten::cudnn_convolution`, which do the work),
@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, schedule
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
@@ -42,10 +41,9 @@ from pipeline.common.native_stderr import filtered_native_stderr
 from pipeline.data.mnist import load_split
 from pipeline.data.tensors import MEMORY_FORMAT, normalize_images
 from pipeline.model.checkpoint import checkpoint_digest, load_checkpoint
-from pipeline.model.network import LabNet
 from pipeline.model.summary import summarize
-from pipeline.params.schema import ProfileConfig, ProfileMode
-from pipeline.profiling.peak import measure_peak
+from pipeline.params.schema import ProfileConfig
+from pipeline.profiling.processes import time_in_processes
 from pipeline.profiling.record import (
     PROFILE_PRECISION,
     AllocatorWhatIf,
@@ -59,11 +57,12 @@ from pipeline.profiling.record import (
     flop_rate,
     run_params,
 )
+from pipeline.profiling.roofs import DeviceRoofs, read_roofs
 from pipeline.profiling.timing import StepTiming, time_steps
 from pipeline.profiling.trace_analysis import CountedCall, OperatorStats, TraceAnalysis, analyse_trace, read_trace
+from pipeline.profiling.worker import WorkerSpec, make_step
 from pipeline.training.cuda_graph import make_graphable_step, time_graph_replays
 from pipeline.training.runtime import hardware_description, select_device
-from pipeline.training.steps import inference_step
 
 _MEGABYTE = 1 << 20
 
@@ -86,23 +85,6 @@ class ProfileResult:
         return tuple(float(f"{block.step_ms:.5g}") for block in self.step_timing.blocks)
 
 
-def make_step(
-    model: LabNet, mode: ProfileMode, images: torch.Tensor, labels: torch.Tensor, lr: float
-) -> Callable[[], None]:
-    """One inference forward (eval, no autograd) or one training step (forward, backward, Adadelta at `lr`)."""
-    if mode == "inference":
-        return inference_step(model, images)
-    model.train()
-    optimizer = torch.optim.Adadelta(model.parameters(), lr=lr)  # the lab's optimizer: its update is profiled too
-
-    def training_step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        F.nll_loss(model(images), labels).backward()  # type: ignore[no-untyped-call]
-        optimizer.step()
-
-    return training_step
-
-
 def synchronizer(device: torch.device) -> Callable[[], None]:
     """Wait for queued device work: without it GPU steps would time only the kernel launches."""
     if device.type == "cuda":
@@ -122,14 +104,18 @@ def profile_combination(
     *,
     ci_target_pct: float,
     time_budget_s: float,
+    step_timing: StepTiming | None = None,
 ) -> ProfileResult:
+    """Warm up, time (unless `step_timing` was measured already, in worker processes), then count page faults,
+    trace and count FLOPs in this process."""
     sync = synchronizer(device)
     for _ in range(warmup_steps):
         step()
     sync()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    step_timing = time_steps(step, device, combination.batch_size, ci_target_pct, time_budget_s)
+    if step_timing is None:
+        step_timing = time_steps(step, device, combination.batch_size, ci_target_pct, time_budget_s)
     faults = page_faults_per_step(step, sync, step_timing.estimate.median_ms)
     on_gpu = device.type == "cuda"
     trace_steps(step, sync, on_gpu, active_steps, trace_path)
@@ -250,12 +236,20 @@ class ProfileSetup:
     flops_per_sample: float  # the model's forward FLOPs (inference) or forward + backward FLOPs (train)
     model_digest: str  # SHA-256 of the checkpoint file: which weights were profiled, on any machine
     graph_step: Callable[[], None] | None = None  # cuda: the same step, capturable, on a copy of the model
+    worker: WorkerSpec | None = None  # what each timing process measures (None: time in this process)
+    processes: int = 1
+    roofs: DeviceRoofs | None = None  # the device's measured roofs (hardware/roofs.json); None: not measured
 
 
 def prepare_profile(
-    combination: Combination, config: ProfileConfig, checkpoint_path: Path, data_root: Path
+    combination: Combination,
+    config: ProfileConfig,
+    checkpoint_path: Path,
+    data_root: Path,
+    roofs_path: Path | None = None,
 ) -> ProfileSetup:
-    """Pick the device and threads, load the trained model and one batch of test images onto it."""
+    """Pick the device and threads, load the trained model and one batch of test images onto it, and the
+    device's roofs from `roofs_path` (the `roofs` stage's file) where given."""
     device = select_device(combination.device, param="profile.devices")
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -281,6 +275,7 @@ def prepare_profile(
         ci_target_pct=config.ci_target_pct,
         time_budget_s=config.time_budget_s,
         allocator=plan_allocator().description,  # what the timing runs with: run_profile sets it up
+        processes=config.processes,
     )
     return ProfileSetup(
         combination=combination,
@@ -298,7 +293,27 @@ def prepare_profile(
             if device.type == "cuda"
             else None
         ),
+        worker=WorkerSpec(
+            checkpoint=str(checkpoint_path.resolve()),
+            data_root=str(data_root.resolve()),
+            batch_size=combination.batch_size,
+            device=str(device),
+            mode=combination.mode,
+            threads=torch.get_num_threads(),
+            warmup_steps=config.warmup_steps,
+            ci_target_pct=config.ci_target_pct,
+            budget_s=config.time_budget_s,
+        ),
+        processes=config.processes,
+        roofs=_device_roofs(roofs_path, device) if roofs_path else None,
     )
+
+
+def _device_roofs(path: Path, device: torch.device) -> DeviceRoofs:
+    roofs = read_roofs(path).for_device(device.type)
+    if roofs is None:
+        raise PipelineError(f"{path} has no roofs of device {device.type}; run `dvc repro roofs` on this machine.")
+    return roofs
 
 
 def measure_allocator_whatif(setup: ProfileSetup, seconds: float, defaults: AllocatorSetup) -> DefaultAllocatorRun:
@@ -340,8 +355,14 @@ class DefaultAllocatorRun:
         )
 
 
-def run_profile(setup: ProfileSetup, top_k: int, trace_path: Path, allocator_whatif_s: float = 0.0) -> ProfileRecord:
-    """Time and trace the combination, then measure the device's peak; the record keeps the `top_k`
+def run_profile(
+    setup: ProfileSetup,
+    top_k: int,
+    trace_path: Path,
+    allocator_whatif_s: float = 0.0,
+    progress: Callable[[int], None] | None = None,
+) -> ProfileRecord:
+    """Time and trace the combination, against the device's roofs; the record keeps the `top_k`
     most expensive operators and kernels.
 
     On a CPU, with `allocator_whatif_s` > 0 and glibc's allocator still at its defaults, the step is first
@@ -350,6 +371,9 @@ def run_profile(setup: ProfileSetup, top_k: int, trace_path: Path, allocator_wha
     defaults = glibc_defaults() if setup.device.type == "cpu" and allocator_whatif_s > 0 else None
     default_run = measure_allocator_whatif(setup, allocator_whatif_s, defaults) if defaults else None
     settings = dataclasses.replace(setup.settings, allocator=tune_allocator().description)
+    step_timing = (
+        time_in_processes(setup.worker, setup.processes, progress) if setup.worker and setup.processes > 1 else None
+    )
     result = profile_combination(
         setup.combination,
         setup.step,
@@ -359,9 +383,10 @@ def run_profile(setup: ProfileSetup, top_k: int, trace_path: Path, allocator_wha
         trace_path,
         ci_target_pct=settings.ci_target_pct,
         time_budget_s=settings.time_budget_s,
+        step_timing=step_timing,
     )
     timing = result.timing()
-    peak = measure_peak(setup.device)
+    roofs = setup.roofs
     analysis = result.analysis
     graph_times: tuple[float, ...] = ()
     if setup.graph_step is not None:  # after the eager passes, so that graph memory pools stay out of them
@@ -378,15 +403,19 @@ def run_profile(setup: ProfileSetup, top_k: int, trace_path: Path, allocator_wha
         analysis=StepAnalysis(
             anatomy=analysis.anatomy,
             flop_rate=flop_rate(
-                setup.flops_per_sample, setup.combination.batch_size, timing.step_time_ms_median, peak.gflops_per_s
+                setup.flops_per_sample,
+                setup.combination.batch_size,
+                timing.step_time_ms_median,
+                roofs.matmul_gflops_per_s.best if roofs else 0.0,
             ),
-            peak_method=peak.method,
+            peak_method=roofs.method if roofs else "",
             ranges=analysis.ranges,
             top_kernels=analysis.kernels[:top_k],
             unattributed_device_ms=analysis.unattributed_device_ms,
         ),
         graph_step_times_ms=graph_times,
         allocator_whatif=default_run.whatif(result.page_faults_per_step, top_k) if default_run else None,
+        process_step_times_ms=tuple(float(f"{ms:.5g}") for ms in result.step_timing.process_medians_ms),
     )
 
 

@@ -35,10 +35,16 @@ def measurement_warnings(record: ProfileRecord) -> list[str]:
 def timing_summary(record: ProfileRecord) -> str:
     """One sentence: the estimate, its uncertainty and what it was measured on."""
     timing, conditions = record.timing, record.conditions
+    source = (
+        f"from the spread between {timing.processes} fresh processes"
+        if timing.processes > 1
+        else "within one process, which a rerun need not respect"
+    )
     return (
         f"Step time {timing.step_time_ms_median:.3f} ms median (IQR {timing.step_time_ms_iqr:.3f} ms; 95 % CI "
-        f"{timing.step_time_ms_ci_low:.3f}-{timing.step_time_ms_ci_high:.3f} ms, ±{timing.step_time_ci_pct:.1f} %; "
-        f"{timing.steps_measured} steps in {timing.blocks_measured} blocks); {timing.per_sample_ms:.4f} ms per sample; "
+        f"{timing.step_time_ms_ci_low:.3f}-{timing.step_time_ms_ci_high:.3f} ms, ±{timing.step_time_ci_pct:.1f} %, "
+        f"{source}; {timing.steps_measured} steps in {timing.blocks_measured} blocks); "
+        f"{timing.per_sample_ms:.4f} ms per sample; "
         f"{timing.throughput_samples_per_s:.0f} samples/s. Measured with {conditions.threads} threads on "
         f"{conditions.cores} cores, load average {conditions.load_average_before:.2f} before and "
         f"{conditions.load_average_after:.2f} after, CPU governor {conditions.cpu_governor}."

@@ -72,6 +72,8 @@ class StepTiming:
     conditions: MeasurementConditions
     steps_per_block: int  # the most steps in one block (blocks of one measurement can differ by Timer's x10)
     seconds: float  # wall time spent, probe included
+    # The median of each fresh process that timed the step (pipeline.profiling.processes); empty when timed in one.
+    process_medians_ms: tuple[float, ...] = ()
 
     def record(self, peak_memory_mb: float = 0.0, top_operator_share_pct: float = 0.0) -> Timing:
         """The profile record's timing (pipeline.profiling.record): the metric names are its field names."""

@@ -147,8 +147,27 @@ class StepAnatomy:
     launches_per_step: float  # device activities per step (kernels, copies, memsets); 0 on the CPU
     mean_launch_us: float  # mean device activity length; 0 on the CPU
     launch_call_ms: float  # per step, CPU time in the calls that launched device work (cudaLaunchKernel & co.)
-    verdict: str  # host-bound | device-bound
+    verdict: str  # anatomy_verdict's words (records before format 4: host-bound | device-bound)
     reason: str  # one line with the numbers behind the verdict
+
+    @property
+    def host_bound(self) -> bool:
+        """Most of the step is spent outside the device's work (GPU idle; CPU outside ATen operators)."""
+        return self.busy_pct < HOST_BOUND_BELOW_PCT
+
+    @property
+    def words(self) -> str:
+        """The verdict in this version's words, whatever words the record was written with."""
+        return anatomy_verdict(self.device, self.busy_pct)
+
+
+def anatomy_verdict(device: str, busy_pct: float) -> str:
+    """On a GPU: `host-bound` (the GPU is idle most of the step, waiting for launches) or `GPU-bound`. On a CPU
+    there is no second device to wait for: `overhead-bound` (most of the step is Python and framework code between
+    ATen operators) or `operator-bound` (the operators' own work sets the pace)."""
+    if device == "cpu":
+        return "overhead-bound" if busy_pct < HOST_BOUND_BELOW_PCT else "operator-bound"
+    return "host-bound" if busy_pct < HOST_BOUND_BELOW_PCT else "GPU-bound"
 
 
 @dataclass(frozen=True)
@@ -468,12 +487,12 @@ def _anatomy(
     launch_calls = (
         sum(e.duration_us for e in host if e.category in LAUNCH_CATEGORIES and e.correlation in launched) / steps / 1000
     )
-    verdict = "host-bound" if busy_pct < HOST_BOUND_BELOW_PCT else "device-bound"
+    verdict = anatomy_verdict(device, busy_pct)
     if on_gpu:
         reason = (
             f"the GPU is busy {busy_pct:.1f} % of the {step_ms:.3f} ms traced step ({launches:.0f} kernels/copies of "
             f"{mean_launch:.1f} µs mean) and idle {100 - busy_pct:.1f} % waiting for the host to launch work"
-            if verdict == "host-bound"
+            if busy_pct < HOST_BOUND_BELOW_PCT
             else f"the GPU is busy {busy_pct:.1f} % of the {step_ms:.3f} ms traced step: its arithmetic sets the pace"
         )
     else:

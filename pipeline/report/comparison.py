@@ -123,8 +123,10 @@ def comparison_markdown(rows: Sequence[ComparisonRow]) -> str:
 def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
     """What the comparison table's numbers are, and what its flags mean where any row raised one."""
     notes = [
-        "Step time: median of per-step block means (blocks of consecutive steps timed together), with the "
-        "half-width of its 95 % confidence interval; IQR is the spread of the blocks."
+        "Step time: each of `profile.processes` fresh processes times blocks of consecutive steps and takes the "
+        "median of their per-step means; the step time is the median over the processes, with the half-width of "
+        "its 95 % confidence interval from the spread between processes (a rerun lands inside it, not only the "
+        "next block); IQR is the spread of all blocks."
     ]
     noisy = [f"{row.batch_size}-{row.device}-{row.mode}" for row in rows if row.noisy]
     if noisy:

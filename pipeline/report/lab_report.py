@@ -218,9 +218,10 @@ def training_section(params: Params, inputs: ReportInputs, figures: Path) -> lis
         speed = (
             f" Training ran at {inputs.train_speed['images_per_second']:.0f} images/s." if inputs.train_speed else ""
         )
+        on_images = f" (first {train.test_samples:,} test images)" if train.test_samples else ""
         sections.append(
-            f"Test accuracy **{metrics['test_accuracy']:.4f}**, test loss {metrics['test_loss']:.4f}; last-epoch train "
-            f"accuracy {metrics['train_accuracy']:.4f}, loss {metrics['train_loss']:.4f}.{speed}\n"
+            f"Test accuracy **{metrics['test_accuracy']:.4f}**{on_images}, test loss {metrics['test_loss']:.4f}; "
+            f"last-epoch train accuracy {metrics['train_accuracy']:.4f}, loss {metrics['train_loss']:.4f}.{speed}\n"
         )
         training_curves(read_csv(TRAIN_EPOCHS_PLOT), read_csv(TRAIN_STEPS_PLOT), figures / "training_curves.png")
         sections.append("![training curves](figures/training_curves.png)\n")

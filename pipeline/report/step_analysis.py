@@ -15,11 +15,17 @@ from pipeline.profiling.record import FlopRate, ProfileRecord
 from pipeline.profiling.statistics import Interval, ratio
 from pipeline.profiling.trace_analysis import KernelStats, StepAnatomy
 
-ADD_A_GPU = (
-    "No GPU was profiled. To add one, on a machine with an NVIDIA GPU and driver set `profile.devices: [cpu, cuda]` "
-    "in params.yaml (or queue it: `dvc exp run -S 'profile.devices=[cpu,cuda]'`) and run `dvc repro`: the six cuda "
-    "combinations are profiled beside the CPU ones and this section compares them."
-)
+
+def add_a_gpu(facts: Sequence[StepFacts]) -> str:
+    """How to add a GPU, counting the cuda combinations it would add (one per CPU batch size x mode profiled)."""
+    count = len({(fact.batch_size, fact.mode) for fact in facts if fact.device == "cpu"})
+    combinations = f"the {count} cuda combinations are" if count != 1 else "the cuda combination is"
+    return (
+        "No GPU was profiled. To add one, on a machine with an NVIDIA GPU and driver set "
+        "`profile.devices: [cpu, cuda]` in params.yaml (or queue it: `dvc exp run -S 'profile.devices=[cpu,cuda]'`) "
+        "and run `dvc repro`: "
+        f"{combinations} profiled beside the CPU ones and this section compares them."
+    )
 
 
 @dataclass(frozen=True)
@@ -64,12 +70,18 @@ def anatomy_markdown(facts: Sequence[StepFacts]) -> str:
     rows = [fact for fact in facts if fact.anatomy is not None]
     if not rows:
         return "_No step anatomy: the profile records carry no trace analysis (re-run `dvc repro`)._\n"
+    shorter = [fact.label for fact in rows if fact.anatomy is not None and fact.anatomy.step_ms < fact.step.low]
+    traced = (
+        f" Here {', '.join(shorter)} traced shorter than the low end of the timed step's 95 % interval: the two "
+        "passes ran seconds apart and the machine was faster while tracing (a shared machine's speed drifts over "
+        "seconds), so read the busy shares, not the two step times against each other."
+        if shorter
+        else " Here every traced step is within or above the timed step's 95 % interval."
+    )
     lines = [
-        (
-            "Busy: on a GPU, kernels, copies and memsets running (overlaps counted once); on the CPU, time inside "
-            "ATen operators. Both are measured in the traced steps (`ProfilerStep#N`), which the profiler makes "
-            "longer than the timed ones."
-        ),
+        "Busy: on a GPU, kernels, copies and memsets running (overlaps counted once); on the CPU, time inside "
+        "ATen operators. Both are measured in the traced steps (`ProfilerStep#N`), a pass of its own after the "
+        "timing: the profiler's hooks add to every operator, so a traced step is usually the longer one." + traced,
     ]
     columns = (">batch", "device", "mode", ">timed step ms", ">traced step ms", ">busy %", ">idle %", ">kernels/step")
     table = [
@@ -82,14 +94,14 @@ def anatomy_markdown(facts: Sequence[StepFacts]) -> str:
             f"{anatomy.busy_pct:.1f}",
             f"{anatomy.idle_pct:.1f}",
             f"{anatomy.launches_per_step:.0f}" if fact.device != "cpu" else NO_NUMBER,
-            f"**{anatomy.verdict}**",
+            f"**{anatomy.words}**",
         )
         for fact in rows
         if (anatomy := fact.anatomy) is not None
     ]
     lines.extend(["", *markdown_table((*columns, "verdict"), table)])
     lines.append("")
-    lines.extend(f"- {fact.label}: **{fact.anatomy.verdict}**: {fact.anatomy.reason}." for fact in rows if fact.anatomy)
+    lines.extend(f"- {fact.label}: **{fact.anatomy.words}**: {fact.anatomy.reason}." for fact in rows if fact.anatomy)
     return "\n".join(lines) + "\n"
 
 
@@ -137,7 +149,7 @@ def cpu_vs_gpu_markdown(facts: Sequence[StepFacts]) -> str:
     """Per-sample time on each device per batch size and mode, and the GPU's speed-up; or how to add a GPU."""
     pairs = _device_pairs(facts)
     if not pairs:
-        return ADD_A_GPU + "\n"
+        return add_a_gpu(facts) + "\n"
     columns = (">batch", "mode", ">cpu per-sample ms", ">gpu per-sample ms", "GPU speed-up (95 % CI)", ">GPU busy %")
     table = [
         (
@@ -166,13 +178,13 @@ def step_sentences(facts: Sequence[StepFacts]) -> list[str]:
         if first.anatomy and last.anatomy:
             what = "the GPU is busy" if device != "cpu" else "ATen operators fill"
             tail = (
-                f"; at {last.batch_size}, {last.anatomy.busy_pct:.0f} %: {last.anatomy.verdict}"
+                f"; at {last.batch_size}, {last.anatomy.busy_pct:.0f} %: {last.anatomy.words}"
                 if last is not first
                 else ""
             )
             sentences.append(
                 f"On {device} {mode} at batch {first.batch_size} {what} {first.anatomy.busy_pct:.0f} % of the step: "
-                f"{first.anatomy.verdict}{tail}."
+                f"{first.anatomy.words}{tail}."
             )
         if first.rate and last.rate:
             sentences.append(_flop_rate_sentence(device, mode, first, last))
@@ -205,7 +217,7 @@ def step_sentences(facts: Sequence[StepFacts]) -> list[str]:
                 f"(95 % CI {speed.bounds()}; {times})."
             )
     if not _device_pairs(facts):
-        sentences.append(ADD_A_GPU)
+        sentences.append(add_a_gpu(facts))
     return sentences
 
 
@@ -224,8 +236,13 @@ def _flop_rate_sentence(device: str, mode: str, first: StepFacts, last: StepFact
         return sentence + "."
     if last.anatomy is None:
         return sentence + ": far below the ceiling."
-    if last.anatomy.verdict == "host-bound":
-        return sentence + ": far below the ceiling because the device waits for the host (see the anatomy)."
+    if last.anatomy.host_bound:
+        why = (
+            "most of the step is Python and framework code between operators"
+            if last.device == "cpu"
+            else "the device waits for the host"
+        )
+        return sentence + f": far below the ceiling because {why} (see the anatomy)."
     light = "element-wise, pooling and optimizer" if mode == "train" else "element-wise and pooling"
     return (
         sentence + f": far below the ceiling although the step is spent inside operators: {light} operators do "

@@ -1,0 +1,97 @@
+"""This machine's two roofs, as the `roofs` stage records them in `hardware/roofs.json` (torch-free).
+
+The `roofs` stage measures them once per machine (pipeline.profiling.peak); every profile stage reads the
+roof of its device from here, and the report draws the roofline with both. Like the profile record, the file
+is rebuilt into typed dataclasses, so a missing or renamed field is a clear error naming the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.common.errors import PipelineError
+from pipeline.common.typed import build
+from pipeline.profiling.record import RecordDialect, RecordMismatch
+
+ROOFS_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Roof:
+    """One ceiling over `repeats` timed repeats: the fastest is the roof; median and slowest show its stability."""
+
+    best: float
+    median: float
+    worst: float
+    repeats: int
+
+    @property
+    def spread_pct(self) -> float:
+        """How far the median fell below the best, in % of the best."""
+        return 100.0 * (self.best - self.median) / self.best if self.best > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class DeviceRoofs:
+    device: str  # cpu | cuda | mps
+    matmul_gflops_per_s: Roof  # fp32 n x n @ n x n products (2 n^3 FLOPs each)
+    triad_gb_per_s: Roof  # a = b + s * c over three arrays of `triad_elements` fp32 values (12 bytes each)
+    matrix_size: int
+    triad_elements: int
+    threads: int  # CPU threads torch used
+    tf32: bool  # whether cuBLAS was allowed TF32 for fp32 products (torch's default: no)
+
+    @property
+    def ridge_flops_per_byte(self) -> float:
+        """Arithmetic intensity where the two roofs meet: below it an operation is memory-bound."""
+        bandwidth = self.triad_gb_per_s.best
+        return self.matmul_gflops_per_s.best / bandwidth if bandwidth > 0 else 0.0
+
+    @property
+    def method(self) -> str:
+        return (
+            f"fastest of {self.matmul_gflops_per_s.repeats} fp32 {self.matrix_size}x{self.matrix_size} matrix "
+            f"products (torch.mm{', TF32 allowed' if self.tf32 else ''}; {self.threads} CPU threads)"
+        )
+
+    @property
+    def bandwidth_method(self) -> str:
+        return (
+            f"fastest of {self.triad_gb_per_s.repeats} STREAM triads a = b + s*c over 3 x "
+            f"{self.triad_elements * 4 / 2**20:.0f} MiB fp32 arrays (12 bytes per element; {self.threads} CPU threads)"
+        )
+
+
+@dataclass(frozen=True)
+class MachineRoofs:
+    fingerprint: dict[str, str]  # hardware/fingerprint.json when they were measured
+    devices: tuple[DeviceRoofs, ...]
+    format: int = ROOFS_FORMAT
+
+    def for_device(self, device: str) -> DeviceRoofs | None:
+        return next((roofs for roofs in self.devices if roofs.device == device), None)
+
+
+def write_roofs(roofs: MachineRoofs) -> str:
+    return json.dumps(dataclasses.asdict(roofs), indent=2, sort_keys=True) + "\n"
+
+
+def read_roofs(path: Path) -> MachineRoofs:
+    """Read `hardware/roofs.json`; a missing or foreign file is a user error naming the fix."""
+    fix = "run `dvc repro roofs` (it measures this machine's roofs once)."
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PipelineError(f"{path} is missing; {fix}") from None
+    except json.JSONDecodeError as error:
+        raise PipelineError(f"{path} is not valid JSON ({error}); {fix}") from None
+    if not isinstance(raw, dict) or raw.get("format") != ROOFS_FORMAT:
+        raise PipelineError(f"{path} is not a roofs file of format {ROOFS_FORMAT} from this pipeline; {fix}")
+    try:
+        roofs: MachineRoofs = build(MachineRoofs, raw, "", RecordDialect())
+    except RecordMismatch as error:
+        raise PipelineError(f"{path} does not match this pipeline's roofs file ({error}); {fix}") from None
+    return roofs

@@ -1,0 +1,93 @@
+"""Calibration of the stated step-time interval: does a rerun land inside it? (issue 21, item 3)
+
+One combination is timed RUNS times as the profile stage times it (pipeline.profiling.processes): each run has
+a worker server of its own, as each `dvc repro` starts a new stage, and PROCESSES forked timing processes, with
+a small budget. For every ordered pair of runs (i, j) the test asks whether run j's estimate lies inside run
+i's 95 % interval. An independent replicate falls inside a true 95 % interval about 83-90 % of the time (its
+own estimate wanders too); at least 75 % of the pairs must. With 3 processes and 16 runs, a correct interval
+fails that by chance in about 1 % of test runs (simulated with lognormal process speeds); 8 runs: 5 %.
+
+The runs' processes are interleaved (process 1 of every run, then process 2 of every run, ...), so that all
+runs see the same machine: the suite's other worker starts and stops work beside this test, and an interval
+cannot cover a machine that changed while it was measured (the stage records the load before and after for
+that, and warns when the machine was busy). The interval of all a run's blocks as if from one process, what
+the stage stated before, is counted beside it for contrast: reruns missed it by 23-60 % (issue 21).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.data.mnist import fetch_mnist, write_dataset
+from pipeline.model.checkpoint import checkpoint_payload
+from pipeline.model.network import LabNet
+from pipeline.params.parsing import params_from_mapping
+from pipeline.profiling.processes import WorkerResult, ask, combine, worker_server
+from pipeline.profiling.statistics import estimate_step_time
+from pipeline.profiling.worker import WorkerSpec
+from tests.helpers.data import LAB_MODEL
+from tests.helpers.projects import REPO_PARAMS
+
+pytestmark = pytest.mark.slow
+
+RUNS = 16
+PROCESSES = 3
+BUDGET_S = 0.9  # 0.3 s of timing per process: ~100 steps of batch 16 on one thread
+MIN_INSIDE = 0.75
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> WorkerSpec:
+    """Batch 16, inference, one thread, on an untrained checkpoint of the lab's network (the step costs the same
+    whatever the weights) and the real MNIST test images."""
+    root = tmp_path_factory.mktemp("calibration")
+    write_dataset(fetch_mnist(params_from_mapping(REPO_PARAMS).data, [str(mnist_mirror)]), root / "data")
+    torch.manual_seed(0)
+    payload = checkpoint_payload(LabNet(LAB_MODEL), {"lr": 1.0}, "digest", {"device": "cpu"}, {"test_accuracy": 0.1})
+    torch.save(payload, root / "model.pt")
+    return WorkerSpec(
+        checkpoint=str(root / "model.pt"),
+        data_root=str(root / "data"),
+        batch_size=16,
+        device="cpu",
+        mode="inference",
+        threads=1,
+        warmup_steps=5,
+        ci_target_pct=2.0,
+        budget_s=BUDGET_S,
+    )
+
+
+def test_a_rerun_lands_inside_the_stated_interval(spec: WorkerSpec) -> None:
+    share = dataclasses.replace(spec, budget_s=spec.budget_s / PROCESSES)  # as time_in_processes shares it
+    results: list[list[WorkerResult]] = [[] for _ in range(RUNS)]
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(worker_server()) for _ in range(RUNS)]
+        for _ in range(PROCESSES):
+            for run, server in zip(results, servers, strict=True):
+                run.append(ask(server, share))
+    runs = [combine(run, spec) for run in results]
+    estimates = [run.estimate for run in runs]
+    pairs = [(i, j) for i in range(RUNS) for j in range(RUNS) if i != j]
+    inside = sum(estimates[i].ci_low_ms <= estimates[j].median_ms <= estimates[i].ci_high_ms for i, j in pairs)
+    # What all blocks of a run would have stated as if from one process (the interval before issue 21).
+    pooled = [estimate_step_time(run.blocks, spec.batch_size, spec.ci_target_pct) for run in runs]
+    blocks_only = sum(pooled[i].ci_low_ms <= estimates[j].median_ms <= pooled[i].ci_high_ms for i, j in pairs)
+    table = "\n".join(
+        f"run {index}: {estimate.median_ms:.4f} ms [{estimate.ci_low_ms:.4f}, {estimate.ci_high_ms:.4f}] from "
+        f"processes {', '.join(f'{ms:.4f}' for ms in run.process_medians_ms)}"
+        for index, (estimate, run) in enumerate(zip(estimates, runs, strict=True))
+    )
+    message = (
+        f"{inside} of {len(pairs)} reruns inside the stated interval (at least {MIN_INSIDE:.0%} needed); "
+        f"inside the interval of the blocks alone: {blocks_only}\n{table}"
+    )
+    assert all(estimate.processes == PROCESSES for estimate in estimates), message
+    assert all(len(run.process_medians_ms) == PROCESSES for run in runs), message
+    assert inside >= MIN_INSIDE * len(pairs), message
+    print(message)
