@@ -77,7 +77,7 @@ def test_every_stage_run_carries_this_machine_and_the_checkpoint_digest(two_mach
     stage_runs = client.search_runs([two_machines["experiment_id"]])
     # one run per stage (the two profile runs have the same tags) and the `dvc repro`'s parent run
     by_stage = {run.data.tags["stage"]: run for run in stage_runs if run.info.run_id not in two_machines["h100"]}
-    assert set(by_stage) == {"pipeline", "download", "train", "profile"}
+    assert set(by_stage) == {"pipeline", "download", "train", "roofs", "profile"}
     for run in by_stage.values():
         assert {run.data.tags[NAME_TAG], run.data.tags[ID_TAG]} == {expected[NAME_TAG], expected[ID_TAG]}
     checkpoint = hashlib.sha256((two_machines["project"] / "models" / "model.pt").read_bytes()).hexdigest()

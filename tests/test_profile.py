@@ -7,8 +7,10 @@ import dataclasses
 import gzip
 import json
 import re
+import signal
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,14 @@ from pipeline.profiling.timing import StepTiming
 from pipeline.profiling.trace_analysis import StepAnatomy, TraceAnalysis
 from pipeline.profiling.worker import make_step
 from tests.helpers.data import LAB_MODEL
-from tests.helpers.projects import clone_project, read_params, write_params
+from tests.helpers.projects import (
+    clone_project,
+    default_sigint,
+    processes_in,
+    read_params,
+    stage_environment,
+    write_params,
+)
 from tests.helpers.records import make_record
 from tests.helpers.repo import REPO_ROOT
 
@@ -403,3 +412,51 @@ def test_kineto_noise_is_kept_out_of_the_console_but_real_errors_are_not() -> No
     assert result.returncode == 0, result.stderr
     assert "ERROR: a real native error" in result.stderr
     assert "gpuGetDeviceCount" not in result.stderr and "USDT:" not in result.stderr and "STAGE:" not in result.stderr
+
+
+def _timing_workers(project: Path) -> list[int]:
+    """The worker server and the timing processes forked from it that work in `project`."""
+    found = []
+    for pid in processes_in(project):
+        try:
+            if b"pipeline.profiling.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_while_timing_processes_run_leaves_no_worker_behind(
+    tmp_path: Path, reproduced_project: Path, mnist_mirror: Path, signum: int
+) -> None:
+    """The worker server runs in a session of its own (a terminal's Ctrl-C never reaches it): the stage must end it
+    and every timing process forked from it, whatever stopped the stage."""
+    project = clone_project(reproduced_project, tmp_path / "project")
+    params = read_params(project)
+    params["profile"].update(processes=3, time_budget_s=60.0)  # each timing process runs for ~20 s
+    write_params(project, params)
+    stage = subprocess.Popen(
+        [sys.executable, "-m", "stages.profile", "16", "cpu", "train"],
+        cwd=project,
+        env=stage_environment(mnist_mirror),
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
+    )
+    deadline = time.monotonic() + 120
+    while len(_timing_workers(project)) < 2:  # the server, and a timing process forked from it
+        assert stage.poll() is None and time.monotonic() < deadline, "no timing process started"
+        time.sleep(0.1)
+    stage.send_signal(signum)
+    _, stderr = stage.communicate(timeout=30)
+    assert stage.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[signum], stderr[-2000:]
+    assert "no outputs were written" in stderr and "Traceback" not in stderr, stderr[-2000:]
+    deadline = time.monotonic() + 10
+    while _timing_workers(project):
+        assert time.monotonic() < deadline, f"timing workers left running: {_timing_workers(project)}"
+        time.sleep(0.1)
+    # The stage's earlier output (the tiny params' 1 s budget) is still the one in place.
+    kept = json.loads((project / "profiles/16-cpu-train/profile.json").read_text())
+    assert kept["settings"]["time_budget_s"] == 1.0

@@ -96,7 +96,8 @@ def test_train_run_in_mlflow_has_params_curves_model_and_data_digest(trained: Pa
     inputs = {item.dataset.name: item for item in run.inputs.dataset_inputs}
     assert set(inputs) == {"mnist-train", "mnist-test"}
     input_tags = {name: {tag.key: tag.value for tag in item.tags} for name, item in inputs.items()}
-    assert input_tags["mnist-train"]["samples"] == "6400" and input_tags["mnist-test"]["samples"] == "10000"
+    # The test split as evaluated: its first 2,000 images (train.test_samples).
+    assert input_tags["mnist-train"]["samples"] == "6400" and input_tags["mnist-test"]["samples"] == "2000"
     assert input_tags["mnist-train"]["mlflow.data.context"] == "training"
     (download,) = client.search_runs([run.info.experiment_id], filter_string="tags.stage = 'download'")
     assert {i.dataset.digest for i in download.inputs.dataset_inputs} == {i.dataset.digest for i in inputs.values()}
