@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 
 from pipeline.profiling.roofs import DeviceRoofs, Roof
+from pipeline.profiling.timing import synchronizer
 
 # Big enough to keep every core (or every SM) busy, small enough to take < 0.2 s per product:
 # 2 * 2048^3 = 17 GFLOP on a CPU, 2 * 4096^3 = 137 GFLOP on a GPU.
@@ -32,17 +33,9 @@ TRIAD_ELEMENTS = {"cpu": 1 << 25, "cuda": 1 << 28, "mps": 1 << 25}
 ROOF_REPEATS = 15  # timed repeats of each roof (after WARMUP): enough for a fastest one that repeats
 
 
-def _synchronizer(device: torch.device) -> Callable[[], None]:
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    if device.type == "mps":
-        return torch.mps.synchronize
-    return lambda: None
-
-
 def _timed(operation: Callable[[], object], device: torch.device, repeats: int, warmup: int) -> list[float]:
     """Seconds of each of `repeats` runs of `operation` after `warmup` untimed ones (device synchronised)."""
-    sync = _synchronizer(device)
+    sync = synchronizer(device)
     for _ in range(warmup):
         operation()
     sync()

@@ -58,7 +58,7 @@ from pipeline.profiling.record import (
     run_params,
 )
 from pipeline.profiling.roofs import DeviceRoofs, read_roofs
-from pipeline.profiling.timing import StepTiming, time_steps
+from pipeline.profiling.timing import StepTiming, synchronizer, time_steps
 from pipeline.profiling.trace_analysis import CountedCall, OperatorStats, TraceAnalysis, analyse_trace, read_trace
 from pipeline.profiling.worker import WorkerSpec, make_step
 from pipeline.training.cuda_graph import make_graphable_step, time_graph_replays
@@ -83,15 +83,6 @@ class ProfileResult:
     def block_times_ms(self) -> tuple[float, ...]:
         """Per-step time of each block, to 5 significant digits (a record of ~1000 blocks stays ~10 kB)."""
         return tuple(float(f"{block.step_ms:.5g}") for block in self.step_timing.blocks)
-
-
-def synchronizer(device: torch.device) -> Callable[[], None]:
-    """Wait for queued device work: without it GPU steps would time only the kernel launches."""
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    if device.type == "mps":
-        return torch.mps.synchronize
-    return lambda: None
 
 
 def profile_combination(

@@ -110,6 +110,15 @@ def device_clock(device: torch.device) -> Callable[[], float]:
     return timeit.default_timer
 
 
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    """Wait for queued device work: without it GPU steps would time only the kernel launches."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    if device.type == "mps":
+        return torch.mps.synchronize
+    return lambda: None
+
+
 def time_steps(
     step: Callable[[], None],
     device: torch.device,
