@@ -12,7 +12,7 @@ import sys
 from tqdm import tqdm
 
 from pipeline.common.outputs import AtomicOutputs
-from pipeline.common.paths import DATA_ROOT, MODEL_CHECKPOINT, profile_outputs
+from pipeline.common.paths import DATA_ROOT, HARDWARE_ROOFS, MODEL_CHECKPOINT, profile_outputs
 from pipeline.common.stage_runner import run_stage
 from pipeline.params.loading import load_params
 from pipeline.profiling.artifacts import log_profile, write_profile_outputs
@@ -27,7 +27,7 @@ def main() -> None:
     params = load_params()
     combination = stage_combination(params.profile, sys.argv[1:])
     config = params.profile
-    setup = prepare_profile(combination, config, MODEL_CHECKPOINT, DATA_ROOT)
+    setup = prepare_profile(combination, config, MODEL_CHECKPOINT, DATA_ROOT, HARDWARE_ROOFS)
     paths = profile_outputs(combination.name)
 
     with open_tracker("profile", params.tracking, variant=combination.name) as tracker, AtomicOutputs() as outputs:

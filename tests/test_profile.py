@@ -278,6 +278,13 @@ def test_matrix_yields_six_tables_with_timing_and_traces(profiled: Path) -> None
         assert len(medians) == 2 and timing["step_time_ms_median"] == pytest.approx(sum(medians) / 2, rel=1e-4)
         assert timing["step_time_ms_ci_low"] <= min(medians) <= max(medians) <= timing["step_time_ms_ci_high"]
         assert "from the spread between 2 fresh processes" in table
+        # The ceiling is the roofs stage's, measured once for the machine: the same in every combination.
+        roofs = json.loads((profiled / "hardware" / "roofs.json").read_text())
+        (cpu,) = roofs["devices"]
+        rate = record["analysis"]["flop_rate"]
+        assert rate["peak_gflops_per_s"] == cpu["matmul_gflops_per_s"]["best"] > 0
+        assert rate["peak_pct"] == pytest.approx(100 * rate["achieved_gflops_per_s"] / rate["peak_gflops_per_s"])
+        assert record["analysis"]["peak_method"].startswith("fastest of 15 fp32 2048x2048 matrix products")
 
 
 @pytest.mark.slow

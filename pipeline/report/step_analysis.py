@@ -113,7 +113,7 @@ def flop_rate_markdown(facts: Sequence[StepFacts]) -> str:
     lines = [
         "FLOPs per step = the model's FLOPs per sample (forward; forward + backward in training; counted by "
         "torch.utils.flop_counter as in the model summary) x batch; achieved = FLOPs per step ÷ median timed step. "
-        "Peak, measured by each profile stage on its device: "
+        "Peak: the device's matmul roof, measured once for the machine by the `roofs` stage (`hardware/roofs.json`): "
         + "; ".join(f"{device}: {method}" for device, method in methods)
         + ".",
     ]
