@@ -6,7 +6,9 @@ Each repeat of a combination is timed exactly as the profile stage times it (pip
 a new worker server, `profile.processes` fresh timing processes sharing `profile.time_budget_s`, the stage's
 threads, warm-up and `ci_target_pct`. All combinations run once before any runs again, so the repeats of one
 combination are minutes apart, as two `dvc repro`s would be. Prints per combination each estimate with its
-stated 95 % CI, the largest difference between repeats, and which condition of issue 21 the row meets:
+stated 95 % CI (the processes' spread widened by the machine's speed drift, as the stage states it: read from
+`hardware/roofs.json` when it was measured on this machine, else probed here for `profile.drift_probe_s`), the
+largest difference between repeats, and which condition of issue 21 the row meets:
 
 - `agree`: the repeats agree within `--goal-pct` (the goal); else
 - `inside`: every repeat's estimate lies inside every other repeat's stated interval (the interval is honest
@@ -24,13 +26,17 @@ import os
 import sys
 import time
 
+import torch
+
 from pipeline.common.errors import PipelineError
 from pipeline.common.machine import cpu_model, machine_fingerprint
-from pipeline.common.paths import DATA_ROOT, MODEL_CHECKPOINT
+from pipeline.common.paths import DATA_ROOT, HARDWARE_ROOFS, MODEL_CHECKPOINT
 from pipeline.params.loading import load_params
+from pipeline.params.schema import ProfileConfig
+from pipeline.profiling.peak import speed_drift
 from pipeline.profiling.processes import time_in_processes
-from pipeline.profiling.statistics import StepEstimate, available_cores
-from pipeline.profiling.timing import StepTiming
+from pipeline.profiling.roofs import SpeedDrift, read_roofs
+from pipeline.profiling.statistics import StepEstimate, available_cores, with_drift
 from pipeline.profiling.worker import WorkerSpec
 
 
@@ -47,6 +53,19 @@ def verdict(estimates: list[StepEstimate], goal_pct: float) -> tuple[str, float]
         if other is not estimate
     )
     return ("inside" if inside else "MISS"), difference
+
+
+def machine_drift(device: str, config: ProfileConfig, fingerprint: dict[str, str]) -> tuple[SpeedDrift, str]:
+    """The speed drift the profile stage would include: the roofs stage's, if measured on this machine, else probed."""
+    if HARDWARE_ROOFS.exists():
+        try:
+            roofs = read_roofs(HARDWARE_ROOFS)
+        except PipelineError:
+            roofs = None
+        measured = roofs.for_device(device) if roofs is not None and roofs.fingerprint == fingerprint else None
+        if measured is not None:
+            return measured.speed_drift, f"from {HARDWARE_ROOFS}"
+    return speed_drift(torch.device(device), config.drift_probe_s), "probed now"
 
 
 def main() -> None:
@@ -68,7 +87,10 @@ def main() -> None:
         flush=True,
     )
     started = time.perf_counter()
-    runs: dict[tuple[int, str], list[StepTiming]] = {combination: [] for combination in combinations}
+    drift, source = machine_drift(args.device, config, fingerprint)
+    print(f"speed drift ±{drift.half_width_pct:.1f} % ({source}: {drift.method})", flush=True)
+    runs: dict[tuple[int, str], list[StepEstimate]] = {combination: [] for combination in combinations}
+    busy: dict[tuple[int, str], bool] = {}
     for repeat in range(args.repeats):
         for batch, mode in combinations:
             spec = WorkerSpec(
@@ -86,8 +108,9 @@ def main() -> None:
                 timing = time_in_processes(spec, config.processes)
             except PipelineError as error:
                 raise SystemExit(f"{batch}-{args.device}-{mode}: {error}") from None
-            runs[(batch, mode)].append(timing)
-            estimate, conditions = timing.estimate, timing.conditions
+            estimate, conditions = with_drift(timing.estimate, drift.half_width_pct), timing.conditions
+            runs[(batch, mode)].append(estimate)
+            busy[(batch, mode)] = busy.get((batch, mode), False) or conditions.busy
             print(
                 f"  run {repeat + 1} {batch}-{args.device}-{mode}: {estimate.median_ms:.3f} ms "
                 f"[{estimate.ci_low_ms:.3f}, {estimate.ci_high_ms:.3f}] ±{estimate.ci_half_width_pct:.1f} % from "
@@ -102,16 +125,15 @@ def main() -> None:
     print(header + " | largest difference % | holds | busy |")
     print("| --- |" + " ---: |" * args.repeats + " ---: | --- | --- |")
     misses, kinds = [], {"agree": 0, "inside": 0, "MISS": 0}
-    for (batch, mode_name), timings in runs.items():
-        estimates = [timing.estimate for timing in timings]
+    for (batch, mode_name), estimates in runs.items():
         kind, difference = verdict(estimates, args.goal_pct)
         kinds[kind] += 1
-        busy = any(timing.conditions.busy for timing in timings)
+        was_busy = busy[(batch, mode_name)]
         name = f"{batch}-{args.device}-{mode_name}"
         cells = " | ".join(f"{estimate.median_ms:.3f} (±{estimate.ci_half_width_pct:.1f})" for estimate in estimates)
-        print(f"| {name} | {cells} | {difference:.1f} | {kind} | {'yes' if busy else 'no'} |")
+        print(f"| {name} | {cells} | {difference:.1f} | {kind} | {'yes' if was_busy else 'no'} |")
         if kind == "MISS":
-            misses.append(f"{name} ({difference:.1f} %{', machine busy' if busy else ''})")
+            misses.append(f"{name} ({difference:.1f} %{', machine busy' if was_busy else ''})")
     print()
     print(
         f"{kinds['agree']} of {len(runs)} combinations agree within {args.goal_pct:g} %, {kinds['inside']} more "

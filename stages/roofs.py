@@ -15,7 +15,7 @@ from pipeline.common.outputs import AtomicOutputs
 from pipeline.common.paths import HARDWARE_FINGERPRINT, HARDWARE_ROOFS
 from pipeline.common.stage_runner import run_stage
 from pipeline.params.loading import load_params
-from pipeline.profiling.peak import measure_roofs
+from pipeline.profiling.peak import DRIFT_WINDOWS, measure_roofs
 from pipeline.profiling.roofs import MachineRoofs, write_roofs
 from pipeline.tracking.tags import hardware_tags
 from pipeline.tracking.tracker import open_tracker
@@ -32,8 +32,21 @@ def main() -> None:
     fingerprint = json.loads(HARDWARE_FINGERPRINT.read_text())
     with open_tracker("roofs", params.tracking) as tracker, AtomicOutputs() as outputs:
         tracker.set_tags(hardware_tags(hardware_description(devices[0])))
-        tracker.log_params({"threads": torch.get_num_threads(), "devices": ",".join(config.devices)})
-        measured = tuple(measure_roofs(device) for device in tqdm(devices, desc="roofs", unit="device"))
+        tracker.log_params(
+            {
+                "threads": torch.get_num_threads(),
+                "devices": ",".join(config.devices),
+                "drift_probe_s": config.drift_probe_s,
+            }
+        )
+        with tqdm(
+            total=len(devices) * (DRIFT_WINDOWS if config.drift_probe_s > 0 else 0),
+            desc="roofs and drift probe",
+            unit="window",
+        ) as bar:
+            measured = tuple(
+                measure_roofs(device, drift_probe_s=config.drift_probe_s, progress=bar.update) for device in devices
+            )
         roofs = MachineRoofs(fingerprint=fingerprint, devices=measured)
         outputs.write_text(HARDWARE_ROOFS, write_roofs(roofs))
         for device in measured:
@@ -44,6 +57,7 @@ def main() -> None:
                     "triad_gb_per_s": device.triad_gb_per_s.best,
                     "triad_gb_per_s_median": device.triad_gb_per_s.median,
                     "ridge_flops_per_byte": device.ridge_flops_per_byte,
+                    "speed_drift_pct": device.speed_drift.half_width_pct,
                 },
                 prefix=f"roofs/{device.device}/",
             )
@@ -51,8 +65,8 @@ def main() -> None:
         print(
             f"{device.device}: {device.matmul_gflops_per_s.best:.1f} GFLOP/s (median "
             f"{device.matmul_gflops_per_s.median:.1f}), {device.triad_gb_per_s.best:.1f} GB/s (median "
-            f"{device.triad_gb_per_s.median:.1f}); ridge at {device.ridge_flops_per_byte:.1f} FLOP/byte "
-            f"-> {HARDWARE_ROOFS}"
+            f"{device.triad_gb_per_s.median:.1f}); ridge at {device.ridge_flops_per_byte:.1f} FLOP/byte; speed "
+            f"drift ±{device.speed_drift.half_width_pct:.1f} % -> {HARDWARE_ROOFS}"
         )
 
 

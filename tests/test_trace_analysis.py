@@ -249,7 +249,9 @@ def test_h100_trace_credits_flops_to_cudnn_and_backward_and_adds_up_to_the_model
     model = LabNet(LAB_MODEL)
     summary = summarize(model, model.input_shape)
     images, labels = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
-    calls = count_step_flops(make_step(model, "inference" if mode == "inference" else "train", images, labels, 1.0))
+    calls = count_step_flops(
+        make_step(model, "inference" if mode == "inference" else "train", images, labels, 1.0)
+    ).calls
     analysis = analyse_trace(read_trace(reference_trace(name, tmp_path)), "cuda", calls)
 
     rows = {row.operator: row for row in analysis.operators}

@@ -154,6 +154,9 @@ class ProfileConfig:
     # Fresh processes the budget is shared among (pipeline/profiling/processes.py): the interval comes from the
     # spread between them, which a rerun respects; 1 = time in the stage's process (an interval a rerun misses).
     processes: int = _rule(ge=1, le=64)
+    # Seconds the `roofs` stage times a fixed workload to measure how far this machine's speed drifts over time
+    # (pipeline.profiling.roofs.SpeedDrift); every profile interval includes that drift. 0 = not measured.
+    drift_probe_s: float = _rule(ge=0, le=3600)
     # CPU threads; 0 = one per core (the number used is recorded).
     threads: int = _rule(ge=0, le=1024)
     # Seconds of the allocator what-if per CPU combination: the step timed with glibc malloc's defaults too

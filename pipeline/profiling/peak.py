@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from pipeline.profiling.roofs import DeviceRoofs, Roof
+from pipeline.profiling.roofs import DeviceRoofs, Roof, SpeedDrift
 from pipeline.profiling.timing import synchronizer
 
 # Big enough to keep every core (or every SM) busy, small enough to take < 0.2 s per product:
@@ -31,6 +31,11 @@ MATRIX_SIZE = {"cpu": 2048, "cuda": 4096, "mps": 2048}
 # fp32 elements per triad array: 3 x 128 MiB on a CPU, 3 x 1 GiB on a GPU, far beyond any L3 or L2 cache.
 TRIAD_ELEMENTS = {"cpu": 1 << 25, "cuda": 1 << 28, "mps": 1 << 25}
 ROOF_REPEATS = 15  # timed repeats of each roof (after WARMUP): enough for a fastest one that repeats
+# The drift probe's workload: a 384² fp32 product and a triad over 3 x 4 MiB, about a millisecond on a CPU core,
+# a mix of the two kinds of work a lab step does (compute in cache, streaming through memory).
+DRIFT_MATRIX_SIZE = 384
+DRIFT_TRIAD_ELEMENTS = 1 << 20
+DRIFT_WINDOWS = 8
 
 
 def _timed(operation: Callable[[], object], device: torch.device, repeats: int, warmup: int) -> list[float]:
@@ -76,10 +81,53 @@ def triad_roof(device: torch.device, elements: int, repeats: int) -> Roof:
     return _roof(12 * elements / 1e9, _timed(lambda: torch.add(b, c, alpha=3.0, out=a), device, repeats, warmup=2))
 
 
+def speed_drift(
+    device: torch.device, seconds: float, windows: int = DRIFT_WINDOWS, progress: Callable[[], None] | None = None
+) -> SpeedDrift:
+    """The drift probe (`SpeedDrift`): a fixed small workload timed back to back for `seconds`, split into
+    `windows` windows, each summarised by its median call time. 0 seconds: not measured (no windows)."""
+    n, elements = DRIFT_MATRIX_SIZE, DRIFT_TRIAD_ELEMENTS
+    workload = f"a {n}x{n} fp32 matrix product and a triad over 3 x {elements * 4 / 2**20:.0f} MiB"
+    if seconds <= 0:
+        return SpeedDrift(window_s=0.0, window_medians_ms=(), workload=workload)
+    generator = torch.Generator().manual_seed(0)
+    left, right = (torch.randn(n, n, generator=generator).to(device) for _ in range(2))
+    b, c = (torch.rand(elements, generator=generator).to(device) for _ in range(2))
+    product, a = torch.empty(n, n, device=device), torch.empty(elements, device=device)
+
+    def work() -> None:
+        torch.mm(left, right, out=product)
+        torch.add(b, c, alpha=3.0, out=a)
+
+    sync = synchronizer(device)
+    for _ in range(5):
+        work()
+    sync()
+    window_s = seconds / windows
+    medians = []
+    for _ in range(windows):
+        times = []
+        ends = time.perf_counter() + window_s
+        while (started := time.perf_counter()) < ends:
+            work()
+            sync()
+            times.append(time.perf_counter() - started)
+        medians.append(1000.0 * statistics.median(times))
+        if progress is not None:
+            progress()
+    return SpeedDrift(window_s=window_s, window_medians_ms=tuple(medians), workload=workload)
+
+
 def measure_roofs(
-    device: torch.device, repeats: int = ROOF_REPEATS, size: int | None = None, triad_elements: int | None = None
+    device: torch.device,
+    repeats: int = ROOF_REPEATS,
+    size: int | None = None,
+    triad_elements: int | None = None,
+    drift_probe_s: float = 0.0,
+    progress: Callable[[], None] | None = None,
 ) -> DeviceRoofs:
-    """Both roofs of `device`, each over `repeats` timed repeats (the arrays of one are freed before the other)."""
+    """Both roofs of `device`, each over `repeats` timed repeats (the arrays of one are freed before the other),
+    and its speed drift over `drift_probe_s` seconds (`progress()` after each window)."""
     n = size or MATRIX_SIZE.get(device.type, 1024)
     elements = triad_elements or TRIAD_ELEMENTS.get(device.type, 1 << 25)
     return DeviceRoofs(
@@ -90,4 +138,5 @@ def measure_roofs(
         triad_elements=elements,
         threads=torch.get_num_threads(),
         tf32=_tf32(device),
+        speed_drift=speed_drift(device, drift_probe_s, progress=progress),
     )

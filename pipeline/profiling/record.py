@@ -33,9 +33,11 @@ METRIC_PREFIX = "profile/"
 # 3: operator rows say "no number" as null: MFLOPs counted by torch.utils.flop_counter on the operator that
 # runs them (forward and backward), null where none ran; GPU times null on CPU-only runs.
 # 4: the step timed in `profile.processes` fresh processes, each one's median kept; the interval from their spread.
-RECORD_FORMAT = 4
+# 5: the interval includes the machine's speed drift (`Timing.drift_pct`); the bytes the FLOP-carrying operators
+# and the whole step move (`OperatorRow.mbytes`, `FlopRate.bytes_per_step`) and the memory roof, for the roofline.
+RECORD_FORMAT = 5
 # Older formats the report still reads (committed records of earlier runs), converted by `_upgrade`.
-READABLE_FORMATS = (2, 3, RECORD_FORMAT)
+READABLE_FORMATS = (2, 3, 4, RECORD_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,16 @@ class OperatorRow:
     # wrapper (`aten::conv2d`, `aten::linear`) whose work is counted once, on the operator it calls.
     # Format-2 records held torch.profiler's own counts (convolutions on `aten::conv2d`, forward only).
     mflops: float | None
+    # Per step, megabytes the counted calls of this operator read and write (inputs, weights, outputs): FLOPs over
+    # these bytes is its arithmetic intensity. None where mflops is None, and in records before format 5.
+    mbytes: float | None = None
+
+    @property
+    def intensity_flops_per_byte(self) -> float | None:
+        """FLOPs per byte moved (the roofline's x), or None without both numbers."""
+        if self.mflops is None or not self.mbytes:
+            return None
+        return self.mflops / self.mbytes
 
 
 @dataclass(frozen=True)
@@ -101,6 +113,9 @@ class Timing:
     # Fresh processes the step was timed in (profile.processes); from 2 on, the interval is their spread.
     # Format-3 records timed in one process.
     processes: int = 1
+    # The machine's speed drift (95 % half-width, %, measured by the roofs stage) that the interval includes, so
+    # that a rerun minutes later lands inside it; 0: not included (format 4 and older, or profile.drift_probe_s 0).
+    drift_pct: float = 0.0
 
     @classmethod
     def from_estimate(
@@ -128,6 +143,7 @@ class Timing:
             peak_memory_mb=peak_memory_mb,
             top_operator_share_pct=top_operator_share_pct,
             processes=estimate.processes,
+            drift_pct=estimate.drift_pct,
         )
 
     def as_metrics(self) -> dict[str, float]:
@@ -165,9 +181,32 @@ class FlopRate:
     achieved_gflops_per_s: float
     peak_gflops_per_s: float  # measured on the same device by pipeline.profiling.peak; 0 if unknown
     peak_pct: float  # achieved / peak; 0 if the peak is unknown
+    # Bytes every operator of one step reads and writes (inputs, weights, outputs; views move none): the step's
+    # memory traffic if no cache reused anything. 0: not counted (records before format 5).
+    bytes_per_step: float = 0.0
+    bandwidth_gb_per_s: float = 0.0  # the device's memory roof (STREAM triad, the roofs stage); 0 if unknown
+
+    @property
+    def intensity_flops_per_byte(self) -> float | None:
+        """The step's FLOPs per byte moved (the roofline's x), or None when its bytes were not counted."""
+        return self.flops_per_step / self.bytes_per_step if self.bytes_per_step > 0 else None
+
+    @property
+    def ridge_flops_per_byte(self) -> float | None:
+        """Where the device's two roofs meet: below it the attainable rate is bandwidth x intensity."""
+        if self.peak_gflops_per_s <= 0 or self.bandwidth_gb_per_s <= 0:
+            return None
+        return self.peak_gflops_per_s / self.bandwidth_gb_per_s
 
 
-def flop_rate(flops_per_sample: float, batch_size: int, step_ms: float, peak_gflops_per_s: float) -> FlopRate:
+def flop_rate(
+    flops_per_sample: float,
+    batch_size: int,
+    step_ms: float,
+    peak_gflops_per_s: float,
+    bytes_per_step: float = 0.0,
+    bandwidth_gb_per_s: float = 0.0,
+) -> FlopRate:
     flops = flops_per_sample * batch_size
     achieved = flops / (step_ms / 1000) / 1e9 if step_ms > 0 else 0.0
     return FlopRate(
@@ -176,6 +215,8 @@ def flop_rate(flops_per_sample: float, batch_size: int, step_ms: float, peak_gfl
         achieved_gflops_per_s=achieved,
         peak_gflops_per_s=peak_gflops_per_s,
         peak_pct=100.0 * achieved / peak_gflops_per_s if peak_gflops_per_s > 0 else 0.0,
+        bytes_per_step=bytes_per_step,
+        bandwidth_gb_per_s=bandwidth_gb_per_s,
     )
 
 

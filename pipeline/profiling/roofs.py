@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.common.errors import PipelineError
 from pipeline.common.typed import build
 from pipeline.profiling.record import RecordDialect, RecordMismatch
+from pipeline.profiling.statistics import t_975
 
-ROOFS_FORMAT = 1
+# 2: each device's speed drift (`SpeedDrift`), which every profile interval includes.
+ROOFS_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,46 @@ class Roof:
 
 
 @dataclass(frozen=True)
+class SpeedDrift:
+    """How far this machine's speed moves over time: one fixed workload timed in consecutive windows.
+
+    On a shared VM the other tenants' load changes over seconds to minutes and slows everything it shares
+    caches and cores with, invisible from inside (no steal time, no CPU pressure). A profile stage's timing
+    processes run within seconds of each other, so their spread misses that; this probe, measured once per
+    machine by the `roofs` stage, says how much a rerun minutes later can differ, and every profile interval
+    includes it (pipeline.profiling.statistics.with_drift). On a dedicated machine it is about 1 %.
+    """
+
+    window_s: float  # each window's length
+    window_medians_ms: tuple[float, ...]  # the workload's median time in each window, in order
+    workload: str  # what was timed
+
+    @property
+    def spread_pct(self) -> float:
+        """Standard deviation of the windows' log medians, in % (0 with fewer than two windows)."""
+        if len(self.window_medians_ms) < 2 or min(self.window_medians_ms) <= 0:
+            return 0.0
+        return 100.0 * statistics.stdev(math.log(value) for value in self.window_medians_ms)
+
+    @property
+    def half_width_pct(self) -> float:
+        """95 % prediction half-width for the speed of one more window, in %: t(n-1) · s · sqrt(1 + 1/n) on the
+        log scale (0 when not measured)."""
+        windows = len(self.window_medians_ms)
+        if windows < 2:
+            return 0.0
+        log_half = t_975(windows - 1) * self.spread_pct / 100.0 * math.sqrt(1 + 1 / windows)
+        return 100.0 * math.expm1(log_half)
+
+    @property
+    def method(self) -> str:
+        return (
+            f"{self.workload}, its median time in each of {len(self.window_medians_ms)} consecutive "
+            f"{self.window_s:g}-s windows (spread {self.spread_pct:.1f} %)"
+        )
+
+
+@dataclass(frozen=True)
 class DeviceRoofs:
     device: str  # cpu | cuda | mps
     matmul_gflops_per_s: Roof  # fp32 n x n @ n x n products (2 n^3 FLOPs each)
@@ -43,6 +87,7 @@ class DeviceRoofs:
     triad_elements: int
     threads: int  # CPU threads torch used
     tf32: bool  # whether cuBLAS was allowed TF32 for fp32 products (torch's default: no)
+    speed_drift: SpeedDrift  # how far the device's speed moves over time (profile.drift_probe_s; none: 0 windows)
 
     @property
     def ridge_flops_per_byte(self) -> float:

@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from pipeline.common.allocator import AllocatorSetup, glibc_defaults, plan_allocator, tune_allocator
@@ -58,6 +60,7 @@ from pipeline.profiling.record import (
     run_params,
 )
 from pipeline.profiling.roofs import DeviceRoofs, read_roofs
+from pipeline.profiling.statistics import with_drift
 from pipeline.profiling.timing import StepTiming, synchronizer, time_steps
 from pipeline.profiling.trace_analysis import CountedCall, OperatorStats, TraceAnalysis, analyse_trace, read_trace
 from pipeline.profiling.worker import WorkerSpec, make_step
@@ -75,6 +78,7 @@ class ProfileResult:
     peak_memory_mb: float  # most memory torch had allocated on the device during the measured steps
     analysis: TraceAnalysis  # what the trace says: operators, ranges, kernels, step anatomy
     page_faults_per_step: float  # minor page faults per step, counted after the timing
+    bytes_per_step: float = 0.0  # what every operator of one step reads and writes (StepWork)
 
     def timing(self) -> Timing:
         top = self.operators[0] if self.operators else None
@@ -111,9 +115,9 @@ def profile_combination(
     on_gpu = device.type == "cuda"
     trace_steps(step, sync, on_gpu, active_steps, trace_path)
     peak = torch.cuda.max_memory_allocated(device) if on_gpu else _peak_cpu_memory(trace_path)
-    step_flops = count_step_flops(step)  # after the peak memory is read: the counter's step stays out of it
+    work = count_step_flops(step)  # after the peak memory is read: the counter's step stays out of it
     sync()
-    analysis = analyse_trace(read_trace(trace_path), device.type, step_flops)
+    analysis = analyse_trace(read_trace(trace_path), device.type, work.calls)
     return ProfileResult(
         combination=combination,
         step_timing=step_timing,
@@ -121,6 +125,7 @@ def profile_combination(
         peak_memory_mb=peak / _MEGABYTE,
         analysis=analysis,
         page_faults_per_step=faults,
+        bytes_per_step=work.bytes_per_step,
     )
 
 
@@ -164,11 +169,45 @@ def page_faults_per_step(step: Callable[[], None], sync: Callable[[], None], ste
     return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps
 
 
-def count_step_flops(step: Callable[[], None]) -> tuple[CountedCall, ...]:
-    """Run `step` once under torch.utils.flop_counter and list each counted call's FLOPs in call order.
+@dataclass(frozen=True)
+class StepWork:
+    """What one step computes and moves: each FLOP-counted call (with its bytes) and every operator's bytes."""
+
+    calls: tuple[CountedCall, ...]  # in call order
+    bytes_per_step: float  # inputs, weights and outputs of every operator that is not a view
+
+
+def tensor_bytes(*trees: object) -> float:
+    """Bytes of the tensors in `trees` (nested args, kwargs, outputs), each as often as it appears."""
+    return float(
+        sum(leaf.numel() * leaf.element_size() for leaf in tree_leaves(trees) if isinstance(leaf, torch.Tensor))
+    )
+
+
+class _StepTraffic(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's class is untyped
+    """Adds up the bytes every ATen operator of a step reads and writes; views (reshape, transpose, detach...)
+    alias their input and move nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.bytes = 0.0
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            self.bytes += tensor_bytes(args, kwargs, out)
+        return out
+
+
+def count_step_flops(step: Callable[[], None]) -> StepWork:
+    """Run `step` once under torch.utils.flop_counter and list each counted call's FLOPs and bytes in call order,
+    with the bytes all operators of the step move.
 
     The counter's formulas (convolution, convolution_backward, mm, addmm, bmm, attention, ...) are the
-    ones the model summary's FLOPs come from; each is wrapped to also note the call, so that the trace
+    ones the model summary's FLOPs come from; each is wrapped to also note the call and its tensors' bytes
+    (inputs, weights, outputs: the roofline's arithmetic intensity is FLOPs over them), so that the trace
     analysis can credit every call to the traced operator that ran it. The step is a real one (in train
     mode the optimizer updates the weights once more), run outside the timed and traced passes.
     """
@@ -177,7 +216,7 @@ def count_step_flops(step: Callable[[], None]) -> tuple[CountedCall, ...]:
     def recording(operator: str, formula: Callable[..., int]) -> Callable[..., int]:
         def count(*args: Any, out_val: Any = None, **kwargs: Any) -> int:
             flops = formula(*args, out_val=out_val, **kwargs)
-            calls.append(CountedCall(operator, float(flops)))
+            calls.append(CountedCall(operator, float(flops), tensor_bytes(args, kwargs, out_val)))
             return flops
 
         count._get_raw = True  # type: ignore[attr-defined]  # FlopCounterMode: already takes (args, out_val)
@@ -187,9 +226,9 @@ def count_step_flops(step: Callable[[], None]) -> tuple[CountedCall, ...]:
     mapping = {
         packet: recording(str(packet).replace(".", "::", 1), formula) for packet, formula in flop_registry.items()
     }
-    with FlopCounterMode(display=False, custom_mapping=mapping):
+    with FlopCounterMode(display=False, custom_mapping=mapping), _StepTraffic() as traffic:
         step()
-    return tuple(calls)
+    return StepWork(calls=tuple(calls), bytes_per_step=traffic.bytes)
 
 
 def operator_row(stats: OperatorStats, on_gpu: bool) -> OperatorRow:
@@ -376,8 +415,11 @@ def run_profile(
         time_budget_s=settings.time_budget_s,
         step_timing=step_timing,
     )
-    timing = result.timing()
     roofs = setup.roofs
+    if roofs is not None:  # the interval also holds for a rerun minutes later: the machine's drift included
+        widened = with_drift(result.step_timing.estimate, roofs.speed_drift.half_width_pct)
+        result = dataclasses.replace(result, step_timing=dataclasses.replace(result.step_timing, estimate=widened))
+    timing = result.timing()
     analysis = result.analysis
     graph_times: tuple[float, ...] = ()
     if setup.graph_step is not None:  # after the eager passes, so that graph memory pools stay out of them
@@ -398,6 +440,8 @@ def run_profile(
                 setup.combination.batch_size,
                 timing.step_time_ms_median,
                 roofs.matmul_gflops_per_s.best if roofs else 0.0,
+                bytes_per_step=result.bytes_per_step,
+                bandwidth_gb_per_s=roofs.triad_gb_per_s.best if roofs else 0.0,
             ),
             peak_method=roofs.method if roofs else "",
             ranges=analysis.ranges,

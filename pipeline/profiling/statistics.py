@@ -108,6 +108,8 @@ class StepEstimate:
     blocks: int
     ci_target_pct: float
     processes: int = 1  # fresh processes timed; with more than one, the interval is the spread between them
+    # The machine's speed drift (95 % half-width, %, the roofs stage's probe) that the interval includes; 0: none.
+    drift_pct: float = 0.0
 
     @property
     def interval(self) -> Interval:
@@ -162,8 +164,22 @@ def estimate_step_time(
     )
 
 
-# Student's t, 97.5 % quantile, for 1-4 degrees of freedom: the interval of 2-5 processes (no scipy needed).
-_T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}
+# Student's t, 97.5 % quantile, for 1-30 degrees of freedom (no scipy needed; checked against scipy in a test).
+_T_975 = {
+    1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+    11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086,
+    21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045, 30: 2.042,
+}  # fmt: skip
+NORMAL_975 = 1.960  # beyond 30 degrees of freedom t is within 2 % of it
+
+
+def t_975(degrees_of_freedom: int) -> float:
+    """Student's t 97.5 % quantile (the two-sided 95 % interval's)."""
+    if degrees_of_freedom < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {degrees_of_freedom}")
+    return _T_975.get(degrees_of_freedom, NORMAL_975)
+
+
 MIN_ORDER_STATISTIC_PROCESSES = 6  # the fewest values with a distribution-free 95 % interval of the median
 
 
@@ -181,7 +197,7 @@ def between_process_interval(medians: Sequence[float], confidence: float = CONFI
     if len(values) < 2 or min(values) <= 0 or confidence != CONFIDENCE:
         return None
     logs = [math.log(value) for value in values]
-    half = _T_975[len(values) - 1] * statistics.stdev(logs) / math.sqrt(len(values))
+    half = t_975(len(values) - 1) * statistics.stdev(logs) / math.sqrt(len(values))
     centre = statistics.fmean(logs)
     median = statistics.median(values)
     return min(math.exp(centre - half), median), max(math.exp(centre + half), median)
@@ -205,6 +221,29 @@ def estimate_over_processes(
     median = statistics.median(medians)
     low, high = between_process_interval(medians) or (0.0, 2.0 * median)
     return dataclasses.replace(pooled, median_ms=median, ci_low_ms=low, ci_high_ms=high, processes=len(processes))
+
+
+def with_drift(estimate: StepEstimate, drift_pct: float) -> StepEstimate:
+    """The estimate with its interval widened by the machine's speed drift (a 95 % half-width in %).
+
+    The processes of one stage run within seconds of each other, so their spread misses how the machine's
+    speed moves over minutes (issue 21: reruns minutes apart differed by 13-30 % on a 2-vCPU VM whose
+    six-process intervals were ±6-21 %). A rerun's estimate differs by both, independently, so on the log scale
+    (a speed change is a ratio) each side's half-width becomes sqrt(side² + drift²). The median stays.
+    """
+    if drift_pct <= 0:
+        return estimate
+    drift = math.log1p(drift_pct / 100.0)
+    median = estimate.median_ms
+
+    def widened(end: float) -> float:
+        side = abs(math.log(end / median)) if end > 0 else math.inf
+        return math.exp(math.hypot(side, drift))
+
+    low = median / widened(estimate.ci_low_ms) if estimate.ci_low_ms > 0 else 0.0
+    return dataclasses.replace(
+        estimate, ci_low_ms=low, ci_high_ms=median * widened(estimate.ci_high_ms), drift_pct=drift_pct
+    )
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,20 @@ def measurement_warnings(record: ProfileRecord) -> list[str]:
         warnings.append(busy)
     timing, settings = record.timing, record.settings
     if timing.noisy:
+        drift = (
+            f"; it includes the machine's speed drift of ±{timing.drift_pct:.1f} %"
+            + (
+                ", which alone exceeds the target: only a quieter machine helps"
+                if timing.drift_pct > settings.ci_target_pct
+                else ""
+            )
+            if timing.drift_pct > 0
+            else ""
+        )
         warnings.append(
             f"{NOISY_ADVICE} (the 95 % CI of the median step time is ±{timing.step_time_ci_pct:.1f} %, the target "
             f"`profile.ci_target_pct` ±{settings.ci_target_pct:g} %, after {timing.timing_s:.1f} s of the "
-            f"{settings.time_budget_s:g} s `profile.time_budget_s`)"
+            f"{settings.time_budget_s:g} s `profile.time_budget_s`{drift})"
         )
     return warnings
 
@@ -40,6 +50,8 @@ def timing_summary(record: ProfileRecord) -> str:
         if timing.processes > 1
         else "within one process, which a rerun need not respect"
     )
+    if timing.drift_pct > 0:
+        source += f" and the machine's speed drift (±{timing.drift_pct:.1f} %, `dvc repro roofs`)"
     return (
         f"Step time {timing.step_time_ms_median:.3f} ms median (IQR {timing.step_time_ms_iqr:.3f} ms; 95 % CI "
         f"{timing.step_time_ms_ci_low:.3f}-{timing.step_time_ms_ci_high:.3f} ms, ±{timing.step_time_ci_pct:.1f} %, "

@@ -90,6 +90,8 @@ class OperatorStats:
     total_device_ms: float  # kernels of it and the operators nested in it
     share_pct: float  # of the ranked total: self device time on a GPU, self CPU time on the CPU
     mflops: float | None  # per step, the work it runs itself; None: no counted FLOPs (no formula, or a wrapper)
+    # Per step, megabytes its counted calls read and write (inputs, weights, outputs); None where mflops is None.
+    mbytes: float | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class CountedCall:
 
     operator: str  # the name the trace gives it: `aten::convolution`, `aten::convolution_backward`, `aten::mm`
     flops: float
+    bytes: float = 0.0  # its tensors' bytes: inputs (weights among them) and outputs, each counted once per use
 
 
 # What implements a counted operator: an operator below it whose name says it does the same work. The chain is
@@ -274,8 +277,8 @@ def analyse_trace(trace: Trace, device: str, step_flops: Sequence[CountedCall] =
             total_device[parent] += total_device[index]
 
     on_gpu = device != "cpu"
-    flops = _attribute_flops(host, parents, is_operator, window, step_flops)
-    operators = _rank_operators(host, is_operator, self_cpu, self_device, total_device, steps, on_gpu, flops)
+    work = _attribute_flops(host, parents, is_operator, window, step_flops)
+    operators = _rank_operators(host, is_operator, self_cpu, self_device, total_device, steps, on_gpu, work)
     ranges = _ranges(host, total_device, steps)
     kernel_rows = _kernel_rows(kernels, kernel_owners, steps)
     anatomy = _anatomy(trace, host, is_operator, device_events, window, on_gpu, device)
@@ -348,16 +351,16 @@ def _attribute_flops(
     is_operator: Sequence[bool],
     window: _Steps,
     step_flops: Sequence[CountedCall],
-) -> dict[str, float]:
-    """FLOPs over all traced steps per operator name, each call's on the operator that implements it.
+) -> dict[str, tuple[float, float]]:
+    """FLOPs and bytes over all traced steps per operator name, each call's on the operator that implements it.
 
     Calls are matched by order within each step (operators on all threads, by start time: on CUDA the
     backward runs on the autograd engine's own thread). Where a step's events of a counted operator do not
-    match the counted calls one for one, that operator's FLOPs stay on its own row, so the total still holds.
+    match the counted calls one for one, that operator's work stays on its own row, so the total still holds.
     """
-    counted: dict[str, list[float]] = defaultdict(list)
+    counted: dict[str, list[CountedCall]] = defaultdict(list)
     for call in step_flops:
-        counted[call.operator].append(call.flops)
+        counted[call.operator].append(call)
     children: dict[int, list[int]] = defaultdict(list)
     for index, parent in enumerate(parents):
         if parent is not None and is_operator[index]:
@@ -367,16 +370,19 @@ def _attribute_flops(
         step = window.index(event.start_us)
         if is_operator[index] and event.name in counted and step is not None:
             events[(event.name, step)].append(index)
-    flops: dict[str, float] = defaultdict(float)
+    work: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for step in range(len(window.steps)):
         for name, calls in counted.items():
             matched = sorted(events.get((name, step), []), key=lambda i: host[i].start_us)
-            if len(matched) != len(calls):
-                flops[name] += sum(calls)
-                continue
-            for index, call_flops in zip(matched, calls, strict=True):
-                flops[host[_implementation(index, host, children)].name] += call_flops
-    return dict(flops)
+            owners = (
+                [host[_implementation(index, host, children)].name for index in matched]
+                if len(matched) == len(calls)
+                else [name] * len(calls)
+            )
+            for owner, call in zip(owners, calls, strict=True):
+                work[owner][0] += call.flops
+                work[owner][1] += call.bytes
+    return {name: (flops, moved) for name, (flops, moved) in work.items()}
 
 
 def _implementation(index: int, host: Sequence[TraceEvent], children: Mapping[int, Sequence[int]]) -> int:
@@ -398,7 +404,7 @@ def _rank_operators(
     total_device: Sequence[float],
     steps: int,
     on_gpu: bool,
-    flops: Mapping[str, float],
+    work: Mapping[str, tuple[float, float]],
 ) -> tuple[OperatorStats, ...]:
     sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0, 0.0])
     for index, event in enumerate(host):
@@ -421,7 +427,8 @@ def _rank_operators(
             self_device_ms=entry[3] / steps / 1000,
             total_device_ms=entry[4] / steps / 1000,
             share_pct=100.0 * entry[ranked_by] / total,
-            mflops=flops[name] / steps / 1e6 if name in flops else None,
+            mflops=work[name][0] / steps / 1e6 if name in work else None,
+            mbytes=work[name][1] / steps / 1e6 if name in work else None,
         )
         for name, entry in sums.items()
     ]

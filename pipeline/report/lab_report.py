@@ -34,6 +34,7 @@ from pipeline.report.allocator_whatif import allocator_markdown, allocator_sente
 from pipeline.report.comparison import ComparisonRow, comparison_markdown, comparison_rows, comparison_sentences
 from pipeline.report.figures import batch_size_plot, cpu_vs_gpu_figure, read_csv, roofline_figure, training_curves
 from pipeline.report.rendering import GRAPH_FIGURE
+from pipeline.report.roofline import RooflinePoint, roofline_chart, roofline_markdown, roofline_points
 from pipeline.report.step_analysis import (
     StepFacts,
     anatomy_markdown,
@@ -164,7 +165,7 @@ def build_report(params: Params, figures: Path) -> Report:
         sections.append("![per-sample time](figures/per_sample_time.png)\n\n![throughput](figures/throughput.png)\n")
 
     facts = step_facts(inputs.profiles)
-    sections += step_sections(facts, figures)
+    sections += step_sections(facts, roofline_points(inputs.profiles), figures)
 
     sections += ["## 9. Memory allocator: glibc's defaults against the tuned allocator\n"]
     sections.append(allocator_markdown(inputs.profiles))
@@ -179,7 +180,7 @@ def build_report(params: Params, figures: Path) -> Report:
     return Report("\n".join(sections), rows)
 
 
-def step_sections(facts: Sequence[StepFacts], figures: Path) -> list[str]:
+def step_sections(facts: Sequence[StepFacts], points: Sequence[RooflinePoint], figures: Path) -> list[str]:
     """Sections 6-8: where each step's time goes, its achieved FLOP/s against the peak, CPU vs GPU."""
     sections = ["## 6. Step anatomy: where a step's time goes\n", anatomy_markdown(facts)]
     sections += ["## 7. Achieved FLOP/s against the device's peak\n", flop_rate_markdown(facts)]
@@ -190,6 +191,10 @@ def step_sections(facts: Sequence[StepFacts], figures: Path) -> list[str]:
                 peaks.setdefault(fact.device, []).append(fact.rate.peak_gflops_per_s)
         roofline_figure(facts, {device: statistics.median(v) for device, v in peaks.items()}, figures / "roofline.png")
         sections.append("![achieved FLOP/s vs batch size](figures/roofline.png)\n")
+    sections += ["### The roofline: arithmetic intensity under both roofs\n", roofline_markdown(points)]
+    if points:
+        roofline_chart(points, figures / "roofline_intensity.png")
+        sections.append("![roofline: GFLOP/s against FLOP/byte under both roofs](figures/roofline_intensity.png)\n")
     sections += ["## 8. CPU vs GPU\n", cpu_vs_gpu_markdown(facts)]
     if has_gpu_pairs(facts):
         cpu_vs_gpu_figure(facts, figures / "cpu_vs_gpu.png")
