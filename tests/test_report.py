@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -10,11 +11,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from matplotlib.axes import Axes
 from mlflow import MlflowClient
 from PIL import Image
 
+from pipeline.common.tables import rows_csv
 from pipeline.params.parsing import params_from_mapping
-from pipeline.report.comparison import comparison_markdown, comparison_rows, comparison_sentences
+from pipeline.report.comparison import (
+    COMPARISON_PLOT_FIELDS,
+    comparison_markdown,
+    comparison_rows,
+    comparison_sentences,
+)
+from pipeline.report.figures import (
+    ErrorBars,
+    batch_size_plot,
+    batch_size_series,
+    flop_rate_series,
+    per_sample_series,
+)
 from pipeline.report.lab_report import build_report, read_inputs
 from pipeline.report.step_analysis import step_facts, step_sentences
 from tests.helpers.projects import clone_project, read_params, write_params
@@ -63,6 +79,128 @@ def test_overlapping_intervals_read_no_measurable_difference() -> None:
     )
     same = "At batch 1 inference cuda vs cpu: no measurable difference (0.97-1.07x) (0.490 vs 0.500 ms per step)."
     assert same in step_sentences(step_facts(records))
+
+
+def _train_series(per_sample_ms: dict[int, float], ci_pct: float = 2.0) -> list[str]:
+    """The batch-scaling sentence of one cpu train series with these per-sample times (ms, ±`ci_pct` %)."""
+    records = [
+        make_record(batch, "cpu", "train", per_sample * batch, (("aten::add", 20.0),), ci_pct=ci_pct)
+        for batch, per_sample in per_sample_ms.items()
+    ]
+    sentences = comparison_sentences(comparison_rows(records))
+    return [sentence for sentence in sentences if sentence.startswith("Per-sample time")]
+
+
+def test_per_sample_time_that_is_not_monotone_names_the_cheapest_batch() -> None:
+    (sentence,) = _train_series({1: 3.89, 16: 1.48, 32: 0.31, 64: 0.79})
+    # 0.79 / 0.31 = 2.55; ±2 % on each end: 0.79*0.98 / (0.31*1.02) = 2.45 to 0.79*1.02 / (0.31*0.98) = 2.65.
+    assert sentence == (
+        "Per-sample time is not monotone in batch size: 3.8900 ms at batch 1, falling to 1.4800 ms at batch 16, "
+        "falling to 0.3100 ms at batch 32, rising to 0.7900 ms at batch 64; the cheapest is batch 32 "
+        "(0.3100 ms per sample, 95 % CI 0.3038-0.3162 ms), 2.5x (95 % CI 2.45-2.65x) cheaper than the next "
+        "cheapest, batch 64."
+    )
+    assert "falls from" not in sentence
+
+
+def test_cheapest_batches_whose_intervals_overlap_are_not_told_apart() -> None:
+    # 0.30 ±2 % (0.294-0.306) and 0.31 ±2 % (0.3038-0.3162) overlap; batch 64 is measurably dearer than both.
+    (sentence,) = _train_series({1: 3.89, 16: 0.30, 32: 0.31, 64: 0.79})
+    assert sentence.startswith("Per-sample time is not monotone in batch size: 3.8900 ms at batch 1, falling to ")
+    assert "0.3100 ms at batch 32 (no measurable change), rising to 0.7900 ms at batch 64;" in sentence
+    assert (
+        "the cheapest are batch 16 (0.3000 ms per sample, 95 % CI 0.2940-0.3060 ms) and batch 32 (0.3100 ms per "
+        "sample, 95 % CI 0.3038-0.3162 ms): no measurable difference (0.99-1.08x) between them, so the data name no "
+        "single cheapest batch."
+    ) in sentence
+    assert "the cheapest is" not in sentence
+    # Each step too small to measure, yet batch 16 is measurably cheaper than batch 64 (0.306 < 0.3087):
+    # "falls from 3.89 ms at batch 1 to 0.315 ms at batch 64" would hide it.
+    (drift,) = _train_series({1: 3.89, 16: 0.300, 32: 0.306, 64: 0.315})
+    assert drift.startswith("Per-sample time is not monotone") and "falls from" not in drift
+    assert "0.3150 ms at batch 64 (no measurable change); the cheapest are batch 16" in drift
+
+
+def test_monotone_per_sample_time_keeps_the_smallest_against_the_largest() -> None:
+    # 0.80 and 0.79 overlap: no batch is measurably cheaper than the largest.
+    (sentence,) = _train_series({1: 3.89, 16: 1.48, 32: 0.80, 64: 0.79})
+    assert sentence.startswith(
+        "Per-sample time falls from 3.8900 ms at batch 1 to 0.7900 ms at batch 64 (4.9x cheaper, 95 % CI 4.73-5.13x): "
+        "fixed per-step costs (operator dispatch, the optimizer update, kernel set-up) are shared by more samples"
+    )
+    (rising,) = _train_series({1: 0.30, 16: 0.40, 64: 0.50})
+    assert rising.startswith("Per-sample time rises from 0.3000 ms at batch 1 to 0.5000 ms at batch 64 (1.7x dearer")
+
+
+def test_comparison_rows_carry_the_per_sample_and_throughput_intervals() -> None:
+    (row,) = comparison_rows([make_record(16, "cpu", "train", 16.0, ci_pct=2.0)])  # 15.68-16.32 ms per step
+    assert (row.per_sample_ms, row.per_sample_ms_ci_low, row.per_sample_ms_ci_high) == pytest.approx((1.0, 0.98, 1.02))
+    # A rate inverts the time: its low end comes from the step's high end.
+    assert row.throughput_samples_per_s == pytest.approx(1000.0)
+    assert row.throughput_samples_per_s_ci_low == pytest.approx(16_000 / 16.32)
+    assert row.throughput_samples_per_s_ci_high == pytest.approx(16_000 / 15.68)
+    header, line = rows_csv(COMPARISON_PLOT_FIELDS, [dataclasses.asdict(row)]).splitlines()
+    cells = dict(zip(header.split(","), line.split(","), strict=True))
+    assert cells["per_sample_ms_ci_low"] == "0.98" and cells["per_sample_ms_ci_high"] == "1.02"
+    assert cells["throughput_samples_per_s_ci_low"] == "980.392"
+    assert cells["throughput_samples_per_s_ci_high"] == "1020.41"
+
+
+def test_figures_draw_each_point_with_its_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    records = [
+        make_record(64, "cpu", "inference", 8.0, ci_pct=5.0),  # listed first: the series are sorted by batch
+        make_record(1, "cpu", "inference", 0.5, ci_pct=2.0),
+    ]
+    rows = [dataclasses.asdict(row) for row in comparison_rows(records)]
+    per_sample = batch_size_series(rows, "per_sample_ms")["cpu inference"]
+    assert per_sample.x == (1, 64)
+    assert per_sample.y == pytest.approx((0.5, 0.125))
+    assert per_sample.below == pytest.approx((0.01, 0.00625)) and per_sample.above == pytest.approx((0.01, 0.00625))
+    throughput = batch_size_series(rows, "throughput_samples_per_s")["cpu inference"]
+    assert throughput.below == pytest.approx((2000 - 2000 / 1.02, 8000 - 8000 / 1.05))
+    assert throughput.above == pytest.approx((2000 / 0.98 - 2000, 8000 / 0.95 - 8000))
+    facts = step_facts(records)
+    assert per_sample_series(facts, "inference")["cpu"] == per_sample
+    # 1 MFLOP per sample: 64 MFLOP in 8 ms ±5 % is 8 GFLOP/s, from 8 / 1.05 to 8 / 0.95.
+    rate = flop_rate_series(facts)[("cpu", "inference")]
+    assert rate.y == pytest.approx((2.0, 8.0))
+    assert rate.below[1] == pytest.approx(8 - 8 / 1.05) and rate.above[1] == pytest.approx(8 / 0.95 - 8)
+
+    drawn: list[ErrorBars] = []
+    errorbar = Axes.errorbar
+
+    def recording(axes: Axes, x: Any, y: Any, yerr: Any = None, **style: Any) -> Any:
+        drawn.append(ErrorBars(tuple(x), tuple(y), *(tuple(side) for side in yerr)))
+        return errorbar(axes, x, y, yerr=yerr, **style)
+
+    monkeypatch.setattr(Axes, "errorbar", recording)
+    batch_size_plot(rows, "per_sample_ms", "per-sample time (ms)", tmp_path / "per_sample_time.png")
+    assert drawn == [per_sample]
+    assert (tmp_path / "per_sample_time.png").stat().st_size > 0
+
+
+def test_batch_scaling_plot_templates_draw_the_interval_columns_of_their_y() -> None:
+    """Each batch-scaling plot's template draws its y as a line and, as error bars, the CSV's interval columns
+    of that same y (written into the template: DVC's documented anchors stand for whole values)."""
+    plots = {
+        name: definition
+        for entry in yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["plots"]
+        for name, definition in entry.items()
+        if "batch_scaling" in definition.get("template", "")
+    }
+    assert set(plots) == {"Per-sample time vs batch size", "Throughput vs batch size"}
+    for name, definition in plots.items():
+        (y,) = definition["y"].values()
+        template = json.loads((REPO_ROOT / definition["template"]).read_text())
+        line, bars = template["layer"]
+        assert line["encoding"]["y"]["field"] == "<DVC_METRIC_Y>" and line["mark"]["type"] == "line", name
+        assert bars["mark"]["type"] == "errorbar", name
+        assert (bars["encoding"]["y"]["field"], bars["encoding"]["y2"]["field"]) == (f"{y}_ci_low", f"{y}_ci_high")
+        assert {y, f"{y}_ci_low", f"{y}_ci_high"} <= set(COMPARISON_PLOT_FIELDS), name
+        # `dvc plots diff` tells revisions apart by these, and the slow tests read them at the top level.
+        assert (
+            template["encoding"]["color"]["field"] == "series" and template["encoding"]["strokeDash"]["field"] == "rev"
+        )
 
 
 def test_comparison_table_shows_the_estimate_and_flags_noisy_and_busy_rows() -> None:
@@ -205,6 +343,21 @@ def test_dvc_plots_show_draws_curves_and_batch_comparison(reported: Path, run_in
     series = {(value["batch_size"], value["series"]) for value in content["data"]["values"]}
     assert ("64", "cpu train") in series and ("1", "cpu inference") in series
     assert content["encoding"]["color"]["field"] == "series"
+    # Error bars: the rendered spec's second layer spans each point's 95 % interval, from columns every row has.
+    bars = content["layer"][1]
+    assert bars["mark"]["type"] == "errorbar"
+    assert (bars["encoding"]["y"]["field"], bars["encoding"]["y2"]["field"]) == (
+        "per_sample_ms_ci_low",
+        "per_sample_ms_ci_high",
+    )
+    for value in content["data"]["values"]:
+        assert (
+            float(value["per_sample_ms_ci_low"])
+            <= float(value["per_sample_ms"])
+            <= float(value["per_sample_ms_ci_high"])
+        )
+    throughput = plots["Throughput vs batch size"][0]["content"]
+    assert throughput["layer"][1]["encoding"]["y2"]["field"] == "throughput_samples_per_s_ci_high"
 
 
 @pytest.mark.slow

@@ -4,6 +4,8 @@ measurement quality and the batch-size sentences.
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,7 +32,11 @@ class ComparisonRow:
     steps_measured: int
     blocks_measured: int
     per_sample_ms: float
+    per_sample_ms_ci_low: float  # the step's interval ÷ batch size
+    per_sample_ms_ci_high: float
     throughput_samples_per_s: float
+    throughput_samples_per_s_ci_low: float  # batch size ÷ the step interval's high end (and high from low)
+    throughput_samples_per_s_ci_high: float
     noisy: bool  # the interval missed profile.ci_target_pct
     machine_busy: bool  # load average above the cores while timing
     load_average_before: float
@@ -58,16 +64,32 @@ class ComparisonRow:
         return ", ".join(flag for flag, raised in (("noisy", self.noisy), ("busy", self.machine_busy)) if raised)
 
 
-# Columns of plots/profile_comparison.csv (what `dvc plots show` draws).
+# Columns of plots/profile_comparison.csv (what `dvc plots show` draws). Each plotted value `<y>` has its 95 %
+# interval in `<y>_ci_low` and `<y>_ci_high`: the error-bar templates in .dvc/plots read those columns.
 COMPARISON_PLOT_FIELDS = (
     "batch_size",
     "series",
     "per_sample_ms",
+    "per_sample_ms_ci_low",
+    "per_sample_ms_ci_high",
     "throughput_samples_per_s",
+    "throughput_samples_per_s_ci_low",
+    "throughput_samples_per_s_ci_high",
     "step_time_ms",
     "step_time_ms_ci_low",
     "step_time_ms_ci_high",
 )
+
+
+def rate_interval(amount: float, time: Interval) -> Interval:
+    """`amount` per unit of `time` (samples/s from ms per step, GFLOP/s from ms per step), with its interval.
+
+    A rate is the inverse of a time, so its low end comes from the time's high end and its high end from the
+    time's low end. A time interval reaching 0 (too few timed blocks) bounds the rate from below only: its
+    high end is then infinite.
+    """
+    high = amount / time.low if time.low > 0 else math.inf
+    return Interval(amount / time.value, amount / time.high, high)
 
 
 def comparison_rows(profiles: Sequence[ProfileRecord]) -> list[ComparisonRow]:
@@ -75,6 +97,8 @@ def comparison_rows(profiles: Sequence[ProfileRecord]) -> list[ComparisonRow]:
     for record in profiles:
         combination, timing, conditions = record.combination, record.timing, record.conditions
         top = record.top_operators
+        per_sample = timing.per_sample_interval(combination.batch_size)
+        throughput = rate_interval(1000.0 * combination.batch_size, timing.step_interval())
         rows.append(
             ComparisonRow(
                 batch_size=combination.batch_size,
@@ -89,7 +113,11 @@ def comparison_rows(profiles: Sequence[ProfileRecord]) -> list[ComparisonRow]:
                 steps_measured=timing.steps_measured,
                 blocks_measured=timing.blocks_measured,
                 per_sample_ms=timing.per_sample_ms,
+                per_sample_ms_ci_low=per_sample.low,
+                per_sample_ms_ci_high=per_sample.high,
                 throughput_samples_per_s=timing.throughput_samples_per_s,
+                throughput_samples_per_s_ci_low=throughput.low,
+                throughput_samples_per_s_ci_high=throughput.high,
                 noisy=timing.noisy,
                 machine_busy=conditions.busy,
                 load_average_before=conditions.load_average_before,
@@ -155,18 +183,82 @@ def comparison_sentences(rows: Sequence[ComparisonRow]) -> list[str]:
         by_series.setdefault((row.device, row.mode), []).append(row)
     for (device, mode), series in sorted(by_series.items()):
         series.sort(key=lambda row: row.batch_size)
-        largest, smallest = series[-1], series[0]
+        largest = series[-1]
         sentences.append(
             f"**{device} {mode}**: at batch {largest.batch_size} the top operator is `{largest.top_operator}` "
             f"({largest.top_operator_share_pct:.1f} % of the step) and convolution operators together take "
             f"{largest.convolution_share_pct:.1f} % of it."
         )
         if len(series) > 1:
-            sentences.append(batch_scaling_sentence(smallest, largest, mode))
+            sentences.append(batch_scaling_sentence(series, mode))
     return sentences
 
 
-def batch_scaling_sentence(smallest: ComparisonRow, largest: ComparisonRow, mode: str) -> str:
+def batch_scaling_sentence(series: Sequence[ComparisonRow], mode: str) -> str:
+    """How per-sample time moves with the batch size in one device/mode series (two or more batch sizes).
+
+    Monotone (no larger batch measurably dearer per sample than a smaller one, or none measurably cheaper):
+    the smallest against the largest batch. Otherwise the path, each step read from the two intervals, and
+    the cheapest batch against the next cheapest. Every pair of batch sizes counts, not only neighbours:
+    steps too small to measure one by one can add up to a measurable rise, and then "falls from the smallest
+    to the largest" would hide a cheaper batch between them.
+    """
+    ordered = sorted(series, key=lambda row: row.batch_size)
+    pairs = [
+        ratio(earlier.per_sample_interval, later.per_sample_interval)
+        for index, earlier in enumerate(ordered)
+        for later in ordered[index + 1 :]
+    ]
+    falls = any(cheaper.measurable and cheaper.value > 1 for cheaper in pairs)
+    rises = any(cheaper.measurable and cheaper.value < 1 for cheaper in pairs)
+    if falls and rises:
+        return _not_monotone_sentence(ordered)
+    return _smallest_vs_largest_sentence(ordered[0], ordered[-1], mode)
+
+
+def _not_monotone_sentence(ordered: Sequence[ComparisonRow]) -> str:
+    """The per-sample time at each batch size, each step read from the intervals, and the cheapest batch:
+    crowned only where it is measurably cheaper than the next cheapest."""
+    path = [f"{ordered[0].per_sample_ms:.4f} ms at batch {ordered[0].batch_size}"]
+    for earlier, later in itertools.pairwise(ordered):
+        step = ratio(earlier.per_sample_interval, later.per_sample_interval)
+        where = f"{later.per_sample_ms:.4f} ms at batch {later.batch_size}"
+        if not step.measurable:
+            path.append(f"{where} (no measurable change)")
+        else:
+            path.append(f"{'falling' if step.value > 1 else 'rising'} to {where}")
+    by_cost = sorted(ordered, key=lambda row: row.per_sample_ms)
+    cheapest = by_cost[0]
+    # Those the data cannot tell from the cheapest (a wide interval can tie a dearer batch and not a nearer one).
+    tied = [row for row in by_cost if not ratio(row.per_sample_interval, cheapest.per_sample_interval).measurable]
+    opening = f"Per-sample time is not monotone in batch size: {', '.join(path)}"
+    if len(tied) > 1:
+        names = [
+            f"batch {row.batch_size} ({_per_sample_with_interval(row)})"
+            for row in sorted(tied, key=lambda row: row.batch_size)
+        ]
+        listed = f"{', '.join(names[:-1])} and {names[-1]}"
+        between = (
+            f"{ratio(tied[1].per_sample_interval, cheapest.per_sample_interval).describe()} between them"
+            if len(tied) == 2
+            else "none measurably dearer than the lowest"
+        )
+        return f"{opening}; the cheapest are {listed}: {between}, so the data name no single cheapest batch."
+    runner_up = by_cost[1]
+    cheaper = ratio(runner_up.per_sample_interval, cheapest.per_sample_interval)
+    return (
+        f"{opening}; the cheapest is batch {cheapest.batch_size} ({_per_sample_with_interval(cheapest)}), "
+        f"{cheaper.value:.1f}x (95 % CI {cheaper.bounds()}) cheaper than the next cheapest, "
+        f"batch {runner_up.batch_size}."
+    )
+
+
+def _per_sample_with_interval(row: ComparisonRow) -> str:
+    interval = row.per_sample_interval
+    return f"{interval.value:.4f} ms per sample, 95 % CI {interval.low:.4f}-{interval.high:.4f} ms"
+
+
+def _smallest_vs_largest_sentence(smallest: ComparisonRow, largest: ComparisonRow, mode: str) -> str:
     """Per-sample time from the smallest to the largest batch, with the ratio's 95 % interval."""
     cheaper = ratio(smallest.per_sample_interval, largest.per_sample_interval)
     small, large = f"batch {smallest.batch_size}", f"batch {largest.batch_size}"

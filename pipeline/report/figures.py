@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import csv
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,13 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
+from pipeline.profiling.statistics import Interval
 from pipeline.report.step_analysis import StepFacts
 
 matplotlib.use("Agg")  # no display: CI and servers
 
 DPI = 110  # every figure of the report and of the machines report
+INTERVAL_BARS = "bars: 95 % confidence interval of the median"
 
 
 def read_csv(path: Path) -> list[dict[str, float]]:
@@ -51,17 +54,63 @@ def training_curves(epochs: Sequence[dict[str, float]], steps: Sequence[dict[str
     plt.close(figure)
 
 
-def batch_size_plot(rows: Sequence[Mapping[str, Any]], value: str, label: str, target: Path) -> None:
-    """`value` against batch size, one line per device/mode (log-log: costs scale multiplicatively)."""
-    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+@dataclass(frozen=True)
+class ErrorBars:
+    """One plotted line and its 95 % intervals, as matplotlib's `errorbar` takes them: the distances from
+    each point down to its interval's low end and up to its high end (asymmetric, so right on log axes)."""
+
+    x: tuple[int, ...]  # batch sizes, ascending
+    y: tuple[float, ...]
+    below: tuple[float, ...]  # y - low
+    above: tuple[float, ...]  # high - y; infinite where the interval bounds nothing above (no bar is drawn)
+
+
+def error_bars(points: Iterable[tuple[int, Interval]]) -> ErrorBars:
+    ordered = sorted(points, key=lambda point: point[0])
+    return ErrorBars(
+        x=tuple(batch for batch, _ in ordered),
+        y=tuple(interval.value for _, interval in ordered),
+        below=tuple(interval.value - interval.low for _, interval in ordered),
+        above=tuple(interval.high - interval.value for _, interval in ordered),
+    )
+
+
+def batch_size_series(rows: Sequence[Mapping[str, Any]], value: str) -> dict[str, ErrorBars]:
+    """`value` and its interval (the `<value>_ci_low` / `_ci_high` columns) per device/mode series."""
+    series: dict[str, list[tuple[int, Interval]]] = defaultdict(list)
     for row in rows:
-        series[str(row["series"])].append((int(row["batch_size"]), float(row[value])))
+        interval = Interval(float(row[value]), float(row[f"{value}_ci_low"]), float(row[f"{value}_ci_high"]))
+        series[str(row["series"])].append((int(row["batch_size"]), interval))
+    return {name: error_bars(points) for name, points in sorted(series.items())}
+
+
+def per_sample_series(facts: Sequence[StepFacts], mode: str) -> dict[str, ErrorBars]:
+    """Per-sample time and its interval per device, in one mode."""
+    by_device: dict[str, list[tuple[int, Interval]]] = defaultdict(list)
+    for fact in facts:
+        if fact.mode == mode:
+            by_device[fact.device].append((fact.batch_size, fact.per_sample))
+    return {device: error_bars(points) for device, points in sorted(by_device.items())}
+
+
+def flop_rate_series(facts: Sequence[StepFacts]) -> dict[tuple[str, str], ErrorBars]:
+    """Achieved GFLOP/s and its interval per device and mode (combinations with a FLOP count only)."""
+    series: dict[tuple[str, str], list[tuple[int, Interval]]] = defaultdict(list)
+    for fact in facts:
+        if (achieved := fact.achieved_gflops_per_s) is not None:
+            series[(fact.device, fact.mode)].append((fact.batch_size, achieved))
+    return {key: error_bars(points) for key, points in sorted(series.items())}
+
+
+def batch_size_plot(rows: Sequence[Mapping[str, Any]], value: str, label: str, target: Path) -> None:
+    """`value` against batch size, one line per device/mode (log-log: costs scale multiplicatively), each
+    point with its 95 % interval."""
     figure, axes = plt.subplots(figsize=(6, 4))
-    for name, points in sorted(series.items()):
-        points.sort()
-        axes.plot([p[0] for p in points], [p[1] for p in points], "o-", label=name)
+    for name, bars in batch_size_series(rows, value).items():
+        _draw(axes, bars, "o-", label=name)
     batch_sizes = sorted({int(row["batch_size"]) for row in rows})
-    axes.set(xscale="log", yscale="log", xlabel="batch size", ylabel=label, title=f"{label} vs batch size")
+    axes.set(xscale="log", yscale="log", xlabel="batch size", ylabel=label)
+    axes.set_title(f"{label} vs batch size\n{INTERVAL_BARS}", fontsize=11)
     axes.set_xticks(batch_sizes, [str(size) for size in batch_sizes])
     axes.grid(alpha=0.3, which="both")
     axes.legend(fontsize=8)
@@ -83,15 +132,10 @@ def roofline_figure(facts: Sequence[StepFacts], peaks: Mapping[str, float], targ
     unused (log scale, so a factor of 10 looks the same everywhere).
     """
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
-    series: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
-    for fact in facts:
-        if fact.rate is not None:
-            series[(fact.device, fact.mode)].append((fact.batch_size, fact.rate.achieved_gflops_per_s))
-    for (device, mode), points in sorted(series.items()):
-        points.sort()
-        axes.plot(
-            [p[0] for p in points],
-            [p[1] for p in points],
+    for (device, mode), bars in flop_rate_series(facts).items():
+        _draw(
+            axes,
+            bars,
             MODE_STYLES.get(mode, "o-"),
             color=DEVICE_COLOURS.get(device, "tab:gray"),
             label=f"{device} {mode}",
@@ -107,7 +151,8 @@ def roofline_figure(facts: Sequence[StepFacts], peaks: Mapping[str, float], targ
         )
     _batch_axis(axes, facts)
     _plain_log_y(axes)
-    axes.set(ylabel="achieved GFLOP/s", title="Achieved FLOP/s vs batch size (dotted: measured peak)")
+    axes.set_ylabel("achieved GFLOP/s")
+    axes.set_title(f"Achieved FLOP/s vs batch size (dotted: measured peak)\n{INTERVAL_BARS}", fontsize=11)
     axes.legend(fontsize=8, loc="lower right")
     _save(figure, target)
 
@@ -117,20 +162,22 @@ def cpu_vs_gpu_figure(facts: Sequence[StepFacts], target: Path) -> None:
     modes = sorted({fact.mode for fact in facts})
     figure, panels = plt.subplots(1, max(1, len(modes)), figsize=(5.2 * max(1, len(modes)), 3.8), squeeze=False)
     for axes, mode in zip(panels[0], modes, strict=False):
-        by_device: dict[str, list[tuple[int, float]]] = defaultdict(list)
-        for fact in facts:
-            if fact.mode == mode:
-                by_device[fact.device].append((fact.batch_size, fact.per_sample.value))
-        for device, points in sorted(by_device.items()):
-            points.sort()
-            axes.plot(
-                [p[0] for p in points], [p[1] for p in points], "o-", color=DEVICE_COLOURS.get(device), label=device
-            )
+        for device, bars in per_sample_series(facts, mode).items():
+            _draw(axes, bars, "o-", color=DEVICE_COLOURS.get(device), label=device)
         _batch_axis(axes, [fact for fact in facts if fact.mode == mode])
         _plain_log_y(axes)
-        axes.set(ylabel="per-sample time (ms)", title=f"{mode}: CPU vs GPU")
+        axes.set_ylabel("per-sample time (ms)")
+        axes.set_title(f"{mode}: CPU vs GPU\n{INTERVAL_BARS}", fontsize=11)
         axes.legend(fontsize=8)
     _save(figure, target)
+
+
+def _draw(axes: Axes, bars: ErrorBars, style: str, **line: Any) -> None:
+    """The line through the medians, each point with its interval: small markers and caps, so a narrow
+    interval still shows beside its marker on log axes."""
+    axes.errorbar(
+        bars.x, bars.y, yerr=(bars.below, bars.above), fmt=style, markersize=4, capsize=3, elinewidth=1, **line
+    )
 
 
 def _batch_axis(axes: Axes, facts: Sequence[StepFacts]) -> None:

@@ -14,6 +14,7 @@ from pipeline.common.tables import NO_NUMBER, markdown_table
 from pipeline.profiling.record import FlopRate, ProfileRecord
 from pipeline.profiling.statistics import Interval, ratio
 from pipeline.profiling.trace_analysis import KernelStats, StepAnatomy
+from pipeline.report.comparison import rate_interval
 
 
 def add_a_gpu(facts: Sequence[StepFacts]) -> str:
@@ -45,6 +46,13 @@ class StepFacts:
     @property
     def label(self) -> str:
         return f"batch {self.batch_size} {self.device} {self.mode}"
+
+    @property
+    def achieved_gflops_per_s(self) -> Interval | None:
+        """FLOPs per step ÷ the timed step, with the interval from the step's (None without a FLOP count)."""
+        if self.rate is None:
+            return None
+        return rate_interval(self.rate.flops_per_step / 1e6, self.step)  # FLOP per ms x 1e3 / 1e9 = GFLOP/s
 
 
 def step_facts(records: Sequence[ProfileRecord]) -> list[StepFacts]:
