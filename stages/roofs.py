@@ -17,6 +17,7 @@ from pipeline.common.stage_runner import run_stage
 from pipeline.params.loading import load_params
 from pipeline.profiling.peak import DRIFT_WINDOWS, measure_roofs
 from pipeline.profiling.roofs import MachineRoofs, write_roofs
+from pipeline.profiling.statistics import load_average, measurement_conditions
 from pipeline.tracking.tags import hardware_tags
 from pipeline.tracking.tracker import open_tracker
 from pipeline.training.runtime import hardware_description, select_device
@@ -39,6 +40,7 @@ def main() -> None:
                 "drift_probe_s": config.drift_probe_s,
             }
         )
+        load_before = load_average()
         with tqdm(
             total=len(devices) * (DRIFT_WINDOWS if config.drift_probe_s > 0 else 0),
             desc="roofs and drift probe",
@@ -47,6 +49,7 @@ def main() -> None:
             measured = tuple(
                 measure_roofs(device, drift_probe_s=config.drift_probe_s, progress=bar.update) for device in devices
             )
+        conditions = measurement_conditions(load_before, torch.get_num_threads())
         roofs = MachineRoofs(fingerprint=fingerprint, devices=measured)
         outputs.write_text(HARDWARE_ROOFS, write_roofs(roofs))
         for device in measured:
@@ -61,6 +64,12 @@ def main() -> None:
                 },
                 prefix=f"roofs/{device.device}/",
             )
+    busy = conditions.warning()
+    if busy:
+        print(
+            f"Warning: {busy.replace('step times', 'the roofs and the speed drift')}: every profile interval "
+            "includes this drift until `dvc repro -f roofs` measures it again."
+        )
     for device in measured:
         print(
             f"{device.device}: {device.matmul_gflops_per_s.best:.1f} GFLOP/s (median "

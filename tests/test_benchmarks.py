@@ -105,6 +105,9 @@ def test_profile_stability_times_each_combination_as_the_stage_does_and_says_whi
             rf"^\| {name} \| [\d.]+ \(±[\d.]+\) \| [\d.]+ \(±[\d.]+\) \| [\d.]+ \| agree \|", result.stdout, re.M
         )
     assert "2 of 2 combinations agree within 1000 %, 0 more fall inside each other's intervals, 0 miss" in result.stdout
+    assert re.search(r"^speed drift ±[\d.]+ % \((from hardware/roofs.json|probed now): ", result.stdout, re.M)
+    pairs = re.search(r"Ordered pairs \(i, j\) with run j inside run i's interval: (\d+) of 4 \(", result.stdout)
+    assert pairs and 0 <= int(pairs[1]) <= 4, result.stdout[-2000:]
     # A 0 % goal: no two estimates are equal, so each row is "inside" or "MISS", and a MISS fails the run.
     strict = run_command([*command[:-1], "0"], trained, stage_environment(mnist_mirror))
     rows = re.findall(r"^\| 16-cpu-\w+ \|.*\| (inside|MISS) \| (?:yes|no) \|$", strict.stdout, re.M)
@@ -123,3 +126,17 @@ def test_logging_cost_times_the_loop_with_and_without_tracking(tmp_path: Path, m
     with sqlite3.connect(tmp_path / "mlflow.db") as store:
         logged = store.execute("SELECT COUNT(*) FROM metrics WHERE key = 'train/loss'").fetchone()[0]
     assert logged == 3 * (2000 // 50)  # a warm-up epoch and two timed ones, a record every 50 steps
+
+
+def test_stability_verdicts_and_pair_counts_from_known_estimates() -> None:
+    from benchmarks.profile_stability import pairs_inside, verdict
+    from pipeline.profiling.statistics import StepEstimate
+
+    def estimate(low: float, median: float, high: float) -> StepEstimate:
+        return StepEstimate(4, median, 1.0, low, high, steps=60, blocks=12, ci_target_pct=2.0, processes=6)
+
+    a, b, c = estimate(9.0, 10.0, 11.0), estimate(9.5, 10.6, 12.0), estimate(10.5, 11.5, 12.5)
+    assert pairs_inside([a, b, c]) == (4, 6)  # b in a; a and c in b; b in c; c not in a, a not in c
+    assert verdict([a, b], 5.0) == ("inside", pytest.approx(6.0))
+    assert verdict([a, c], 5.0)[0] == "MISS"
+    assert verdict([a, estimate(9.6, 10.4, 11.0)], 5.0)[0] == "agree"

@@ -125,6 +125,16 @@ def test_operator_table_header_shows_the_estimate_and_flags(tmp_path: Path) -> N
     )
     assert "is ±7.5 %, the target `profile.ci_target_pct` ±2 %" in header
     assert len(measurement_warnings(noisy_and_busy)) == 2
+    # A machine whose own speed drift exceeds the target: more processes would not help, and the text says so.
+    drifting = dataclasses.replace(
+        noisy_and_busy, timing=dataclasses.replace(noisy_and_busy.timing, drift_pct=5.0, step_time_ci_pct=7.5)
+    )
+    header = operators_markdown(drifting).split("| # |")[0]
+    assert (
+        "**Warning:** noisy machine: its speed drifts ±5.0 % (`hardware/roofs.json`), more than the ±2 % target; "
+        "only a quieter machine narrows the interval (the 95 % CI of the median step time is ±7.5 %" in header
+    )
+    assert "; the machine's speed drift of ±5.0 % included)" in header and "raise `profile.processes`" not in header
 
 
 def profiled_lab_model(batch: int, mode: ProfileMode, tmp_path: Path) -> tuple[ProfileResult, Any]:

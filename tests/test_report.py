@@ -421,3 +421,21 @@ def test_removed_batch_size_leaves_no_trace_and_unrun_ones_are_named(reported: P
         and "at batch 64" not in report
     )
     assert "`profiles/32-cpu-inference/profile.json` is missing: run `dvc repro profile@32-cpu-inference`." in report
+
+
+def test_comparison_notes_say_the_interval_includes_the_drift_and_that_only_a_quieter_machine_helps() -> None:
+    records = [
+        make_record(1, "cpu", "inference", 0.5, (("aten::addmm", 20.0),), ci_pct=9.0),
+        make_record(64, "cpu", "inference", 8.0, (("aten::max_pool2d", 30.0),), ci_pct=12.0),
+    ]
+    drifting = [
+        dataclasses.replace(record, timing=dataclasses.replace(record.timing, drift_pct=8.5)) for record in records
+    ]
+    table = comparison_markdown(comparison_rows(drifting))
+    assert "from the spread between processes, widened by the machine's speed drift (±8.5 %, measured by the" in table
+    assert (
+        "**noisy machine: its speed drifts ±8.5 % (`hardware/roofs.json`), more than the ±2 % target; only a quieter "
+        "machine narrows the interval** (1-cpu-inference, 64-cpu-inference)" in table
+    )
+    plain = comparison_markdown(comparison_rows(records))  # no drift measured: the processes' advice
+    assert "widened" not in plain and "**noisy: rerun on a quiet machine, or raise `profile.processes`" in plain

@@ -16,14 +16,22 @@ import torch
 from PIL import Image
 
 from pipeline.profiling.artifacts import step_metrics
-from pipeline.profiling.peak import measure_roofs
-from pipeline.profiling.record import AllocatorWhatIf, OperatorShare, ProfileRecord, StepAnalysis, flop_rate
+from pipeline.profiling.peak import DRIFT_WINDOWS, measure_roofs
+from pipeline.profiling.record import (
+    AllocatorWhatIf,
+    OperatorRow,
+    OperatorShare,
+    ProfileRecord,
+    StepAnalysis,
+    flop_rate,
+)
 from pipeline.profiling.roofs import MachineRoofs, read_roofs, write_roofs
 from pipeline.profiling.statistics import Interval, ratio
 from pipeline.profiling.texts import kernel_table_markdown
 from pipeline.profiling.trace_analysis import KernelStats, StepAnatomy
 from pipeline.report.allocator_whatif import allocator_markdown, allocator_sentences
 from pipeline.report.figures import cpu_vs_gpu_figure, roofline_figure
+from pipeline.report.roofline import roofline_chart, roofline_markdown, roofline_points
 from pipeline.report.step_analysis import (
     StepFacts,
     add_a_gpu,
@@ -184,7 +192,19 @@ def test_figures_draw_the_peak_and_both_devices(tmp_path: Path) -> None:
 
 
 def test_measured_cpu_roofs_are_positive_rates_with_their_methods(tmp_path: Path) -> None:
-    roofs = measure_roofs(torch.device("cpu"), repeats=3, size=256, triad_elements=1 << 20)
+    windows: list[int] = []
+    roofs = measure_roofs(
+        torch.device("cpu"),
+        repeats=3,
+        size=256,
+        triad_elements=1 << 20,
+        drift_probe_s=0.4,
+        progress=lambda: windows.append(1),
+    )
+    drift = roofs.speed_drift
+    assert len(drift.window_medians_ms) == len(windows) == DRIFT_WINDOWS and drift.window_s == pytest.approx(0.05)
+    assert all(0 < median < 1000 for median in drift.window_medians_ms) and drift.half_width_pct > 0
+    assert measure_roofs(torch.device("cpu"), repeats=1, size=64, triad_elements=1024).speed_drift.half_width_pct == 0
     matmul, triad = roofs.matmul_gflops_per_s, roofs.triad_gb_per_s
     assert matmul.best >= matmul.median >= matmul.worst > 0.1  # any working CPU multiplies 256x256 faster
     assert triad.best >= triad.median >= triad.worst > 0.1  # and streams more than 100 MB/s
@@ -239,3 +259,44 @@ def test_allocator_section_compares_each_cpu_combination_and_says_what_is_not_th
     assert "No measurable difference for 16-cpu-train." in sentence
     assert "Neither set-up page-faulted in 1-cpu-train (0.88x (0.84-0.91x))" in sentence
     assert allocator_sentences([gpu]) == [] and "No allocator what-if in these profiles" in allocator_markdown([gpu])
+
+
+def _with_work(record: ProfileRecord, bytes_per_step: float, operators: tuple[OperatorRow, ...]) -> ProfileRecord:
+    """`record` with counted bytes, a 100 GFLOP/s matmul roof and a 10 GB/s memory roof (ridge 10 FLOP/byte)."""
+    combination, step_ms = record.combination, record.timing.step_time_ms_median
+    rate = flop_rate(
+        1e6, combination.batch_size, step_ms, 100.0, bytes_per_step=bytes_per_step, bandwidth_gb_per_s=10.0
+    )
+    analysis = dataclasses.replace(record.analysis, flop_rate=rate)
+    return dataclasses.replace(record, analysis=analysis, top_operators=operators)
+
+
+def test_roofline_places_steps_and_operators_under_both_roofs_and_names_which_are_memory_bound(
+    tmp_path: Path,
+) -> None:
+    conv = OperatorRow("aten::mkldnn_convolution", 2.0, 1.0, 1.0, None, None, 60.0, 50.0, 1.0)  # 50 FLOP/byte
+    addmm = OperatorRow("aten::addmm", 2.0, 0.5, 0.5, None, None, 20.0, 2.0, 4.0)  # 0.5 FLOP/byte
+    relu = OperatorRow("aten::relu", 2.0, 0.3, 0.3, None, None, 10.0, None, None)  # no FLOPs: not placed
+    record = _with_work(make_record(64, "cpu", "inference", 8.0), 32e6, (conv, addmm, relu))  # 64 MFLOP / 32 MB
+    unmeasured = make_record(1, "cpu", "inference", 0.5)  # no memory roof: a record from before the roofs stage
+    points = roofline_points([record, unmeasured])
+    by_name = {point.name: point for point in points}
+    assert set(by_name) == {"whole step", "aten::mkldnn_convolution", "aten::addmm"}
+    step = by_name["whole step"]
+    assert step.intensity == pytest.approx(2.0) and step.achieved.value == pytest.approx(8.0)  # 64 MFLOP in 8 ms
+    assert step.achieved.low == pytest.approx(0.064 / 0.00816) and step.achieved.high == pytest.approx(0.064 / 0.00784)
+    assert step.roof_gflops_per_s == pytest.approx(20.0) and step.bound == "memory-bound"  # 10 GB/s x 2 FLOP/byte
+    assert by_name["aten::mkldnn_convolution"].roof_gflops_per_s == 100.0  # right of the ridge: the matmul roof
+    assert by_name["aten::mkldnn_convolution"].roof_pct == pytest.approx(50.0)  # 50 MFLOP in 1 ms of 100
+    text = roofline_markdown(points)
+    assert "they meet at **10.0 FLOP/byte**" in text
+    assert (
+        "Memory-bound (left of the ridge): whole step (inference batch 64; 2.0 FLOP/byte); `aten::addmm` "
+        "(inference batch 64; 0.5 FLOP/byte). Compute-bound (right of it): `aten::mkldnn_convolution` "
+        "(inference batch 64; 50.0 FLOP/byte)." in text
+    )
+    assert "| 64 | cpu | inference | `aten::addmm` | 0.50 | 4.00 | 5.0 | 80.0 | memory-bound |" in text
+    assert roofline_markdown([]).startswith("_No roofline")
+    roofline_chart(points, tmp_path / "roofline.png")
+    with Image.open(tmp_path / "roofline.png") as image:
+        assert image.width > 500 and image.height > 400

@@ -5,18 +5,21 @@ from __future__ import annotations
 import math
 import os
 import random
+import statistics
 from pathlib import Path
 
 import pytest
 from scipy.stats import binom, t  # type: ignore[import-untyped]  # no stubs; an independent oracle
 
 from pipeline.profiling.record import Timing
+from pipeline.profiling.roofs import SpeedDrift
 from pipeline.profiling.statistics import (
     GOVERNOR_NOT_EXPOSED,
     NOISY_ADVICE,
     Block,
     Interval,
     MeasurementConditions,
+    StepEstimate,
     available_cores,
     between_process_interval,
     cpu_governor,
@@ -27,6 +30,8 @@ from pipeline.profiling.statistics import (
     measurement_conditions,
     median_interval,
     ratio,
+    t_975,
+    with_drift,
 )
 
 # What a Timing record needs beyond the estimate (not under test here).
@@ -229,3 +234,62 @@ def test_busy_flag_and_warning_when_load_exceeds_the_cores() -> None:
     warning = busy.warning()
     assert warning is not None and "load average 1.50 before, 3.10 after, on 2 cores" in warning
     assert "rerun on a quiet machine" in warning and "rerun on a quiet machine" in NOISY_ADVICE
+
+
+def test_hard_coded_t_quantiles_are_scipys() -> None:
+    for degrees in range(1, 31):
+        assert t_975(degrees) == pytest.approx(t.ppf(0.975, degrees), abs=1e-3), degrees
+    assert t_975(500) == pytest.approx(t.ppf(0.975, 500), rel=0.01)  # beyond the table: the normal's 1.96
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        t_975(0)
+
+
+def _estimate(low: float, median: float, high: float) -> StepEstimate:
+    return StepEstimate(
+        batch_size=4, median_ms=median, iqr_ms=1.0, ci_low_ms=low, ci_high_ms=high, steps=60, blocks=12,
+        ci_target_pct=2.0, processes=6,
+    )  # fmt: skip
+
+
+def test_drift_widens_each_side_of_the_interval_in_quadrature_on_the_log_scale() -> None:
+    estimate = _estimate(9.0, 10.0, 12.0)
+    wide = with_drift(estimate, 20.0)
+    drift = math.log(1.2)
+    assert wide.median_ms == 10.0 and wide.drift_pct == 20.0
+    assert wide.ci_high_ms == pytest.approx(10.0 * math.exp(math.hypot(math.log(1.2), drift)))
+    assert wide.ci_low_ms == pytest.approx(10.0 / math.exp(math.hypot(math.log(10.0 / 9.0), drift)))
+    assert with_drift(estimate, 0.0) is estimate  # no drift measured: the processes' interval as it was
+    assert with_drift(_estimate(0.0, 10.0, 20.0), 5.0).ci_low_ms == 0.0  # an interval that bounds nothing stays so
+
+
+def test_speed_drift_is_a_prediction_interval_of_one_more_window() -> None:
+    drift = SpeedDrift(window_s=4.0, window_medians_ms=(1.0, 1.1, 0.9, 1.0), workload="w")
+    logs = [math.log(v) for v in (1.0, 1.1, 0.9, 1.0)]
+    mean = sum(logs) / 4
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 3)
+    assert drift.spread_pct == pytest.approx(100 * sd)
+    assert drift.half_width_pct == pytest.approx(100 * math.expm1(t.ppf(0.975, 3) * sd * math.sqrt(1.25)), rel=1e-3)
+    assert drift.method == "w, its median time in each of 4 consecutive 4-s windows (spread 8.2 %)"
+    assert SpeedDrift(0.0, (), "w").half_width_pct == 0.0  # not measured (profile.drift_probe_s: 0)
+
+
+@pytest.mark.parametrize("drift_included", [True, False])
+def test_reruns_minutes_apart_fall_inside_an_interval_that_includes_the_drift(drift_included: bool) -> None:
+    """Simulated issue-21 machine: every stage run meets the machine at another speed (log-normal, 12 %), and its
+    six processes spread 4 % around that. The processes' interval alone misses the long-run step time most of the
+    time; widened by the drift probe's estimate (8 windows of the same machine) it covers it at about 95 %."""
+    rng = random.Random(21)
+    trials, covered = 1000, 0
+    for _ in range(trials):
+        speed = rng.gauss(0.0, 0.12)
+        medians = [math.exp(math.log(5.0) + speed + rng.gauss(0.0, 0.04)) for _ in range(6)]
+        low, high = between_process_interval(medians) or (0.0, 0.0)
+        estimate = _estimate(low, statistics.median(medians), high)
+        if drift_included:
+            windows = tuple(math.exp(rng.gauss(0.0, 0.12)) for _ in range(8))
+            estimate = with_drift(estimate, SpeedDrift(4.0, windows, "w").half_width_pct)
+        covered += estimate.ci_low_ms <= 5.0 <= estimate.ci_high_ms
+    if drift_included:
+        assert covered / trials >= 0.93
+    else:
+        assert covered / trials < 0.6

@@ -264,6 +264,12 @@ def test_h100_trace_credits_flops_to_cudnn_and_backward_and_adds_up_to_the_model
     per_sample = summary.forward_flops_per_sample if mode == "inference" else summary.training_flops_per_sample
     attributed = sum(row.mflops for row in analysis.operators if row.mflops is not None)
     assert attributed == pytest.approx(per_sample * batch / 1e6, rel=1e-9)
+    # The bytes go where the FLOPs go: the forward convolutions' tensors on the cuDNN row, nothing on wrappers.
+    forward_bytes = sum(call.bytes for call in calls if call.operator == "aten::convolution") / 1e6
+    assert rows["aten::cudnn_convolution"].mbytes == pytest.approx(forward_bytes, rel=1e-9)
+    assert rows["aten::conv2d"].mbytes is None
+    moved = sum(row.mbytes for row in analysis.operators if row.mbytes is not None)
+    assert moved == pytest.approx(sum(call.bytes for call in calls) / 1e6, rel=1e-9)
     if mode == "train":
         backward = sum(call.flops for call in calls if call.operator == "aten::convolution_backward") / 1e6
         assert backward > conv_forward  # weight and input gradients of conv2, weight gradient of conv1
@@ -391,3 +397,26 @@ def test_unreadable_or_stepless_traces_are_user_errors(tmp_path: Path) -> None:
     stepless.write_text(json.dumps({"traceEvents": [_event("aten::relu", "cpu_op", 0, 1)]}))
     with pytest.raises(PipelineError, match="no `ProfilerStep#N` ranges"):
         read_trace(stepless)
+
+
+def test_counted_calls_carry_the_bytes_of_their_tensors_and_the_step_all_operators_bytes() -> None:
+    """conv1 at batch 1: input, weight, bias and output, fp32, counted exactly; the step's bytes add every
+    operator's tensors (more than the counted calls alone) and views move nothing."""
+    model = LabNet(LAB_MODEL).eval()
+    conv1 = model.features[0]
+    images = torch.randn(1, 1, 28, 28)
+    work = count_step_flops(make_step(model, "inference", images, torch.zeros(1, dtype=torch.int64), 1.0))
+    first = work.calls[0]
+    assert first.operator == "aten::convolution"
+    with torch.no_grad():
+        out = conv1(images)
+    expected = 4 * (images.numel() + conv1.weight.numel() + conv1.bias.numel() + out.numel())
+    assert first.bytes == expected
+    assert work.bytes_per_step > sum(call.bytes for call in work.calls)  # relu, pooling, log_softmax ... too
+
+    def views_then_add() -> None:
+        x = torch.ones(1000)  # writes 4,000 bytes
+        y = x.view(10, 100).t()  # two views: nothing moved
+        _ = y + 1  # reads 4,000 and writes 4,000
+
+    assert count_step_flops(views_then_add).bytes_per_step == 12_000

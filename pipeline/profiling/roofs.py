@@ -46,7 +46,7 @@ class SpeedDrift:
     caches and cores with, invisible from inside (no steal time, no CPU pressure). A profile stage's timing
     processes run within seconds of each other, so their spread misses that; this probe, measured once per
     machine by the `roofs` stage, says how much a rerun minutes later can differ, and every profile interval
-    includes it (pipeline.profiling.statistics.with_drift). On a dedicated machine it is about 1 %.
+    includes it (pipeline.profiling.statistics.with_drift).
     """
 
     window_s: float  # each window's length

@@ -32,6 +32,19 @@ from pathlib import Path
 
 CONFIDENCE = 0.95
 NOISY_ADVICE = "noisy: rerun on a quiet machine, or raise `profile.processes` or the budget"
+
+
+def noisy_advice(drift_pct: float, target_pct: float) -> str:
+    """What to do about a noisy row: more processes or budget narrow the processes' spread, but not a machine
+    whose own speed drift (included in the interval) already exceeds the target."""
+    if drift_pct > target_pct:
+        return (
+            f"noisy machine: its speed drifts ±{drift_pct:.1f} % (`hardware/roofs.json`), more than the "
+            f"±{target_pct:g} % target; only a quieter machine narrows the interval"
+        )
+    return NOISY_ADVICE
+
+
 GOVERNOR_PATH = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
 CPU_PRESSURE_PATH = Path("/proc/pressure/cpu")
 

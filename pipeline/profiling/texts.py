@@ -10,7 +10,7 @@ from pipeline.common.tables import NO_NUMBER
 from pipeline.profiling.record import (
     ProfileRecord,
 )
-from pipeline.profiling.statistics import NOISY_ADVICE
+from pipeline.profiling.statistics import noisy_advice
 from pipeline.profiling.trace_analysis import (
     KernelStats,
 )
@@ -24,20 +24,12 @@ def measurement_warnings(record: ProfileRecord) -> list[str]:
         warnings.append(busy)
     timing, settings = record.timing, record.settings
     if timing.noisy:
-        drift = (
-            f"; it includes the machine's speed drift of ±{timing.drift_pct:.1f} %"
-            + (
-                ", which alone exceeds the target: only a quieter machine helps"
-                if timing.drift_pct > settings.ci_target_pct
-                else ""
-            )
-            if timing.drift_pct > 0
-            else ""
-        )
         warnings.append(
-            f"{NOISY_ADVICE} (the 95 % CI of the median step time is ±{timing.step_time_ci_pct:.1f} %, the target "
-            f"`profile.ci_target_pct` ±{settings.ci_target_pct:g} %, after {timing.timing_s:.1f} s of the "
-            f"{settings.time_budget_s:g} s `profile.time_budget_s`{drift})"
+            f"{noisy_advice(timing.drift_pct, settings.ci_target_pct)} (the 95 % CI of the median step time is "
+            f"±{timing.step_time_ci_pct:.1f} %, the target `profile.ci_target_pct` ±{settings.ci_target_pct:g} %, "
+            f"after {timing.timing_s:.1f} s of the {settings.time_budget_s:g} s `profile.time_budget_s`"
+            + (f"; the machine's speed drift of ±{timing.drift_pct:.1f} % included" if timing.drift_pct else "")
+            + ")"
         )
     return warnings
 

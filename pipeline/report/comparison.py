@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.profiling.record import Combination, ProfileRecord
-from pipeline.profiling.statistics import NOISY_ADVICE, Interval, ratio
+from pipeline.profiling.statistics import Interval, noisy_advice, ratio
 
 CONVOLUTION = re.compile(r"conv", re.IGNORECASE)
 
@@ -38,6 +38,8 @@ class ComparisonRow:
     throughput_samples_per_s_ci_low: float  # batch size ÷ the step interval's high end (and high from low)
     throughput_samples_per_s_ci_high: float
     noisy: bool  # the interval missed profile.ci_target_pct
+    ci_target_pct: float
+    drift_pct: float  # the machine's speed drift included in the interval (95 % half-width, %); 0: not included
     machine_busy: bool  # load average above the cores while timing
     load_average_before: float
     load_average_after: float
@@ -119,6 +121,8 @@ def comparison_rows(profiles: Sequence[ProfileRecord]) -> list[ComparisonRow]:
                 throughput_samples_per_s_ci_low=throughput.low,
                 throughput_samples_per_s_ci_high=throughput.high,
                 noisy=timing.noisy,
+                ci_target_pct=record.settings.ci_target_pct,
+                drift_pct=timing.drift_pct,
                 machine_busy=conditions.busy,
                 load_average_before=conditions.load_average_before,
                 load_average_after=conditions.load_average_after,
@@ -150,16 +154,25 @@ def comparison_markdown(rows: Sequence[ComparisonRow]) -> str:
 
 def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
     """What the comparison table's numbers are, and what its flags mean where any row raised one."""
+    drift = max((row.drift_pct for row in rows), default=0.0)
+    widened = (
+        f", widened by the machine's speed drift (±{drift:.1f} %, measured by the `roofs` stage: how far a rerun "
+        "minutes later can move)"
+        if drift > 0
+        else ""
+    )
     notes = [
         "Step time: each of `profile.processes` fresh processes times blocks of consecutive steps and takes the "
         "median of their per-step means; the step time is the median over the processes, with the half-width of "
-        "its 95 % confidence interval from the spread between processes (a rerun lands inside it, not only the "
-        "next block); IQR is the spread of all blocks."
+        f"its 95 % confidence interval from the spread between processes{widened} (a rerun lands inside it, not "
+        "only the next block); IQR is the spread of all blocks."
     ]
-    noisy = [f"{row.batch_size}-{row.device}-{row.mode}" for row in rows if row.noisy]
+    noisy = [row for row in rows if row.noisy]
     if noisy:
+        advice = noisy_advice(max(row.drift_pct for row in noisy), min(row.ci_target_pct for row in noisy))
+        names = ", ".join(f"{row.batch_size}-{row.device}-{row.mode}" for row in noisy)
         notes.append(
-            f"**{NOISY_ADVICE}** ({', '.join(noisy)}): the confidence interval missed `profile.ci_target_pct` "
+            f"**{advice}** ({names}): the confidence interval missed `profile.ci_target_pct` "
             "before `profile.time_budget_s` ran out."
         )
     busy = [row for row in rows if row.machine_busy]

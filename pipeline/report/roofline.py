@@ -235,7 +235,7 @@ def roofline_chart(points: Sequence[RooflinePoint], target: Path) -> None:
             axis.set_major_formatter(FuncFormatter(lambda value, _position: f"{value:g}"))
             axis.set_minor_formatter(NullFormatter())
         axes.grid(alpha=0.3, which="both")
-        axes.legend(fontsize=7, loc="lower right")
+        axes.legend(fontsize=7, loc="upper left")  # above the sloped roof: nothing can sit there
     figure.tight_layout()
     figure.savefig(target, dpi=DPI)
     plt.close(figure)
