@@ -25,6 +25,7 @@ from pipeline.model.network import LabNet
 from pipeline.model.summary import summarize
 from pipeline.params.schema import ProfileMode
 from pipeline.profiling.record import Combination, OperatorRow, flop_rate, read_record
+from pipeline.profiling.roofs import read_roofs
 from pipeline.profiling.run import ProfileResult, profile_combination
 from pipeline.profiling.statistics import Block, MeasurementConditions, estimate_step_time
 from pipeline.profiling.texts import measurement_warnings, operators_markdown
@@ -281,7 +282,7 @@ def test_matrix_yields_six_tables_with_timing_and_traces(profiled: Path) -> None
         table = (folder / "top_operators.md").read_text()
         assert f"| 1 | `{operators[0]}` |" in table
         assert "self GPU ms" not in table and all(row["self_device_ms"] == "" for row in rows)  # no GPU: no number
-        assert record["format"] == 4 and "MFLOPs per step: convolutions and matrix products" in table
+        assert record["format"] == 5 and "MFLOPs per step: convolutions and matrix products" in table
         # Timed in the tiny params' 2 fresh processes: their medians kept, the interval from their spread.
         assert record["settings"]["processes"] == timing["processes"] == 2
         medians = record["process_step_times_ms"]
@@ -295,6 +296,13 @@ def test_matrix_yields_six_tables_with_timing_and_traces(profiled: Path) -> None
         assert rate["peak_gflops_per_s"] == cpu["matmul_gflops_per_s"]["best"] > 0
         assert rate["peak_pct"] == pytest.approx(100 * rate["achieved_gflops_per_s"] / rate["peak_gflops_per_s"])
         assert record["analysis"]["peak_method"].startswith("fastest of 15 fp32 2048x2048 matrix products")
+        # The roofline's inputs: the step's bytes, the memory roof, and bytes on every FLOP-carrying row.
+        assert rate["bytes_per_step"] > 0 and rate["bandwidth_gb_per_s"] == cpu["triad_gb_per_s"]["best"] > 0
+        assert all((row["mflops"] is None) == (row["mbytes"] is None) for row in record["top_operators"])
+        # The interval includes the roofs stage's speed drift (tiny params: a 1 s probe).
+        drift = read_roofs(profiled / "hardware" / "roofs.json").devices[0].speed_drift
+        assert len(drift.window_medians_ms) == 8 and timing["drift_pct"] == pytest.approx(drift.half_width_pct) > 0
+        assert f"and the machine's speed drift (±{timing['drift_pct']:.1f} %" in table
 
 
 @pytest.mark.slow

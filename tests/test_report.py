@@ -323,11 +323,17 @@ def test_report_numbers_equal_the_stage_outputs(reported: Path) -> None:
             f"| {step['achieved_gflops_per_s']:.2f} | {step['peak_gflops_per_s']:.0f} | {step['peak_pct']:.2f} |"
             in report
         )
-    for figure in ("training_curves.png", "per_sample_time.png", "throughput.png", "roofline.png"):
+    for figure in (
+        "training_curves.png",
+        "per_sample_time.png",
+        "throughput.png",
+        "roofline.png",
+        "roofline_intensity.png",
+    ):
         with Image.open(reported / "report" / "figures" / figure) as image:
             assert image.width > 300 and image.height > 200
     html = (reported / "report" / "report.html").read_text()
-    assert 'src="figures/' not in html and html.count("data:image/png;base64,") == 4
+    assert 'src="figures/' not in html and html.count("data:image/png;base64,") == 5
     assert "data:image/svg+xml;base64," in html and "<table>" in html
 
 
