@@ -31,14 +31,22 @@ from mlflow import MlflowClient
 
 from pipeline.common.credentials import redact, split_user_info
 from pipeline.common.errors import PipelineError
-from pipeline.common.outputs import AtomicOutputs, sweep_stale_partials
-from pipeline.common.stage_runner import prepare_output_folders, run_stage
+from pipeline.common.outputs import AtomicOutputs
+from pipeline.common.stage_runner import prepare_output_folders, run_stage, sweep_killed_runs
 from pipeline.data.mnist import MNIST_BYTES, MNIST_SHA256, fetch_mnist, load_split, write_dataset
 from pipeline.graph.export import check_onnx
-from pipeline.model.checkpoint import checkpoint_payload, load_checkpoint
+from pipeline.model.checkpoint import (
+    DIGEST_KEY,
+    checkpoint_payload,
+    load_checkpoint,
+    payload_digest,
+    save_checkpoint,
+)
 from pipeline.model.network import LabNet
 from pipeline.params.parsing import params_from_mapping
 from pipeline.params.schema import DataConfig, TrackingConfig
+from pipeline.profiling.processes import ask, worker_server
+from pipeline.profiling.worker import WorkerSpec
 from pipeline.tracking.store import check_tracking_server, credentials_out_of_uri
 from pipeline.tracking.tracker import open_tracker
 from tests.helpers.data import LAB_MODEL, make_synthetic_mnist
@@ -253,10 +261,13 @@ def _good_payload() -> dict[str, Any]:
 
 
 def _with(change: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
+    """A good payload changed by `change`, saved with the digest of the changed payload: the checks after the
+    digest's must hold on their own (a digest proves no damage since writing, not who wrote the file)."""
+
     def write(path: Path) -> None:
         payload = _good_payload()
         change(payload)
-        torch.save(payload, path)
+        torch.save({**payload, DIGEST_KEY: payload_digest(payload) if "state_dict" in payload else ""}, path)
 
     return write
 
@@ -308,7 +319,12 @@ CHECKPOINTS: list[tuple[str, Callable[[Path], object], str]] = [
         _with(lambda p: p["state_dict"].update({k: v.double() for k, v in p["state_dict"].items()})),
         "not float32",
     ),
-    ("other-format", lambda path: torch.save({"format": 7}, path), "is not a checkpoint of format 1"),
+    ("other-format", lambda path: torch.save({"format": 7}, path), "is not a checkpoint of format 2"),
+    (
+        "format-1",  # written before checkpoints carried a digest: cannot be verified
+        lambda path: torch.save({**_good_payload(), "format": 1}, path),
+        "is a checkpoint of format 1, written before checkpoints carried a digest of their payload",
+    ),
 ]
 
 
@@ -331,6 +347,90 @@ def test_bad_checkpoint_is_refused_before_the_model_is_built(
     _assert_user_error(code, stderr, str(path), expected)
     assert "dvc checkout models/model.pt" in stderr or "dvc repro train" in stderr
     assert not (tmp_path / "pwned").exists()
+
+
+def _edit_one_weight(path: Path) -> None:
+    """One float of the state_dict changed in the loaded payload and the file saved again, digest and all."""
+    payload = torch.load(path, weights_only=True)
+    payload["state_dict"]["classifier.fc1.weight"][3, 7] += 1e-3
+    torch.save(payload, path)
+
+
+def _flip_one_bit(path: Path) -> None:
+    """The lowest bit of one weight flipped in the file's bytes, found by searching for the tensor's bytes: the
+    zip container and the pickle are untouched (a flip there fails to unpickle, a case tested above)."""
+    data = bytearray(path.read_bytes())
+    weights = torch.load(path, weights_only=True)["state_dict"]["classifier.fc2.bias"].numpy().tobytes()
+    assert data.count(weights) == 1
+    data[data.find(weights)] ^= 0x01  # little-endian: the mantissa's last bit, still a finite float
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", [_edit_one_weight, _flip_one_bit], ids=["edited-and-saved", "raw-bit-flip"])
+def test_a_checkpoint_changed_after_training_is_refused_though_it_unpickles(
+    tmp_path: Path, damage: Callable[[Path], None], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "model.pt"
+    save_checkpoint(_good_payload(), path)
+    intact = torch.load(path, weights_only=True)
+    damage(path)
+    changed = torch.load(path, weights_only=True)  # still unpickles, with the written digest ...
+    assert changed[DIGEST_KEY] == intact[DIGEST_KEY]
+    assert [
+        name for name, tensor in changed["state_dict"].items() if not torch.equal(tensor, intact["state_dict"][name])
+    ]
+    code, stderr = _stage_exit(lambda: load_checkpoint(path), capsys)  # ... but no loader accepts it
+    _assert_user_error(
+        code,
+        stderr,
+        f"{path} does not match the digest written with it",
+        "Restore it with `dvc checkout models/model.pt`, or retrain with `dvc repro -f train`.",
+    )
+
+
+def test_an_intact_checkpoint_loads_and_its_digest_covers_every_field(tmp_path: Path) -> None:
+    path = tmp_path / "model.pt"
+    payload = _good_payload()
+    save_checkpoint(payload, path)
+    loaded = load_checkpoint(path)
+    assert all(torch.equal(loaded.model.state_dict()[name], tensor) for name, tensor in payload["state_dict"].items())
+    assert loaded.metrics == {"test_accuracy": 0.5}
+    written = torch.load(path, weights_only=True)
+    assert written[DIGEST_KEY] == payload_digest(payload) == payload_digest(written)  # stable through a save
+    for field, value in [("train_params", {"epochs": 2}), ("data_digest", "other"), ("runtime", {"device": "cuda"})]:
+        assert payload_digest({**payload, field: value}) != written[DIGEST_KEY], field
+
+
+def test_a_timing_process_refuses_a_checkpoint_changed_after_the_stage_loaded_it(tmp_path: Path) -> None:
+    # The profile stage loads the checkpoint, then its timing processes load it again: each load is verified, and
+    # the refusal comes back as the one paragraph, not a worker's traceback.
+    path = tmp_path / "model.pt"
+    save_checkpoint(_good_payload(), path)
+    _flip_one_bit(path)
+    spec = WorkerSpec(str(path), str(tmp_path / "data"), 1, "cpu", "inference", 1, 1, 2.0, 0.1, tune_allocator=False)
+    with worker_server() as server, pytest.raises(PipelineError) as refused:
+        ask(server, spec)
+    message = str(refused.value)
+    assert "does not match the digest written with it" in message and "dvc checkout models/model.pt" in message
+    assert "Traceback" not in message
+
+
+def test_stages_run_directly_refuse_a_checkpoint_changed_after_training(project_copy: Path, run_in: Any) -> None:
+    # Run by hand, not through `dvc repro`, nothing compares the file with dvc.lock: the checkpoint's own digest
+    # is what stops them. Both stop at the checkpoint, before they need data/MNIST.
+    checkpoint = project_copy / "models/model.pt"
+    checkpoint.parent.mkdir(exist_ok=True)
+    save_checkpoint(_good_payload(), checkpoint)
+    _flip_one_bit(checkpoint)
+    for command in (["stages.export_graph"], ["stages.profile", "1", "cpu", "inference"]):
+        result = run_in(project_copy, sys.executable, "-m", *command)
+        _assert_user_error(
+            result.returncode,
+            result.stderr,
+            "models/model.pt does not match the digest written with it",
+            "dvc checkout models/model.pt",
+        )
+    assert not (project_copy / "graph/model.pt2").exists()
 
 
 @pytest.mark.parametrize("header", [b"\x80\x02", b"PK\x03\x04"], ids=["pickle", "zip"])
@@ -502,29 +602,61 @@ def test_commit_is_all_or_nothing_when_one_rename_fails(
     assert list(tmp_path.rglob(".partial-*")) == []
 
 
-def test_folders_of_killed_runs_are_removed_when_a_stage_starts(tmp_path: Path) -> None:
+def _dead_pid() -> int:
     finished = subprocess.Popen([sys.executable, "-c", "pass"])
     finished.wait()  # its pid now names no process
-    dead, alive = finished.pid, os.getpid()
+    return finished.pid
+
+
+@pytest.fixture
+def live_pid() -> Iterator[int]:
+    """The pid of a running process other than this one (a stage still writing), ended after the test."""
+    sleeper = subprocess.Popen(["sleep", "600"])
+    yield sleeper.pid
+    sleeper.kill()
+    sleeper.wait()
+
+
+def _leave(folders: list[Path]) -> None:
+    for folder in folders:
+        (folder / "sub").mkdir(parents=True)
+        (folder / "sub" / "file").write_text("x")
+
+
+def test_any_stage_removes_what_killed_runs_left_in_every_output_folder(tmp_path: Path, live_pid: int) -> None:
+    # Issue 28: a SIGKILLed download left data/.MNIST.partial-*; the next `dvc repro` did not rerun download, and
+    # the stages it did run swept only their own folders. Now the first stage to start, whichever, removes it.
+    dead = _dead_pid()
     left = [
-        tmp_path / f"profiles/1-cpu-train/.partial-{dead}",
         tmp_path / f"data/.MNIST.partial-{dead}-k2j3",
         tmp_path / f"data/.MNIST.old-{dead}-x9",
+        tmp_path / f"profiles/1-cpu-train/.partial-{dead}",
         tmp_path / f"models/.partial-{dead}",
+        tmp_path / f"graph/.partial-{dead}",
+        tmp_path / f"report/figures/.partial-{dead}",
     ]
     kept = [
-        tmp_path / f"profiles/1-cpu-train/.partial-{alive}",
+        tmp_path / f"data/.MNIST.partial-{live_pid}-a1b2",
+        tmp_path / f"profiles/1-cpu-train/.partial-{live_pid}",
+        tmp_path / f"models/.partial-{os.getpid()}",
         tmp_path / "profiles/1-cpu-train/.hidden",
         tmp_path / "data/MNIST",
     ]
-    for folder in left + kept:
-        (folder / "sub").mkdir(parents=True)
-        (folder / "sub" / "file").write_text("x")
-    prepare_output_folders("profile", root=tmp_path)
-    prepare_output_folders("download", root=tmp_path)
-    assert sweep_stale_partials(tmp_path / "models") == [left[-1]]
-    assert [folder.exists() for folder in left] == [False] * 4
-    assert all(folder.exists() for folder in kept)
+    _leave(left + kept)
+    prepare_output_folders("validate", root=tmp_path)  # its own folder is checks/: it sweeps all the same
+    assert [folder for folder in left if folder.exists()] == []
+    assert all((folder / "sub" / "file").is_file() for folder in kept)
+    assert sweep_killed_runs(tmp_path) == []  # nothing left to remove: a second stage start finds nothing
+
+
+def test_validate_stage_removes_a_killed_download_s_leftovers(project_copy: Path, run_in: Any, live_pid: int) -> None:
+    dead = project_copy / f"data/.MNIST.partial-{_dead_pid()}-q7w8"
+    live = project_copy / f"data/.MNIST.partial-{live_pid}-e4r5"
+    _leave([dead, live])
+    result = run_in(project_copy, sys.executable, "-m", "stages.validate")
+    assert result.returncode == 0, result.stderr
+    assert not dead.exists()
+    assert (live / "sub" / "file").read_text() == "x"
 
 
 # ---------------------------------------------------------------- point 8: full and read-only disks

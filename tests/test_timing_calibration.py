@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from pipeline.data.mnist import fetch_mnist, write_dataset
-from pipeline.model.checkpoint import checkpoint_payload
+from pipeline.model.checkpoint import checkpoint_payload, save_checkpoint
 from pipeline.model.network import LabNet
 from pipeline.params.parsing import params_from_mapping
 from pipeline.profiling.processes import WorkerResult, ask, combine, worker_server
@@ -49,7 +49,7 @@ def spec(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Worker
     write_dataset(fetch_mnist(params_from_mapping(REPO_PARAMS).data, [str(mnist_mirror)]), root / "data")
     torch.manual_seed(0)
     payload = checkpoint_payload(LabNet(LAB_MODEL), {"lr": 1.0}, "digest", {"device": "cpu"}, {"test_accuracy": 0.1})
-    torch.save(payload, root / "model.pt")
+    save_checkpoint(payload, root / "model.pt")
     return WorkerSpec(
         checkpoint=str(root / "model.pt"),
         data_root=str(root / "data"),

@@ -6,7 +6,8 @@ itself is all-or-nothing too: if one rename fails (a file made immutable, a read
 files already replaced are put back, so the outputs are either all new or all as before.
 
 A process killed with SIGKILL cannot clean up: `sweep_stale_partials` removes the temp folders of
-dead processes when a later stage starts (pipeline.common.stage_runner does it for each stage's output folders).
+dead processes when a later stage starts (pipeline.common.stage_runner: any stage sweeps every stage's output
+folders, since the stage that was killed may not be rerun).
 """
 
 from __future__ import annotations
@@ -130,7 +131,10 @@ def _replace_all(staged: dict[Path, Path]) -> None:
 def sweep_stale_partials(folder: Path) -> list[Path]:
     """Remove the temp folders that dead processes left in `folder` and its sub-folders; return them.
 
-    One level of sub-folders is searched too, for outputs like `profiles/<combination>/`.
+    One level of sub-folders is searched too, for outputs like `profiles/<combination>/`; no deeper, so that the
+    cost stays a listing of the folder and of each sub-folder however large the outputs are. Dead means no process
+    has the pid in the name; a reused pid counts as alive (pipeline.common.processes.pid_alive): the folder waits
+    for a later sweep.
     """
     if not folder.is_dir():
         return []

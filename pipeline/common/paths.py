@@ -80,8 +80,8 @@ PROFILE_COMPARISON_PLOT = Path("plots/profile_comparison.csv")  # for `dvc plots
 PARAMS_CHECKED = Path("checks/params.ok")
 
 # The folders each stage writes its outputs into (dvc.yaml's outs; tests keep the two in step).
-# Before a stage starts, pipeline.common.stage_runner checks them (writable, room left) and removes temp folders
-# that killed runs left there.
+# Before a stage starts, pipeline.common.stage_runner checks its own (writable, room left) and removes the temp
+# folders that killed runs left in all of them (ALL_OUTPUT_FOLDERS).
 STAGE_OUTPUT_FOLDERS: dict[str, tuple[Path, ...]] = {
     "validate": (PARAMS_CHECKED.parent,),
     "download": (DATA_ROOT,),
@@ -92,3 +92,7 @@ STAGE_OUTPUT_FOLDERS: dict[str, tuple[Path, ...]] = {
     "profile": (PROFILES_DIR,),
     "report": (REPORT_DIR, PROFILE_COMPARISON_PLOT.parent),
 }
+# Each output folder once, data/ included (the download stage's), in the order above.
+ALL_OUTPUT_FOLDERS: tuple[Path, ...] = tuple(
+    dict.fromkeys(folder for folders in STAGE_OUTPUT_FOLDERS.values() for folder in folders)
+)

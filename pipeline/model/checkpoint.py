@@ -2,11 +2,16 @@
 
 Only tensors, dicts, lists, strings and numbers go in, so `torch.load(weights_only=True)` (no
 arbitrary unpickling) reads them, and a later stage rebuilds the model from the file alone.
+
+Each checkpoint carries a SHA-256 of its own payload (`payload_sha256`), checked by every loader: a bit flipped
+inside the weights still unpickles, and without the digest a stage run directly (not through `dvc repro`, whose
+`dvc status` would notice) would export or profile damaged weights as if they were the trained ones.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import pickle
 import shutil
@@ -25,7 +30,9 @@ from pipeline.params.memory import check_model_fits_memory
 from pipeline.params.parsing import params_from_section
 from pipeline.params.schema import ModelConfig
 
-CHECKPOINT_FORMAT = 1
+# 2: with `payload_sha256`. Format 1 (no digest) is refused: it cannot be verified, and a retrain writes format 2.
+CHECKPOINT_FORMAT = 2
+DIGEST_KEY = "payload_sha256"
 
 
 def checkpoint_payload(
@@ -62,9 +69,31 @@ def _refuse_diverged(
         )
 
 
+def payload_digest(payload: Mapping[str, Any]) -> str:
+    """SHA-256 of a checkpoint's content, independent of how torch laid it out in the file.
+
+    The zip container (record order, padding, pickle protocol) may differ between torch versions for the same
+    content, so the file's bytes are no stable reference; hashed instead: every tensor of the state_dict by
+    name — its name, dtype, shape and raw bytes (native order: little-endian on every machine torch runs on) —
+    then every other field as canonical JSON (sorted keys, no spaces; floats as their shortest round-trip
+    text). A few MB of weights: milliseconds. Raises TypeError or ValueError on content JSON cannot write.
+    """
+    hasher = hashlib.sha256()
+    state: Mapping[str, torch.Tensor] = payload["state_dict"]
+    for name in sorted(state):
+        tensor = state[name].detach().to("cpu").contiguous()
+        header = json.dumps([name, str(tensor.dtype), list(tensor.shape)], separators=(",", ":"))
+        hasher.update(header.encode() + b"\n")
+        hasher.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())  # reshape: 0-d tensors too
+    fields = {key: value for key, value in payload.items() if key not in ("state_dict", DIGEST_KEY)}
+    hasher.update(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode())
+    return hasher.hexdigest()
+
+
 def save_checkpoint(payload: dict[str, Any], path: Path) -> None:
+    """Write `payload` with its digest (`payload_digest`), computed from exactly what is written."""
     try:
-        torch.save(payload, path)
+        torch.save({**payload, DIGEST_KEY: payload_digest(payload)}, path)
     except (OSError, RuntimeError) as error:  # torch reports a failed write (disk full) as RuntimeError
         free = shutil.disk_usage(path.parent).free
         reason = " ".join(str(error).split())[:200]
@@ -93,14 +122,19 @@ class Checkpoint:
 
 
 _FIX = "Restore it with `dvc checkout models/model.pt`, or retrain with `dvc repro -f train`."
+_FORMAT_1_FIX = (
+    "Retrain with `dvc repro -f train` (or, where a checkpoint of the current format is committed, restore it "
+    "with `dvc checkout models/model.pt`)."
+)
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
     """Read a checkpoint written by the train stage; clear error when missing, damaged or not ours.
 
     `weights_only=True` refuses anything but tensors and plain containers (no code runs while
-    loading); then the structure and the model config are checked before the network is built, and
-    the weights must match its shapes.
+    loading); then the structure, the payload's digest and the model config are checked before the
+    network is built, and the weights must match its shapes. Every stage that reads the model (export_graph,
+    profile and its timing workers) comes through here, so none runs on weights changed since training.
     """
     try:
         with warnings.catch_warnings():  # garbage may "declare" pickle protocol 191: the error says enough
@@ -124,6 +158,11 @@ def load_checkpoint(path: Path) -> Checkpoint:
         # UnpicklingError, so any ordinary exception here means "not readable"; Ctrl-C still passes.
         reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
         raise PipelineError(f"{path} is not a readable checkpoint ({reason}). {_FIX}") from None
+    if isinstance(payload, dict) and payload.get("format") == 1:
+        raise PipelineError(
+            f"{path} is a checkpoint of format 1, written before checkpoints carried a digest of their payload: "
+            f"its weights cannot be verified, so it is not used. {_FORMAT_1_FIX}"
+        )
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise PipelineError(
             f"{path} is not a checkpoint of format {CHECKPOINT_FORMAT} written by this pipeline's train stage. {_FIX}"
@@ -131,6 +170,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
     problem = _structure_problem(payload)
     if problem:
         raise PipelineError(f"{path} is damaged or not written by this pipeline: {problem}. {_FIX}")
+    _verify_digest(payload, path)
     description = payload["model"]
     model_config = params_from_section(
         ModelConfig, description["model_config"], f"{path}", _FIX, prefix="model_config."
@@ -153,8 +193,22 @@ def load_checkpoint(path: Path) -> Checkpoint:
     )
 
 
+def _verify_digest(payload: dict[str, Any], path: Path) -> None:
+    try:
+        actual = payload_digest(payload)
+    except (TypeError, ValueError):  # a field JSON cannot write: not what save_checkpoint digested
+        actual = None
+    if actual != payload[DIGEST_KEY]:
+        raise PipelineError(
+            f"{path} does not match the digest written with it (`{DIGEST_KEY}`): its weights or records changed "
+            f"after the train stage saved it (a flipped bit on disk, a copy gone wrong, an edit), so it is not used. "
+            f"{_FIX}"
+        )
+
+
 def _structure_problem(payload: dict[str, Any]) -> str | None:
     expected: dict[str, type] = {
+        DIGEST_KEY: str,
         "state_dict": dict,
         "model": dict,
         "data_digest": str,

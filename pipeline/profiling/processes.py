@@ -39,6 +39,10 @@ class WorkerResult:
 
 def _parse(answer: str, spec: WorkerSpec) -> WorkerResult:
     raw = json.loads(answer)
+    if "user_error" in raw:
+        raise PipelineError(
+            f"a timing process of batch {spec.batch_size} ({spec.device}, {spec.mode}): {raw['user_error']}"
+        )
     if "error" in raw:
         raise PipelineError(
             f"a timing process of batch {spec.batch_size} ({spec.device}, {spec.mode}) failed; its last lines:\n"

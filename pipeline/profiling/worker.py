@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.common.allocator import tune_allocator
+from pipeline.common.errors import PipelineError
 from pipeline.data.mnist import load_split
 from pipeline.data.tensors import MEMORY_FORMAT, normalize_images
 from pipeline.model.checkpoint import load_checkpoint
@@ -108,6 +109,8 @@ def _child(spec: WorkerSpec, output: int) -> None:
         answer = {"timing": measure(spec)}
     except KeyboardInterrupt:
         os._exit(130)
+    except PipelineError as error:  # e.g. the checkpoint changed since the stage loaded it: the user's fix, no trace
+        answer, code = {"user_error": str(error)}, 1
     except BaseException:
         answer, code = {"error": traceback.format_exc()[-3000:]}, 1
     with os.fdopen(output, "w") as stream:
