@@ -11,7 +11,13 @@ from pipeline.data.tensors import first_samples, to_device_data
 from pipeline.params.loading import load_params
 from pipeline.params.schema import section_as_dict
 from pipeline.tracking.tracker import open_tracker
-from pipeline.training.artifacts import log_model, log_training_result, log_training_setup, write_training_outputs
+from pipeline.training.artifacts import (
+    log_model,
+    log_training_result,
+    log_training_setup,
+    register_model,
+    write_training_outputs,
+)
 from pipeline.training.execution import resolve_execution, settle_runtime
 from pipeline.training.loop import train_model
 from pipeline.training.runtime import hardware_description, select_device
@@ -33,20 +39,27 @@ def main() -> None:
     runtime_record = {**runtime.as_params(), "execution": execution}
     pause_at("loaded")  # pipeline.common.interrupts: where the signal tests hold the stage
 
-    with open_tracker("train", params.tracking, system_metrics=True) as tracker, AtomicOutputs() as outputs:
-        pause_at("run-started")
-        log_training_setup(
-            tracker, train_params, {**runtime_record, **choice.as_params()}, hardware_description(device), data_digest
-        )
-        log_training_inputs(manifest, DATA_ROOT, {"train": len(train), "test": len(test)})
-        pause_at("setup-logged")
-        result = train_model(config, train, test, device, runtime.precision, tracker, execution=execution)
-        pause_at("trained")
-        log_training_result(tracker, result, train_params, runtime_record)
-        version = log_model(tracker, result.model, params.tracking.registered_model, result.optimizer_steps)
-        pause_at("model-logged")
-        metrics = write_training_outputs(outputs, tracker, result, train_params, data_digest, runtime_record)
-        pause_at("outputs-staged")
+    with open_tracker("train", params.tracking, system_metrics=True) as tracker:
+        with AtomicOutputs() as outputs:
+            pause_at("run-started")
+            log_training_setup(
+                tracker,
+                train_params,
+                {**runtime_record, **choice.as_params()},
+                hardware_description(device),
+                data_digest,
+            )
+            log_training_inputs(manifest, DATA_ROOT, {"train": len(train), "test": len(test)})
+            pause_at("setup-logged")
+            result = train_model(config, train, test, device, runtime.precision, tracker, execution=execution)
+            pause_at("trained")
+            log_training_result(tracker, result, train_params, runtime_record)
+            model_uri = log_model(tracker, result.model, result.optimizer_steps)
+            pause_at("model-logged")
+            metrics = write_training_outputs(outputs, tracker, result, train_params, data_digest, runtime_record)
+            pause_at("outputs-staged")
+        # Committed: only now is the model a registry version, so none exists without its checkpoint (issue 28).
+        version = register_model(tracker, model_uri, params.tracking.registered_model)
     print(
         f"test accuracy {metrics['test_accuracy']:.4f}, test loss {metrics['test_loss']:.4f} after "
         f"{len(result.epochs)} epoch(s); {result.images_per_second:.0f} images/s on {device} "

@@ -31,7 +31,7 @@ from pipeline.profiling.record import Combination, read_record, write_record
 from pipeline.profiling.run import prepare_profile, run_profile
 from pipeline.profiling.texts import operators_markdown
 from pipeline.tracking.tracker import open_tracker
-from pipeline.training.artifacts import log_model, serving_device
+from pipeline.training.artifacts import log_model, register_model, serving_device
 from pipeline.training.cuda_graph import GraphLearningRate, ShapeGraphs, make_graphable_step, time_graph_replays
 from pipeline.training.execution import (
     BF16_MARGIN,
@@ -168,7 +168,9 @@ def test_logged_model_loads_and_predicts_on_this_machine(tmp_path: Path, monkeyp
         root=tmp_path,
     ) as tracker:
         tracker.log_metrics({"accuracy": 0.5}, step=3, prefix="test/")
-        version = log_model(tracker, model, "lab-model", step=3)
+        model_uri = log_model(tracker, model, step=3)
+        assert not MlflowClient().search_model_versions("name = 'lab-model'")  # logged, not yet registered
+        version = register_model(tracker, model_uri, "lab-model")
         run_id = tracker.run_id
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     run = MlflowClient().get_run(run_id)
@@ -181,7 +183,7 @@ def test_logged_model_loads_and_predicts_on_this_machine(tmp_path: Path, monkeyp
     # Registered: a version of the named model per logged model, pointing back at this run and model.
     (registered,) = MlflowClient().search_model_versions("name = 'lab-model'")
     assert version == f"lab-model/{registered.version}" == run.data.tags["model.registered_version"]
-    assert registered.run_id == run_id and registered.source == f"models:/{model_id}"
+    assert registered.run_id == run_id and registered.source == f"models:/{model_id}" == model_uri
     images = torch.randn(5, 1, 28, 28)
     with torch.no_grad():
         expected = model(images).numpy()

@@ -45,6 +45,13 @@ def test_queued_experiments_run_two_at_a_time_into_one_mlflow_store(
     assert sorted(run.data.params["train.lr"] for run in queued_runs) == sorted(LEARNING_RATES)
     assert len({run.data.tags["dvc.experiment"] for run in queued_runs}) == len(LEARNING_RATES)
     assert all(len(client.get_metric_history(run.info.run_id, "train/loss")) == 5 for run in queued_runs)
+    # Each experiment's pipeline parent carries its DVC experiment like its children, and ended FINISHED with them.
+    for run in queued_runs:
+        parent = client.get_run(run.data.tags["mlflow.parentRunId"])
+        assert parent.data.tags["stage"] == "pipeline", parent.data.tags
+        assert parent.data.tags["dvc.experiment"] == run.data.tags["dvc.experiment"]
+        assert parent.data.tags["dvc.baseline_rev"] == run.data.tags["dvc.baseline_rev"]
+        assert parent.info.status == "FINISHED"
     assert len(list((project / "runs" / "train").iterdir())) == len(runs)  # TensorBoard folders too
 
     shown = json.loads(run_in(project, "dvc", "exp", "show", "--json").stdout)

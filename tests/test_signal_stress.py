@@ -124,6 +124,12 @@ def _check_left_nothing(project: Path, moment: str, runs_before: int, stderr: st
     if moment in WITH_RUN:
         assert len(runs) == runs_before + 1, stderr[-3000:]
         assert runs[0].info.status == "KILLED", (runs[0].info.status, stderr[-3000:])
+        # No registry version for a stopped run (issue 28): a model is registered only after the commit point.
+        assert "model.registered_version" not in runs[0].data.tags, stderr[-3000:]
+        registered = MlflowClient(f"sqlite:///{project / 'mlflow.db'}").search_model_versions(
+            f"run_id = '{runs[0].info.run_id}'"
+        )
+        assert registered == [], [version.version for version in registered]
     else:
         assert len(runs) == runs_before, stderr[-3000:]
 

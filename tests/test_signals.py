@@ -8,6 +8,7 @@ RUNNING is marked FAILED by the next stage started on this machine, once its pro
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from pipeline.common.processes import host_name, process_identity
 from pipeline.tracking.tags import HOST_TAG, PROCESS_TAG, STALE_TAG
 from tests.helpers.projects import (
     copy_project,
+    default_sigint,
     read_params,
     run_command,
     stage_environment,
@@ -108,3 +110,62 @@ def test_sigkill_leaves_a_running_run_that_the_next_stage_marks_failed(downloade
     assert client.get_run(elsewhere.info.run_id).info.status == "RUNNING"
     for run in (live, elsewhere):
         client.set_terminated(run.info.run_id, "FINISHED")
+
+
+def test_a_model_version_exists_only_for_a_run_whose_outputs_were_committed(
+    downloaded: Path, mnist_mirror: Path
+) -> None:
+    """Issue 28 point 1: a Ctrl-C after the model was logged but before the outputs were committed leaves no
+    registry version (it used to leave one with no checkpoint behind it); a run that commits registers one."""
+    params = read_params(downloaded)
+    quick = read_params(downloaded)
+    quick["train"].update(epochs=1, train_samples=640, test_samples=500, threads=1)
+    write_params(downloaded, quick)
+    client = _client(downloaded)
+
+    def versions() -> list[Any]:
+        return client.search_model_versions("name = 'mnist-labnet'") if (downloaded / "mlflow.db").exists() else []
+
+    try:
+        before = len(versions())
+        process = subprocess.Popen(
+            [sys.executable, "-m", "stages.train"],
+            cwd=downloaded,
+            env=stage_environment(mnist_mirror, {"LAB_PAUSE_AT": "train:outputs-staged"}),
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=default_sigint,
+        )
+        assert process.stderr is not None
+        seen = ""
+        while "[paused at train:outputs-staged]" not in seen:
+            chunk = process.stderr.readline()  # a line: read(n) would wait for n characters the pause never prints
+            assert chunk, f"stage ended before the pause: {seen[-2000:]}"
+            seen += chunk
+        process.send_signal(signal.SIGINT)
+        rest = seen + process.communicate(timeout=120)[1]
+        assert process.returncode == 130, rest[-2000:]
+        assert "stage 'train' interrupted; no outputs were written." in rest
+        (killed, *_) = _train_runs(downloaded)
+        assert killed.info.status == "KILLED" and "model.id" in killed.data.tags  # the model was logged ...
+        assert "model.registered_version" not in killed.data.tags
+        assert len(versions()) == before  # ... and never became a registry version
+        # The pipeline parent of that `dvc repro` shows the interruption (issue 28 point 3), not FINISHED.
+        parent_id = killed.data.tags["mlflow.parentRunId"]
+        assert client.get_run(parent_id).info.status == "KILLED"
+        assert not any((downloaded / relative).exists() for relative in OUTPUTS)
+
+        result = run_command([sys.executable, "-m", "stages.train"], downloaded, stage_environment(mnist_mirror))
+        assert result.returncode == 0, result.stderr[-3000:]
+        (finished, *_) = _train_runs(downloaded)
+        (newest, *_) = sorted(versions(), key=lambda version: int(version.version), reverse=True)
+        assert len(versions()) == before + 1 and newest.run_id == finished.info.run_id
+        assert finished.data.tags["model.registered_version"] == f"mnist-labnet/{newest.version}"
+        assert f"registered in MLflow as mnist-labnet/{newest.version}" in result.stdout
+        # The stage rerun and finished: its newest run stands for it, so the parent reads FINISHED again.
+        assert finished.data.tags["mlflow.parentRunId"] == parent_id
+        assert client.get_run(parent_id).info.status == "FINISHED"
+    finally:
+        write_params(downloaded, params)
+        for relative in OUTPUTS:
+            (downloaded / relative).unlink(missing_ok=True)

@@ -79,22 +79,56 @@ def _git_commit(root: Path) -> str:
     return result.stdout.strip() if result.returncode == 0 else "none"
 
 
-def parent_run_id(client: MlflowClient, experiment_id: str, pipeline: PipelineRun) -> str:
+def parent_run_id(
+    client: MlflowClient, experiment_id: str, pipeline: PipelineRun, experiment_tags: Mapping[str, str] | None = None
+) -> str:
     """The parent run of this pipeline run: found by its key, or created (and ended at once: it holds
-    no work of its own, only children, so it never sits RUNNING in the UI)."""
+    no work of its own, only children, so it never sits RUNNING in the UI; `reflect_children` keeps its status
+    that of its children). `experiment_tags` (the DVC experiment and its baseline, inside `dvc exp run`) go on
+    it as on its children, so a search by experiment finds the whole tree."""
     query = f"tags.`{KEY_TAG}` = '{pipeline.key}' and tags.stage = 'pipeline'"  # its children carry the key too
     found = client.search_runs([experiment_id], filter_string=query, max_results=1)
     if found:
+        for tag, value in (experiment_tags or {}).items():
+            if found[0].data.tags.get(tag) != value:
+                client.set_tag(found[0].info.run_id, tag, value)
         return str(found[0].info.run_id)
     description = (
         f"One `dvc repro` of commit {pipeline.commit[:12]} with params digest {pipeline.params_digest}"
         + (f" (DVC experiment {pipeline.experiment})" if pipeline.experiment else "")
         + ": its stage runs are the children below."
     )
-    tags = {**pipeline.tags(), STAGE_TAG: "pipeline", NOTE_TAG: description}
+    tags = {**pipeline.tags(), **(experiment_tags or {}), STAGE_TAG: "pipeline", NOTE_TAG: description}
     run = client.create_run(experiment_id, run_name=pipeline.name, tags=tags)
     client.set_terminated(run.info.run_id, "FINISHED")
     return str(run.info.run_id)
+
+
+# The worst status first: what a parent shows when its children's latest runs differ.
+_STATUS_ORDER = ("FAILED", "KILLED", "RUNNING", "SCHEDULED", "FINISHED")
+PARENT_RUN_TAG = "mlflow.parentRunId"  # MLflow's own tag of a child run
+
+
+def reflect_children(client: MlflowClient, experiment_id: str, parent_id: str) -> str:
+    """Set the parent run's status to its children's: the newest run of each stage (by run name: a forced rerun
+    replaces an earlier failure of the same stage), FAILED if any is, else KILLED if any is, else FINISHED.
+    Returns the status set. A parent of a `dvc repro` that stopped at a failure or a Ctrl-C no longer reads
+    FINISHED in the MLflow UI; one whose failed stage was rerun successfully reads FINISHED again."""
+    children = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{PARENT_RUN_TAG}` = '{parent_id}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=5000,
+    )
+    newest: dict[str, str] = {}
+    for child in children:
+        newest.setdefault(child.info.run_name or child.info.run_id, child.info.status)
+    finished = [status for status in newest.values() if status != "RUNNING"]  # a stage still at work: not yet
+    status = min(finished, key=_STATUS_ORDER.index, default="FINISHED")
+    status = status if status in ("FAILED", "KILLED") else "FINISHED"
+    if client.get_run(parent_id).info.status != status:
+        client.set_terminated(parent_id, status)
+    return status
 
 
 def mark_current(

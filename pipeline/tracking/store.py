@@ -19,6 +19,7 @@ from pipeline.common.credentials import basic_auth_header, redact, split_user_in
 from pipeline.common.errors import PipelineError
 from pipeline.common.outputs import check_output_folder
 from pipeline.common.processes import host_name, identity_alive, process_identity
+from pipeline.tracking.lineage import PARENT_RUN_TAG, reflect_children
 from pipeline.tracking.tags import NOTE_TAG
 
 if TYPE_CHECKING:  # imported lazily at run time: `import mlflow` alone costs ~2 s
@@ -177,6 +178,8 @@ def mark_stale_runs(client: MlflowClient, experiment_id: str) -> list[str]:
         client.set_tag(run.info.run_id, STALE_TAG, note)
         client.set_terminated(run.info.run_id, "FAILED")
         stale.append(run.info.run_id)
+        if tags.get(PARENT_RUN_TAG):  # its pipeline parent shows the failure too
+            reflect_children(client, experiment_id, tags[PARENT_RUN_TAG])
     return stale
 
 

@@ -17,6 +17,7 @@ import io
 import logging
 import os
 import re
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +27,14 @@ from typing import TYPE_CHECKING, Any
 from pipeline.common.credentials import redact
 from pipeline.common.errors import PipelineError
 from pipeline.params.schema import TrackingConfig
-from pipeline.tracking.lineage import current_pipeline_run, current_run, mark_current, parent_run_id, training_run
+from pipeline.tracking.lineage import (
+    current_pipeline_run,
+    current_run,
+    mark_current,
+    parent_run_id,
+    reflect_children,
+    training_run,
+)
 from pipeline.tracking.store import (
     check_artifact_folder,
     check_tracking_server,
@@ -85,6 +93,7 @@ class Tracker:
     events: EventWriter
     experiment_id: str = ""
     machine_id: str = ""  # the `machine.id` tag of this run
+    parent_run_id: str = ""  # the `pipeline@...` run this stage's run is a child of
     flush_interval_s: float = METRICS_FLUSH_INTERVAL_S
     _torch_writer: SummaryWriter | None = None
     _pending: list[tuple[str, float, int, int]] = dataclasses.field(default_factory=list)
@@ -306,7 +315,9 @@ def open_tracker(
     check_tracking_server(uri)
     machine = machine_tags()
     run_name = f"{stage}@{variant}" if variant else stage
-    client, experiment_id, run_id = _start_run(uri, config.experiment, root, stage, run_name, machine, system_metrics)
+    client, experiment_id, run_id, parent_id = _start_run(
+        uri, config.experiment, root, stage, run_name, machine, system_metrics
+    )
     folder = f"{variant + '-' if variant else ''}{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:8]}"
     logdir = Path(config.tensorboard_dir)
     logdir = (logdir if logdir.is_absolute() else root / logdir) / stage / folder
@@ -316,6 +327,7 @@ def open_tracker(
         events=EventWriter(logdir),
         experiment_id=experiment_id,
         machine_id=machine.get(ID_TAG, ""),
+        parent_run_id=parent_id,
     )
     status = "FAILED"
     failure: PipelineError | None = None
@@ -344,8 +356,9 @@ def open_tracker(
 
 def _start_run(
     uri: str, experiment: str, root: Path, stage: str, run_name: str, machine: dict[str, str], system_metrics: bool
-) -> tuple[MlflowClient, str, str]:
-    """The stage's run started (the active fluent run) under its pipeline parent: (client, experiment id, run id).
+) -> tuple[MlflowClient, str, str, str]:
+    """The stage's run started (the active fluent run) under its pipeline parent: (client, experiment id, run id,
+    parent run id).
     A store that fails here stops the stage before any work."""
     import mlflow  # lazy: `import mlflow` ≈ 2 s
     from mlflow import MlflowClient  # lazy: `import mlflow` ≈ 2 s
@@ -361,7 +374,7 @@ def _start_run(
         tags = {STAGE_TAG: stage, **pipeline.tags(), **process_tags(), **_dvc_experiment_tags()}
         if stage in STAGE_DESCRIPTIONS:
             tags[NOTE_TAG] = STAGE_DESCRIPTIONS[stage]
-        parent = parent_run_id(client, experiment_id, pipeline)
+        parent = parent_run_id(client, experiment_id, pipeline, _dvc_experiment_tags())
         if system_metrics:
             # Its start/stop/"skip GPU" INFO lines would join every training's console output; failures
             # are warnings and still show.
@@ -383,7 +396,24 @@ def _start_run(
                 "params.yaml. Nothing was run."
             )
         ) from None
-    return client, experiment_id, run.info.run_id
+    return client, experiment_id, run.info.run_id, parent
+
+
+def _reflect_in_parent(tracker: Tracker) -> None:
+    """The pipeline parent's status follows this run's end (lineage.reflect_children); a store that fails here
+    leaves the parent's old status, said on stderr, and does not fail a stage whose own run ended."""
+    import mlflow  # lazy: `import mlflow` ≈ 2 s
+
+    if not tracker.parent_run_id:
+        return
+    try:
+        reflect_children(tracker.client, tracker.experiment_id, tracker.parent_run_id)
+    except mlflow.exceptions.MlflowException as error:
+        print(
+            f"warning: the pipeline run {tracker.parent_run_id} still shows its earlier status: updating it from "
+            f"its stage runs failed ({_first_line(error)[:200]}).",
+            file=sys.stderr,
+        )
 
 
 def _end_run(
@@ -397,6 +427,7 @@ def _end_run(
         if status == "FINISHED":
             mark_current(tracker.client, tracker.experiment_id, tracker.run_id, run_name, machine_id)
         mlflow.end_run(status=status)
+        _reflect_in_parent(tracker)
     except mlflow.exceptions.MlflowException as error:
         # The run stays RUNNING in the store; the next stage started on this machine marks it
         # FAILED (mark_stale_runs), once the store answers again.

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from pipeline.common.allocator import current_allocator
+from pipeline.common.errors import PipelineError
 from pipeline.common.outputs import AtomicOutputs
 from pipeline.common.paths import MODEL_CHECKPOINT, TRAIN_EPOCHS_PLOT, TRAIN_METRICS, TRAIN_SPEED, TRAIN_STEPS_PLOT
 from pipeline.common.tables import records_csv
@@ -107,9 +108,10 @@ def log_training_result(
     )
 
 
-def log_model(tracker: Tracker, model: LabNet, registered_model: str, step: int) -> str:
+def log_model(tracker: Tracker, model: LabNet, step: int) -> str:
     """Log the model in MLflow's default torch.export format, with a dynamic batch dimension, as produced at
-    optimizer step `step`, and register it as a new version of `registered_model`; returns `<name>/<version>`.
+    optimizer step `step`; returns its model URI (`models:/m-...`) for `register_model` once the stage's outputs
+    are committed.
 
     MLflow links the run's metrics logged at `step` (the final test and train values) to the logged model,
     so its page, and the registered version's, show the quality it was logged with.
@@ -132,12 +134,35 @@ def log_model(tracker: Tracker, model: LabNet, registered_model: str, step: int)
         name="model",
         step=step,
         input_example=example,
-        registered_model_name=registered_model,
         # Pinned here: inferring requirements would import the model in a subprocess (slow).
         pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"],
     )
-    version = f"{registered_model}/{info.registered_model_version}"
-    tracker.set_tags({MODEL_DEVICE_TAG: str(device), MODEL_ID_TAG: info.model_id, REGISTERED_MODEL_TAG: version})
+    tracker.set_tags({MODEL_DEVICE_TAG: str(device), MODEL_ID_TAG: info.model_id})
+    return str(info.model_uri)
+
+
+def register_model(tracker: Tracker, model_uri: str, registered_model: str) -> str:
+    """Register the logged model `model_uri` as a new version of `registered_model`; returns `<name>/<version>`.
+
+    The train stage calls it only after its outputs are committed (issue 28): a version is what a student opens
+    in the registry as "a trained model", so it must never exist for a run whose checkpoint was not written
+    (a Ctrl-C, a failed rename). Registering late was chosen over deleting or tagging the version of a failed
+    stage: the clean-up would run exactly when things are failing (a signal, a dying store) and could itself
+    fail, leaving the lie in place. A failure here leaves the outputs written and the run FAILED, and says so.
+    """
+    import mlflow  # lazy: `import mlflow` ≈ 2 s
+
+    try:
+        registered = mlflow.register_model(model_uri, registered_model)
+    except mlflow.exceptions.MlflowException as error:
+        raise PipelineError(
+            f"the stage's outputs were written and its model logged ({model_uri}), but registering it as a version "
+            f"of `{registered_model}` failed: {' '.join(str(error).split())[:300]}. Rerun `dvc repro -f train` "
+            "once the store answers, or register it by hand: "
+            f"`mlflow.register_model('{model_uri}', '{registered_model}')`."
+        ) from None
+    version = f"{registered_model}/{registered.version}"
+    tracker.set_tags({REGISTERED_MODEL_TAG: version})
     return version
 
 
