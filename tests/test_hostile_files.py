@@ -50,7 +50,7 @@ from pipeline.profiling.worker import WorkerSpec
 from pipeline.tracking.store import check_tracking_server, credentials_out_of_uri
 from pipeline.tracking.tracker import open_tracker
 from tests.helpers.data import LAB_MODEL, make_synthetic_mnist
-from tests.helpers.projects import copy_project, run_command, stage_environment
+from tests.helpers.projects import clone_project, copy_project, run_command, stage_environment
 from tests.helpers.repo import REPO_ROOT
 from tests.helpers.servers import closed_port
 
@@ -819,3 +819,44 @@ def test_disk_filling_up_during_a_write_is_a_clear_error(
     assert unnamed["code"] == 2
     assert "could not write (No space left on device): models/ has only" in unnamed["stderr"]
     assert "Traceback" not in unnamed["stderr"]
+
+
+# The TensorBoard folder fills up while export_graph writes its graph: 4 KiB left on a 70 MiB tmpfs over runs/.
+FULL_RUNS_SCRIPT = r"""
+set -e
+mount -t tmpfs -o size=70m tmpfs runs
+python -c 'open("runs/filler", "wb").write(bytes((70 << 20) - (4 << 10)))'
+set +e
+python -m stages.export_graph
+echo "exit $?" >&2
+umount runs
+"""
+
+
+@pytest.mark.slow
+def test_a_full_tensorboard_folder_fails_the_stage_and_its_run_with_one_message(
+    tmp_path: Path, reproduced_project: Path, mnist_mirror: Path
+) -> None:
+    """Issue 28 point 2: the graph's events cannot be written. The stage exits 2 naming runs/, prints no thread
+    traceback (torch's SummaryWriter wrote from a thread of its own, which printed `Exception in thread` and failed
+    the stage with an error blaming the tracer), leaves its outputs as they were, and its run is FAILED."""
+    if not _namespaces_work():
+        pytest.fail("needs `unshare -rm` (user and mount namespaces) to mount a small tmpfs without root")
+    project = clone_project(reproduced_project, tmp_path / "project")
+    (project / "runs").mkdir(exist_ok=True)
+    before = {name: mtime for name, mtime in _files(project).items() if name.startswith("graph/")}
+    environment = stage_environment(mnist_mirror, {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    result = run_command(["unshare", "-rm", "bash", "-c", FULL_RUNS_SCRIPT], project, environment)
+    stderr = result.stderr
+    assert "exit 2" in stderr, stderr[-3000:]
+    assert "error in stage 'export_graph': could not write (No space left on device): runs/ has only" in stderr
+    assert "Traceback" not in stderr and "Exception in thread" not in stderr, stderr[-3000:]
+    assert {name: mtime for name, mtime in _files(project).items() if name.startswith("graph/")} == before
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("mnist-lab")
+    assert experiment is not None
+    (newest, *_) = client.search_runs(
+        [experiment.experiment_id], "tags.stage = 'export_graph'", order_by=["attributes.start_time DESC"]
+    )
+    assert newest.info.status == "FAILED"
+    assert client.get_run(newest.data.tags["mlflow.parentRunId"]).info.status == "FAILED"

@@ -90,6 +90,11 @@ def enter_commit_point() -> None:
     _committing = True
 
 
+def past_commit_point() -> bool:
+    """Whether this stage has begun to move its outputs into place."""
+    return _committing
+
+
 def deferred_signal() -> int | None:
     """The first SIGINT/SIGTERM received after the commit point, if any."""
     return _deferred[0] if _deferred else None

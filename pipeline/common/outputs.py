@@ -12,13 +12,14 @@ folders, since the stage that was killed may not be rerun).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -35,6 +36,23 @@ _STALE_NAME = re.compile(r"^(?:\.partial-|\.[^/]+\.(?:partial|old)-)(?P<pid>\d+)
 
 def partial_folder(final: Path, pid: int | None = None) -> Path:
     return Path(final).parent / f"{PARTIAL_PREFIX}{os.getpid() if pid is None else pid}"
+
+
+# Flushes run at the start of every commit (`flushed_before_commit`): the open tracker's, so that what a stage logged
+# reaches the disk (TensorBoard's buffered events) and the store before its outputs move.
+_BEFORE_COMMIT: list[Callable[[], None]] = []
+
+
+@contextlib.contextmanager
+def flushed_before_commit(flush: Callable[[], None]) -> Iterator[None]:
+    """While open, `flush` runs first in every `AtomicOutputs.commit`: a full disk under `runs/` or a store that
+    stopped answering then fails the stage with its outputs unchanged, instead of after they were renamed into
+    place (issue 28: the stage said "no outputs were written" about outputs it had just replaced)."""
+    _BEFORE_COMMIT.append(flush)
+    try:
+        yield
+    finally:
+        _BEFORE_COMMIT.remove(flush)
 
 
 class AtomicOutputs:
@@ -70,6 +88,8 @@ class AtomicOutputs:
         point (pipeline.common.interrupts): a signal that arrived before it stops the stage here, a later one
         once the stage is done."""
         try:
+            for flush in list(_BEFORE_COMMIT):
+                flush()
             pause_at("commit")
             enter_commit_point()
             _replace_all(self._staged)

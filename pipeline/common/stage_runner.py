@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pipeline.common.credentials import redact
 from pipeline.common.errors import PipelineError
-from pipeline.common.interrupts import Terminated, deferred_signal, install_handlers, pause_at
+from pipeline.common.interrupts import Terminated, deferred_signal, install_handlers, past_commit_point, pause_at
 from pipeline.common.outputs import check_output_folder, sweep_stale_partials, write_error_message
 from pipeline.common.paths import ALL_OUTPUT_FOLDERS, STAGE_OUTPUT_FOLDERS
 
@@ -47,7 +47,12 @@ def run_stage(name: str, main: Callable[[], None]) -> None:
             raise
         folders = (*STAGE_OUTPUT_FOLDERS.get(name, ()), Path("mlartifacts"), Path("runs"))
         message = write_error_message(error, folders=folders)
-        print(redact(f"\nerror in stage '{name}': {message} No outputs were written."), file=sys.stderr)
+        written = (
+            "Its outputs had already been committed (complete), but its run is FAILED: run the stage again."
+            if past_commit_point()
+            else "No outputs were written."
+        )
+        print(redact(f"\nerror in stage '{name}': {message} {written}"), file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
     except Terminated:
         print(f"\nstage '{name}' terminated (SIGTERM); {_what_was_written()}", file=sys.stderr)

@@ -39,6 +39,8 @@ def add_tensorboard_graph(tracker: Tracker, model: LabNet, example: torch.Tensor
         )
         try:
             tracker.add_graph(model, example)
+        except OSError:
+            raise  # writing the events failed (a full disk): the stage names the folder, the tracer is not at fault
         except Exception as error:
             raise PipelineError(
                 f"TensorBoard graph export failed: torch.jit.trace could not trace {type(model).__name__} "

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import google_crc32c
-from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.event_pb2 import Event, TaggedRunMetadata
 from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
@@ -88,6 +88,13 @@ class EventWriter:
         width, height, channels = png_header(png)
         image = Summary.Image(height=height, width=width, colorspace=channels, encoded_image_string=png)
         self.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+
+    def add_graph(self, graph_def: bytes, run_metadata: bytes) -> None:
+        """TensorBoard's Graphs tab: a serialized GraphDef and its RunMetadata, as SummaryWriter.add_graph writes
+        them (the graph, then the run metadata tagged `step1`)."""
+        self._write(Event(wall_time=time.time(), graph_def=graph_def))
+        tagged = TaggedRunMetadata(tag="step1", run_metadata=run_metadata)
+        self._write(Event(wall_time=time.time(), tagged_run_metadata=tagged))
 
     def flush(self) -> None:
         self._file.flush()

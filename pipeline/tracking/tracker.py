@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.common.credentials import redact
 from pipeline.common.errors import PipelineError
+from pipeline.common.outputs import flushed_before_commit
 from pipeline.params.schema import TrackingConfig
 from pipeline.tracking.lineage import (
     current_pipeline_run,
@@ -64,7 +65,6 @@ if TYPE_CHECKING:  # imported lazily at run time: `import mlflow` alone costs ~2
     import torch
     from mlflow import MlflowClient
     from mlflow.utils.async_logging.run_operations import RunOperations
-    from torch.utils.tensorboard import SummaryWriter
 
 # MLflow's default (10 s) leaves a GPU training of a few seconds without a single sample; psutil's
 # sampling thread costs well under 1 % of a core at this rate.
@@ -95,22 +95,12 @@ class Tracker:
     machine_id: str = ""  # the `machine.id` tag of this run
     parent_run_id: str = ""  # the `pipeline@...` run this stage's run is a child of
     flush_interval_s: float = METRICS_FLUSH_INTERVAL_S
-    _torch_writer: SummaryWriter | None = None
     _pending: list[tuple[str, float, int, int]] = dataclasses.field(default_factory=list)
     _operations: list[RunOperations] = dataclasses.field(default_factory=list)
     _last_flush: float = dataclasses.field(default_factory=time.monotonic)
 
-    def _graph_writer(self) -> SummaryWriter:
-        if self._torch_writer is None:
-            from torch.utils.tensorboard import SummaryWriter  # lazy: only torch stages log these
-
-            self._torch_writer = SummaryWriter(log_dir=str(self.events.logdir))
-        return self._torch_writer
-
     def close(self) -> None:
         self.events.close()  # after flush(): open_tracker flushes first
-        if self._torch_writer is not None:
-            self._torch_writer.close()
 
     def log_params(self, params: Mapping[str, Any], prefix: str = "") -> None:
         """MLflow params (write-once per run), each key prefixed with `prefix` (e.g. `graph.`)."""
@@ -174,6 +164,7 @@ class Tracker:
         for operation in operations:
             operation.wait()  # type: ignore[no-untyped-call]
         self._send_pending(wait=True)
+        self.events.flush()  # TensorBoard's buffered events on disk too: a full disk surfaces here, not at close
 
     def log_curve(self, tag: str, values: Sequence[float]) -> None:
         """A curve at steps 0..n-1 in TensorBoard only. In MLflow a per-step series shows in the run overview
@@ -206,8 +197,15 @@ class Tracker:
             self.events.add_scalar(key, value, 0)
 
     def add_graph(self, model: torch.nn.Module, example: torch.Tensor) -> None:
-        """TensorBoard's Graphs tab (traced with torch.jit.trace; model and example on one device)."""
-        self._graph_writer().add_graph(model, example)
+        """TensorBoard's Graphs tab (traced with torch.jit.trace; model and example on one device).
+
+        torch's tracer builds the graph (what SummaryWriter.add_graph writes), and this run's own event writer
+        writes it, on this thread: SummaryWriter's writer thread printed its own traceback when the disk was
+        full and failed the stage later, or not at all, with an error about the tracer (issue 28)."""
+        from torch.utils.tensorboard._pytorch_graph import graph  # lazy: only export_graph draws a graph
+
+        graph_def, step_stats = graph(model, example)  # type: ignore[no-untyped-call]
+        self.events.add_graph(graph_def.SerializeToString(), step_stats.SerializeToString())
 
     def log_text(self, tag: str, markdown: str, artifact_file: str | None = None) -> None:
         """Markdown in TensorBoard's Text tab and, with `artifact_file`, as an MLflow artifact."""
@@ -332,7 +330,8 @@ def open_tracker(
     status = "FAILED"
     failure: PipelineError | None = None
     try:
-        yield tracker
+        with flushed_before_commit(tracker.flush):  # logged before the outputs move (pipeline.common.outputs)
+            yield tracker
         tracker.flush()
         status = "FINISHED"
     except KeyboardInterrupt:
@@ -350,8 +349,17 @@ def open_tracker(
         if tracker._pending or tracker._operations:  # interrupted or failed: keep what the store still takes
             with contextlib.suppress(mlflow.exceptions.MlflowException, OSError):
                 tracker.flush()
-        tracker.close()
+        # Closing writes what the event file still buffers: on a full disk that fails, and the stage fails with it,
+        # so its run must not end FINISHED, and must end all the same (not stay RUNNING behind the error).
+        unwritten: OSError | None = None
+        try:
+            tracker.close()
+        except OSError as error:
+            if status == "FINISHED":  # the work was done: this is the stage's error (else the first one stands)
+                unwritten, status = error, "FAILED"
         _end_run(tracker, uri, run_name, machine[ID_TAG], status, failure)
+        if unwritten is not None:
+            raise unwritten
 
 
 def _start_run(
