@@ -7,6 +7,7 @@ copy reproduced once (validate, download, train, export_graph), then try each ba
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import shutil
 import subprocess
@@ -18,14 +19,16 @@ from typing import Any
 import pytest
 import yaml
 
+from pipeline.common.dataset import MNIST_FILES
 from pipeline.common.errors import PipelineError
 from pipeline.common.stage_runner import run_stage
+from pipeline.data.mnist import MNIST_BYTES, MNIST_SHA256
 from pipeline.model.network import LabNet
 from pipeline.params.loading import load_params
 from pipeline.params.memory import check_params_fit_memory, parameter_count
 from pipeline.params.parsing import params_from_mapping
 from pipeline.params.schema import ModelConfig
-from pipeline.params.validation import MARKER_TEXT, write_params_checked
+from pipeline.params.validation import MARKER_TEXT, check_environment, write_params_checked
 from pipeline.profiling.matrix import stage_combination
 from pipeline.profiling.record import Combination
 from tests.helpers.projects import (
@@ -430,3 +433,67 @@ def test_valid_params_edit_reruns_validate_and_nothing_it_does_not_touch(guarded
         assert f"Stage '{stage}' didn't change, skipping" in result.stdout
     assert (guarded / "checks/params.ok").read_text() == MARKER_TEXT
     subprocess.run(["git", "checkout", "-q", "params.yaml", "dvc.lock"], cwd=guarded, check=True)
+
+
+def _params_with(repo_params: dict[str, Any], **train: Any) -> Any:
+    params = copy.deepcopy(repo_params)
+    params["train"].update(train)
+    return params_from_mapping(params)
+
+
+def test_validate_refuses_what_this_machine_cannot_do(
+    repo_params: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28 point 5, in process: a device the machine lacks, more samples than the split, a mirror folder that
+    is gone or empty when the data set is not in place; torch-free (the stage runs at every `dvc repro`)."""
+    monkeypatch.chdir(tmp_path)
+    no_gpu, one_gpu = tmp_path / "none", tmp_path / "gpus"
+    no_gpu.mkdir()
+    (one_gpu / "0000:01:00.0").mkdir(parents=True)
+    mirror = {"MNIST_MIRROR": str(tmp_path / "mirror")}
+    with pytest.raises(PipelineError, match=r"`train.device` asks for cuda, but this machine shows no NVIDIA GPU"):
+        check_environment(_params_with(repo_params, device="cuda"), tmp_path, {}, no_gpu)
+    check_environment(_params_with(repo_params, device="cuda"), tmp_path, {}, one_gpu)  # a GPU: fine
+    with pytest.raises(PipelineError, match=r"`train.train_samples` is 70,000, but the MNIST train split has 60,000"):
+        check_environment(_params_with(repo_params, train_samples=70_000), tmp_path, {}, no_gpu)
+    with pytest.raises(PipelineError, match=r"`train.test_samples` is 10,001, but the MNIST test split has 10,000"):
+        check_environment(_params_with(repo_params, test_samples=10_001), tmp_path, {}, no_gpu)
+    params = _params_with(repo_params)
+    with pytest.raises(PipelineError, match=r"MNIST_MIRROR=.*mirror' is not a folder, and the download stage needs it"):
+        check_environment(params, tmp_path, mirror, no_gpu)
+    (tmp_path / "mirror").mkdir()
+    (tmp_path / "mirror" / "train-images-idx3-ubyte.gz").write_bytes(b"")
+    (tmp_path / "mirror" / "t10k-labels-idx1-ubyte").write_bytes(b"")
+    with pytest.raises(PipelineError, match=r"lacks train-labels-idx1-ubyte, t10k-images-idx3-ubyte \(neither"):
+        check_environment(params, tmp_path, mirror, no_gpu)
+    # The verified data set in place: download will not run, so a broken mirror is no reason to stop.
+    raw = tmp_path / "data" / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    (raw.parent / "manifest.json").write_text("{}")
+    for name in MNIST_FILES:
+        (raw / name).write_bytes(b"")
+    check_environment(params, tmp_path, mirror, no_gpu)
+    assert not (tmp_path / "models").exists()  # judged, not created: DVC's outputs stay as they are
+    assert set(MNIST_FILES) == set(MNIST_SHA256) == set(MNIST_BYTES)  # one list of the files, checked by all
+
+
+@pytest.mark.slow
+def test_dvc_repro_stops_at_validate_before_deleting_any_output(guarded: Path, mnist_mirror: Path) -> None:
+    """More training images than MNIST has: `validate` (run by every `dvc repro`) refuses before DVC deletes the
+    train stage's outputs, where train itself used to refuse only after DVC had removed them."""
+    before = _workspace(guarded)
+    params = read_params(guarded)
+    params["train"]["train_samples"] = 70_000
+    write_params(guarded, params)
+    try:
+        result = run_command(["dvc", "repro"], guarded, stage_environment(mnist_mirror))
+        assert result.returncode != 0
+        assert "`train.train_samples` is 70,000, but the MNIST train split has 60,000 images" in result.stderr
+        assert "Traceback" not in result.stderr
+        after = _workspace(guarded)
+        assert {name: digest for name, digest in after.items() if name in OUTPUTS} == {
+            name: digest for name, digest in before.items() if name in OUTPUTS
+        }
+        assert all((guarded / name).exists() for name in OUTPUTS)
+    finally:
+        subprocess.run(["git", "checkout", "-q", "params.yaml"], cwd=guarded, check=True)

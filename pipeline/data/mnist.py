@@ -30,6 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from pipeline.common.credentials import basic_auth_header, netrc_credentials, redact
+from pipeline.common.dataset import MIRROR_ENV_VAR
 from pipeline.common.errors import PipelineError
 from pipeline.common.interrupts import enter_commit_point, pause_at
 from pipeline.common.outputs import write_error_message
@@ -39,7 +40,6 @@ from pipeline.params.schema import DataConfig
 DATASET_DIR = "MNIST"
 RAW_DIR = "raw"
 MANIFEST_FILE = "manifest.json"
-MIRROR_ENV_VAR = "MNIST_MIRROR"
 
 # SHA-256 of the decompressed official files (their well-known MD5s match as well).
 MNIST_SHA256: Mapping[str, str] = {

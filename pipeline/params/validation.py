@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 
-from pipeline.common.outputs import AtomicOutputs
-from pipeline.common.paths import PARAMS_CHECKED
+from pipeline.common.dataset import MIRROR_ENV_VAR, MNIST_FILES, SPLIT_IMAGES
+from pipeline.common.errors import PipelineError
+from pipeline.common.outputs import MIN_FREE_BYTES, AtomicOutputs, size_text
+from pipeline.common.paths import DATA_ROOT, PARAMS_CHECKED, STAGE_OUTPUT_FOLDERS
 from pipeline.params.loading import DEFAULT_PARAMS_FILE, load_params
+from pipeline.params.schema import Params
+
+# The files that say a GPU is there, without importing torch (3 s): the NVIDIA driver's per-GPU folders.
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 # Constant on purpose, to the byte: other stages depend on this file only so that DVC runs the check before
 # them. Were it to change (with params, or an edit of its words: it still names the module's old path,
@@ -18,10 +28,99 @@ MARKER_TEXT = (
 
 
 def write_params_checked(params_file: Path = DEFAULT_PARAMS_FILE, marker: Path = PARAMS_CHECKED) -> None:
-    """Validate `params_file` (values, and whether it fits this machine); write `marker` if it passes."""
-    load_params(params_file)
+    """Validate `params_file` (values, and whether it fits this machine) and this machine's side of them
+    (`check_environment`); write `marker` if it passes."""
+    check_environment(load_params(params_file))
     if marker.is_file() and marker.read_text() == MARKER_TEXT:
         return  # already there (DVC keeps it: `persist: true`): nothing to write
     with AtomicOutputs() as outputs:
         outputs.write_text(marker, MARKER_TEXT)
     print(f"{params_file} is valid -> {marker}")
+
+
+def check_environment(
+    params: Params,
+    root: Path = Path("."),
+    environ: Mapping[str, str] = os.environ,
+    gpus: Path = NVIDIA_GPUS,
+) -> None:
+    """What params.yaml asks of this machine, checked before DVC deletes any stage's outputs (issue 28): each
+    stage would refuse the same, but only after DVC had removed its outputs. Torch-free and fast: it runs at
+    every `dvc repro` (`always_changed`), so it lists a few folders and reads no data.
+
+    - a `cuda` device where the NVIDIA driver shows no GPU, `mps` off macOS;
+    - `train.train_samples` / `train.test_samples` beyond the MNIST split;
+    - `$MNIST_MIRROR`, only when the download stage would need it (no verified data set in place);
+    - room for every stage's outputs (pipeline.common.outputs.check_output_folder: writable, 64 MiB free).
+    """
+    for param, device in [("train.device", params.train.device)] + [
+        ("profile.devices", d) for d in params.profile.devices
+    ]:
+        problem = _missing_device(device, gpus)
+        if problem:
+            raise PipelineError(f"`{param}` asks for {device}, but {problem}; set it to cpu in params.yaml.")
+    for param, split, value in (
+        ("train.train_samples", "train", params.train.train_samples),
+        ("train.test_samples", "test", params.train.test_samples),
+    ):
+        if value > SPLIT_IMAGES[split]:
+            raise PipelineError(
+                f"`{param}` is {value:,}, but the MNIST {split} split has {SPLIT_IMAGES[split]:,} images; use at "
+                f"most {SPLIT_IMAGES[split]:,} (0 = all) in params.yaml."
+            )
+    if not _data_in_place(root / DATA_ROOT):
+        _check_mirror_folder(environ)
+    for stage, folders in STAGE_OUTPUT_FOLDERS.items():
+        for folder in folders:
+            _check_room(stage, root / folder)
+
+
+def _check_room(stage: str, folder: Path) -> None:
+    """Like the check every stage makes of its own folders before it works (writable, MIN_FREE_BYTES free), but
+    creating nothing: a folder not made yet is judged by the nearest one that exists above it."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    fix = f"`{stage}` writes there. Nothing was run."
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PipelineError(f"cannot write into {existing}/ (permission denied): make it writable. {fix}")
+    free = shutil.disk_usage(existing).free
+    if free < MIN_FREE_BYTES:
+        raise PipelineError(
+            f"{folder}/ has only {size_text(free)} free on its file system; at least {size_text(MIN_FREE_BYTES)} "
+            f"are needed there. Free space on the file system holding {existing}/ and run again. {fix}"
+        )
+
+
+def _missing_device(device: str, gpus: Path) -> str | None:
+    if device == "cuda" and not (gpus.is_dir() and any(gpus.iterdir())):
+        return f"this machine shows no NVIDIA GPU ({gpus} lists none)"
+    if device == "mps" and sys.platform != "darwin":
+        return "Apple's MPS exists only on macOS"
+    return None
+
+
+def _data_in_place(data_root: Path) -> bool:
+    """The download stage's verified data set is there (its manifest and the four files): it need not run, so
+    no mirror is needed (a workspace with its data must not fail because a mirror is gone)."""
+    folder = data_root / "MNIST"
+    return (folder / "manifest.json").is_file() and all((folder / "raw" / name).is_file() for name in MNIST_FILES)
+
+
+def _check_mirror_folder(environ: Mapping[str, str]) -> None:
+    local = environ.get(MIRROR_ENV_VAR, "").strip()
+    if not local:
+        return  # the mirrors in params.yaml: their URLs are checked with the params, their servers by download
+    folder = Path(local).expanduser()
+    fix = (
+        f"Point ${MIRROR_ENV_VAR} at a folder holding the four MNIST IDX files (gzipped or raw), or unset it to "
+        "download from the mirrors in params.yaml `data.mirrors`."
+    )
+    if not folder.is_dir():
+        raise PipelineError(f"${MIRROR_ENV_VAR}={local!r} is not a folder, and the download stage needs it. {fix}")
+    missing = [name for name in MNIST_FILES if not (folder / name).is_file() and not (folder / f"{name}.gz").is_file()]
+    if missing:
+        raise PipelineError(
+            f"${MIRROR_ENV_VAR}={local!r} lacks {', '.join(missing)} (neither gzipped nor raw), and the download "
+            f"stage needs it. {fix}"
+        )
