@@ -8,7 +8,6 @@ RUNNING is marked FAILED by the next stage started on this machine, once its pro
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,6 @@ from pipeline.common.processes import host_name, process_identity
 from pipeline.tracking.tags import HOST_TAG, PROCESS_TAG, STALE_TAG
 from tests.helpers.projects import (
     copy_project,
-    default_sigint,
     read_params,
     run_command,
     stage_environment,
@@ -128,22 +126,10 @@ def test_a_model_version_exists_only_for_a_run_whose_outputs_were_committed(
 
     try:
         before = len(versions())
-        process = subprocess.Popen(
-            [sys.executable, "-m", "stages.train"],
-            cwd=downloaded,
-            env=stage_environment(mnist_mirror, {"LAB_PAUSE_AT": "train:outputs-staged"}),
-            stderr=subprocess.PIPE,
-            text=True,
-            preexec_fn=default_sigint,
-        )
-        assert process.stderr is not None
-        seen = ""
-        while "[paused at train:outputs-staged]" not in seen:
-            chunk = process.stderr.readline()  # a line: read(n) would wait for n characters the pause never prints
-            assert chunk, f"stage ended before the pause: {seen[-2000:]}"
-            seen += chunk
+        pause = {"LAB_PAUSE_AT": "train:outputs-staged"}
+        process = started_training(downloaded, mnist_mirror, until="[paused at train:outputs-staged]", extra=pause)
         process.send_signal(signal.SIGINT)
-        rest = seen + process.communicate(timeout=120)[1]
+        rest = process.communicate(timeout=120)[1]
         assert process.returncode == 130, rest[-2000:]
         assert "stage 'train' interrupted; no outputs were written." in rest
         (killed, *_) = _train_runs(downloaded)

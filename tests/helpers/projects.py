@@ -195,23 +195,28 @@ def ignored_sigint() -> None:
 
 
 def started_training(
-    project: Path, mnist_mirror: Path, preexec: Callable[[], None] = default_sigint
+    project: Path,
+    mnist_mirror: Path,
+    preexec: Callable[[], None] = default_sigint,
+    until: str = "epoch 1:",
+    extra: dict[str, str] | None = None,
 ) -> subprocess.Popen[str]:
-    """The train stage of `project`, returned once its batch progress bar shows that training has started;
-    SIGINT at its default unless `preexec` says otherwise."""
+    """The train stage of `project` (with `extra` environment variables), returned once its stderr shows `until`
+    (by default its batch progress bar: training has started); SIGINT at its default unless `preexec` says
+    otherwise."""
     process = subprocess.Popen(
         [sys.executable, "-m", "stages.train"],
         cwd=project,
-        env=stage_environment(mnist_mirror),
+        env=stage_environment(mnist_mirror, extra),
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=preexec,
     )
     assert process.stderr is not None
     seen = ""
-    while "epoch 1:" not in seen:
-        chunk = process.stderr.read(64)
-        assert chunk, f"stage ended before training started: {seen[-2000:]}"
+    while until not in seen:
+        chunk = process.stderr.readline()  # a line (tqdm's \r ends one too): read(n) could wait on a paused stage
+        assert chunk, f"stage ended before {until!r}: {seen[-2000:]}"
         seen += chunk
     return process
 
