@@ -23,6 +23,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from pipeline.common.tables import markdown_table
 from pipeline.profiling.record import ProfileRecord
 from pipeline.profiling.statistics import Interval
+from pipeline.report.comparison import rate_interval
 from pipeline.report.figures import DPI
 
 matplotlib.use("Agg")  # no display: CI and servers
@@ -91,9 +92,7 @@ def _record_points(record: ProfileRecord) -> list[RooflinePoint]:
     points = []
     step_intensity = rate.intensity_flops_per_byte
     if step_intensity is not None:
-        step = record.timing.step_interval()
-        gflop = rate.flops_per_step / 1e9
-        achieved = Interval(gflop / (step.value / 1000), gflop / (step.high / 1000), _rate(gflop, step.low))
+        achieved = rate_interval(rate.flops_per_step / 1e6, record.timing.step_interval())  # FLOP/ms / 1e6 = GFLOP/s
         points.append(place(WHOLE_STEP, step_intensity, achieved))
     for row in record.top_operators:
         intensity = row.intensity_flops_per_byte
@@ -103,10 +102,6 @@ def _record_points(record: ProfileRecord) -> list[RooflinePoint]:
         rate_gflops = row.mflops / self_ms  # MFLOP per ms = GFLOP/s
         points.append(place(row.operator, intensity, Interval(rate_gflops, rate_gflops, rate_gflops)))
     return points
-
-
-def _rate(gflop: float, step_ms: float) -> float:
-    return gflop / (step_ms / 1000) if step_ms > 0 else float("inf")
 
 
 def roofline_markdown(points: Sequence[RooflinePoint]) -> str:
