@@ -21,6 +21,7 @@ from tests.helpers.projects import (
     tiny_params,
 )
 from tests.helpers.repo import REPO_PARAMS, REPO_ROOT
+from tests.helpers.stress import exit_summary
 
 
 @pytest.fixture(scope="session")
@@ -101,6 +102,16 @@ LONG_MODULES = (
     "tests/test_machines.py",  # 30 s
     "tests/test_report.py",  # 20 s
 )
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """After a signal stress run (`make test-stress`): how long each path took to stop, from the recorded stops."""
+    reports = [report for key in ("passed", "failed") for report in terminalreporter.stats.get(key, [])]
+    lines = exit_summary([report for report in reports if getattr(report, "when", "") == "call"])
+    if lines:
+        terminalreporter.write_sep("-", "signal stress: seconds from the signal until every process was gone")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture

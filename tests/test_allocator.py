@@ -96,6 +96,7 @@ def test_a_bad_request_names_the_variable_and_the_fix() -> None:
         plan_allocator({ALLOCATOR_VARIABLE: "fast"})
 
 
+@pytest.mark.slow  # starts a process that imports torch or MLflow: seconds, so `make test` only
 def test_a_stage_started_with_a_bad_request_stops_with_one_paragraph(tmp_path: Path) -> None:
     for name in ("pipeline", "stages"):
         shutil.copytree(REPO_ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import json
 import shutil
 import subprocess
@@ -170,6 +171,7 @@ def _package_inits_with_code(relative: str) -> list[str]:
     return inits
 
 
+@functools.cache  # the files do not change during a test run; parsing every closure once per stage cost seconds
 def stage_code_deps() -> dict[str, tuple[set[str], set[str]]]:
     """Per stage: (its declared deps under pipeline/ and stages/, the import closure of its script)."""
     stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torchvision
 
 from pipeline.common.errors import PipelineError
 from pipeline.data.artifacts import sample_grid
@@ -49,6 +48,8 @@ def test_real_mnist_from_gz_mirror_is_verified_and_loads_in_torchvision(
     assert manifest["dataset_digest"] == result.dataset_digest
     assert manifest["files"]["t10k-labels-idx1-ubyte"]["samples"] == 10_000  # type: ignore[index]
     assert "source" not in str(manifest)  # content only: every clone gets identical bytes
+
+    import torchvision  # here, not at the top: 2 s of import (its models) that collection would pay
 
     train = torchvision.datasets.MNIST(str(tmp_path / "data"), train=True, download=False)
     test = torchvision.datasets.MNIST(str(tmp_path / "data"), train=False, download=False)

@@ -401,6 +401,7 @@ def test_an_intact_checkpoint_loads_and_its_digest_covers_every_field(tmp_path: 
         assert payload_digest({**payload, field: value}) != written[DIGEST_KEY], field
 
 
+@pytest.mark.slow  # starts a process that imports torch or MLflow: seconds, so `make test` only
 def test_a_timing_process_refuses_a_checkpoint_changed_after_the_stage_loaded_it(tmp_path: Path) -> None:
     # The profile stage loads the checkpoint, then its timing processes load it again: each load is verified, and
     # the refusal comes back as the one paragraph, not a worker's traceback.
@@ -415,6 +416,7 @@ def test_a_timing_process_refuses_a_checkpoint_changed_after_the_stage_loaded_it
     assert "Traceback" not in message
 
 
+@pytest.mark.slow  # starts a process that imports torch or MLflow: seconds, so `make test` only
 def test_stages_run_directly_refuse_a_checkpoint_changed_after_training(project_copy: Path, run_in: Any) -> None:
     # Run by hand, not through `dvc repro`, nothing compares the file with dvc.lock: the checkpoint's own digest
     # is what stops them. Both stop at the checkpoint, before they need data/MNIST.

@@ -97,3 +97,26 @@ def test_an_ignored_sigint_stays_ignored_after_the_commit_point() -> None:
         """
     )
     assert result.stdout.strip() == "True None", result.stdout + result.stderr
+
+
+def test_the_stress_summary_gives_each_path_its_stops_median_and_range() -> None:
+    from types import SimpleNamespace
+
+    from tests.helpers.stress import EXIT_PROPERTY, exit_summary
+
+    def report(nodeid: str, *seconds: float) -> SimpleNamespace:
+        return SimpleNamespace(nodeid=nodeid, user_properties=[(EXIT_PROPERTY, value) for value in seconds])
+
+    lines = exit_summary(
+        [
+            report("tests/test_signal_stress.py::test_the_stage_alone_stops[start-up]", 1.0, 3.0),
+            report("tests/test_signal_stress.py::test_the_stage_alone_stops[commit]", 2.5, 0.5),
+            report("tests/test_signal_stress_queue.py::test_queue_kill", 4.0),
+            report("tests/test_other.py::test_without_stops"),
+        ]
+    )
+    assert lines == [
+        "test_queue_kill: 1 stops, gone 4.00 s after the signal (median; 4.00-4.00 s, limit 10 s)",
+        "test_the_stage_alone_stops: 4 stops, gone 1.75 s after the signal (median; 0.50-3.00 s, limit 10 s)",
+    ]
+    assert exit_summary([report("tests/test_x.py::test_y")]) == []

@@ -441,6 +441,7 @@ def test_unlike_runs_are_reported_apart_and_named(lab_store: dict[str, Any], sto
     assert "| NVIDIA H100 80GB HBM3 + Intel Xeon (16 vCPUs) | `" in markdown  # its environment row
 
 
+@pytest.mark.slow  # starts a process that imports torch or MLflow: seconds, so `make test` only
 def test_command_writes_the_report_from_the_project_store(lab_store: dict[str, Any], mnist_mirror: Path) -> None:
     """`python -m pipeline.machines` in a project folder, no $MLFLOW_TRACKING_URI: the project's mlflow.db."""
     project: Path = lab_store["project"]
@@ -464,6 +465,7 @@ def test_command_writes_the_report_from_the_project_store(lab_store: dict[str, A
     )
 
 
+@pytest.mark.slow  # starts a process that imports torch or MLflow: seconds, so `make test` only
 def test_command_without_a_store_says_how_to_get_one(tmp_path: Path, mnist_mirror: Path) -> None:
     shutil.copy(REPO_ROOT / "params.yaml", tmp_path / "params.yaml")
     environment = {**stage_environment(mnist_mirror), "PYTHONPATH": str(REPO_ROOT)}

@@ -44,6 +44,7 @@ def two_machines(server: str, tmp_path_factory: pytest.TempPathFactory, mnist_mi
     project = copy_without_outputs(tmp_path_factory.mktemp("here") / "project")
     params = tiny_params(read_params(project))
     params["profile"].update(batch_sizes=[1, 64], modes=["inference"], warmup_steps=10, active_steps=30)
+    params["train"].update(train_samples=640, test_samples=500)  # any checkpoint will do: its digest is compared
     write_params(project, params)
     environment = stage_environment(mnist_mirror, {"MLFLOW_TRACKING_URI": server})
     environment.pop("LAB_MACHINE_LABEL", None)

@@ -424,6 +424,7 @@ def test_cuda_combination_without_cuda_fails_with_the_fix(profiled: Path, run_in
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # starts a process that imports torch or MLflow: seconds, so `make test` only
 def test_kineto_noise_is_kept_out_of_the_console_but_real_errors_are_not() -> None:
     probe = (
         "import os, torch\n"

@@ -263,6 +263,7 @@ def test_report_is_built_from_profile_records_without_running_the_pipeline(
     assert report.markdown.count("No GPU was profiled. To add one") == 2  # the section and the analysis
 
 
+@pytest.mark.slow  # starts a process that imports torch or MLflow: seconds, so `make test` only
 def test_report_stage_imports_no_torch() -> None:
     """The report only reads records: importing torch would cost every report run ~4 s."""
     probe = "import sys, stages.report, pipeline.tracking.tracker; assert 'torch' not in sys.modules, 'torch imported'"

@@ -128,6 +128,7 @@ def test_device_clock_waits_for_queued_gpu_work() -> None:
     assert clock() - started > 1e-3  # 20 4096^3 matmuls were waited for, not just launched
 
 
+@pytest.mark.slow  # starts a process that imports torch or MLflow: seconds, so `make test` only
 def test_importing_the_timer_prints_nothing() -> None:
     """torch.utils.benchmark imports cpp_extension, which logs about CUDA_HOME on toolkit-without-GPU machines."""
     result = subprocess.run(

@@ -1,6 +1,6 @@
 """Trace analysis: operators ranked once, kernels named and attributed, GPU idle time, step verdicts.
 
-Three kinds of input: the real H100 traces of the GPU reference run (copied into tmp_path; checked
+Three kinds of input: the real H100 traces of the GPU reference run (parsed once per test run; checked
 against numbers computed here straight from the raw events), a real CPU trace profiled here, and a
 tiny hand-written trace whose answers are known exactly.
 """
@@ -8,9 +8,11 @@ tiny hand-written trace whose answers are known exactly.
 from __future__ import annotations
 
 import csv
+import functools
 import gzip
 import json
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,14 @@ from pipeline.model.network import LabNet
 from pipeline.model.summary import summarize
 from pipeline.profiling.record import Combination
 from pipeline.profiling.run import count_step_flops, profile_combination
-from pipeline.profiling.trace_analysis import OPERATOR_NAME, CountedCall, analyse_trace, read_trace, short_kernel_name
+from pipeline.profiling.trace_analysis import (
+    OPERATOR_NAME,
+    CountedCall,
+    Trace,
+    analyse_trace,
+    read_trace,
+    short_kernel_name,
+)
 from pipeline.profiling.worker import make_step
 from tests.helpers.data import LAB_MODEL
 from tests.helpers.repo import REPO_ROOT, SHARED_REFERENCE
@@ -56,6 +65,14 @@ def reference_trace(name: str, tmp_path: Path) -> Path:
     return target
 
 
+@functools.cache
+def reference(name: str) -> Trace:
+    """`read_trace` of the reference trace of combination `name`, parsed once per test run: several tests read
+    each one, and a Trace (tuples of frozen events) cannot be changed by the analyses they run on it."""
+    with tempfile.TemporaryDirectory() as folder:
+        return read_trace(reference_trace(name, Path(folder)))
+
+
 def raw_events(path: Path) -> list[dict[str, Any]]:
     with gzip.open(path, "rt") as handle:
         events: list[dict[str, Any]] = json.load(handle)["traceEvents"]
@@ -80,7 +97,7 @@ def independent_kernel_share(events: list[dict[str, Any]]) -> float:
 @pytest.mark.parametrize("name", sorted(README_BUSY_PCT))
 def test_gpu_busy_matches_the_raw_kernel_time_and_the_reference_readme(name: str, tmp_path: Path) -> None:
     path = reference_trace(name, tmp_path)
-    analysis = analyse_trace(read_trace(path), "cuda")
+    analysis = analyse_trace(reference(name), "cuda")
     expected = independent_kernel_share(raw_events(path))
     # Busy also counts copies/memsets and counts overlapping kernels once: within half a point of kernel time.
     assert analysis.anatomy.busy_pct == pytest.approx(expected, abs=0.5)
@@ -92,9 +109,8 @@ def test_gpu_busy_matches_the_raw_kernel_time_and_the_reference_readme(name: str
 
 
 @pytest.mark.parametrize("name", sorted(README_BUSY_PCT))
-def test_cuda_ranking_holds_operators_only_and_counts_each_kernel_once(name: str, tmp_path: Path) -> None:
-    path = reference_trace(name, tmp_path)
-    analysis = analyse_trace(read_trace(path), "cuda")
+def test_cuda_ranking_holds_operators_only_and_counts_each_kernel_once(name: str) -> None:
+    analysis = analyse_trace(reference(name), "cuda")
     names = [row.operator for row in analysis.operators]
     assert all(OPERATOR_NAME.match(operator) for operator in names), [n for n in names if not OPERATOR_NAME.match(n)]
     assert not any(n.startswith(("ProfilerStep", "Optimizer.", "sm")) or "kernel" in n for n in names)
@@ -108,8 +124,8 @@ def test_cuda_ranking_holds_operators_only_and_counts_each_kernel_once(name: str
     assert analysis.anatomy.busy_ms <= kernels + 1e-9
 
 
-def test_train_lists_the_optimizer_range_apart_with_the_kernels_inside_it(tmp_path: Path) -> None:
-    analysis = analyse_trace(read_trace(reference_trace("1-cuda-train", tmp_path)), "cuda")
+def test_train_lists_the_optimizer_range_apart_with_the_kernels_inside_it() -> None:
+    analysis = analyse_trace(reference("1-cuda-train"), "cuda")
     ranges = {row.name: row for row in analysis.ranges}
     optimizer = ranges["Optimizer.step#Adadelta.step"]
     assert optimizer.calls_per_step == 1
@@ -123,8 +139,8 @@ def test_train_lists_the_optimizer_range_apart_with_the_kernels_inside_it(tmp_pa
     assert all("multi_tensor_apply_kernel" in row.full_name for row in updates)
 
 
-def test_kernel_table_names_gemms_convolutions_and_their_operators(tmp_path: Path) -> None:
-    analysis = analyse_trace(read_trace(reference_trace("64-cuda-inference", tmp_path)), "cuda")
+def test_kernel_table_names_gemms_convolutions_and_their_operators() -> None:
+    analysis = analyse_trace(reference("64-cuda-inference"), "cuda")
     kernels = analysis.kernels
     assert sum(row.share_pct for row in kernels) == pytest.approx(100.0)
     assert [row.device_ms for row in kernels] == sorted((row.device_ms for row in kernels), reverse=True)
@@ -240,7 +256,7 @@ def test_cpu_trace_ranks_operators_and_measures_time_inside_them(tmp_path: Path)
 
 
 @pytest.mark.parametrize("name", ["1-cuda-inference", "1-cuda-train", "64-cuda-inference", "64-cuda-train"])
-def test_h100_trace_credits_flops_to_cudnn_and_backward_and_adds_up_to_the_model(name: str, tmp_path: Path) -> None:
+def test_h100_trace_credits_flops_to_cudnn_and_backward_and_adds_up_to_the_model(name: str) -> None:
     """The real H100 traces with FLOPs counted here, on the CPU, for the same model and batch (same shapes, same
     formulas): the cuDNN call carries the forward convolutions, `aten::convolution_backward` the backward ones,
     wrappers carry none, and the operators' FLOPs sum to the model summary's FLOPs per step."""
@@ -252,7 +268,7 @@ def test_h100_trace_credits_flops_to_cudnn_and_backward_and_adds_up_to_the_model
     calls = count_step_flops(
         make_step(model, "inference" if mode == "inference" else "train", images, labels, 1.0)
     ).calls
-    analysis = analyse_trace(read_trace(reference_trace(name, tmp_path)), "cuda", calls)
+    analysis = analyse_trace(reference(name), "cuda", calls)
 
     rows = {row.operator: row for row in analysis.operators}
     conv_forward = batch * sum(row.flops_per_sample for row in summary.rows if row.kind == "Conv2d") / 1e6

@@ -43,10 +43,12 @@ def tiny_train(tiny_params_mapping: dict[str, Any]) -> TrainConfig:
     return dataclasses.replace(params_from_mapping(tiny_params_mapping).train, device="cpu")
 
 
-def _train(config: TrainConfig, root: Path) -> Any:
+def _train(config: TrainConfig, root: Path, test_images: int = 2000) -> Any:
+    """`config` trained on the CPU, evaluated on the first `test_images` test images (fewer where a test asserts
+    nothing about accuracy: the evaluation passes are most of a 640-image training's time)."""
     runtime = pin_runtime(CPU, select_precision(config.precision, CPU), config.threads, config.seed)
     train = to_device_data(*first_samples(*load_split(root, "train"), config.train_samples), CPU)
-    test = to_device_data(*first_samples(*load_split(root, "test"), 2000), CPU)
+    test = to_device_data(*first_samples(*load_split(root, "test"), test_images), CPU)
     return train_model(config, train, test, CPU, runtime.precision, progress=False)
 
 
@@ -111,6 +113,7 @@ def test_too_many_train_samples_names_the_param() -> None:
     assert first_samples(images, labels, 3, "test")[1].tolist() == [0, 1, 2]
 
 
+@pytest.mark.slow  # a real training (94 steps and a 2,000-image test pass): `make test` only
 def test_training_learns_and_averages_over_the_right_counts(tiny_train: TrainConfig, mnist_root: Path) -> None:
     config = dataclasses.replace(tiny_train, train_samples=6000)  # the last batch holds 48 images
     result = _train(config, mnist_root)
@@ -128,11 +131,11 @@ def test_training_learns_and_averages_over_the_right_counts(tiny_train: TrainCon
 
 
 def test_same_params_and_data_give_bit_identical_weights(tiny_train: TrainConfig, mnist_root: Path) -> None:
-    config = dataclasses.replace(tiny_train, train_samples=640)
-    first, second = _train(config, mnist_root), _train(config, mnist_root)
+    config = dataclasses.replace(tiny_train, train_samples=320)
+    first, second = _train(config, mnist_root, 500), _train(config, mnist_root, 500)
     assert first.epochs == second.epochs and first.steps == second.steps
     assert _weights_bytes(first.model) == _weights_bytes(second.model)
-    other_seed = _train(dataclasses.replace(config, seed=2), mnist_root)
+    other_seed = _train(dataclasses.replace(config, seed=2), mnist_root, 500)
     assert _weights_bytes(other_seed.model) != _weights_bytes(first.model)
 
 
@@ -145,7 +148,7 @@ def _weights_bytes(model: LabNet) -> bytes:
 def test_checkpoint_rebuilds_the_model_from_the_file_alone(
     tiny_train: TrainConfig, mnist_root: Path, tmp_path: Path
 ) -> None:
-    result = _train(dataclasses.replace(tiny_train, train_samples=640), mnist_root)
+    result = _train(dataclasses.replace(tiny_train, train_samples=320), mnist_root, 500)
     path = tmp_path / "model.pt"
     save_checkpoint(
         checkpoint_payload(result.model, section_as_dict(tiny_train), "abc123", {"threads": 2}, {"test_accuracy": 0.5}),
@@ -154,7 +157,7 @@ def test_checkpoint_rebuilds_the_model_from_the_file_alone(
     raw = torch.load(path, weights_only=True)  # no arbitrary unpickling needed
     assert raw["train_params"]["model.hidden_units"] == 128 and raw["data_digest"] == "abc123"
     loaded = load_checkpoint(path)
-    test = to_device_data(*load_split(mnist_root, "test"), CPU)
+    test = to_device_data(*first_samples(*load_split(mnist_root, "test"), 2000), CPU)
     # Same weights; the rebuilt model runs in the default memory format, so conv sums may differ in
     # the last bits from the channels_last original.
     (loss, accuracy), (original_loss, original_accuracy) = (
@@ -171,7 +174,7 @@ def test_checkpoint_rebuilds_the_model_from_the_file_alone(
 
 
 def test_records_csv_has_header_and_one_row_per_record(tiny_train: TrainConfig, mnist_root: Path) -> None:
-    result = _train(dataclasses.replace(tiny_train, train_samples=640, log_every_steps=5), mnist_root)
+    result = _train(dataclasses.replace(tiny_train, train_samples=640, log_every_steps=5), mnist_root, 500)
     lines = records_csv(StepRecord, result.steps).splitlines()
     assert lines[0] == "step,epoch,train_loss,train_accuracy"
     assert len(lines) == 1 + len(result.steps) and lines[1].startswith("5,1,")

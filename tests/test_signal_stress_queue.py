@@ -1,0 +1,141 @@
+"""Ctrl-C and SIGTERM's third path (tests/test_signal_stress.py has the other two): `dvc queue kill` of a queued
+experiment paused at each of the ten moments of its train stage. Every time: its stage gone within 10 s, the
+experiment Failed in `dvc queue status`, its MLflow run KILLED where one had been started, no result left for it,
+and the workspace's outputs as they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.tracking.tags import EXPERIMENT_TAG
+from tests.helpers.projects import kill_processes_in, processes_in, run_command, stage_environment
+from tests.helpers.stress import (
+    EXIT_LIMIT_S,
+    EXIT_PROPERTY,
+    MOMENTS,
+    OUTPUTS,
+    PAUSE_LIMIT_S,
+    WITH_RUN,
+    stress_project,
+    train_runs,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.stress]  # `make test-stress`: minutes of stage start-ups
+
+
+@pytest.fixture(scope="module")
+def queued(mnist_mirror: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The stress project committed to git, and the plan that tells each experiment `stress-<i>` where to pause."""
+    queue_project = stress_project(tmp_path_factory.mktemp("stress-queue") / "project", mnist_mirror)
+    environment = stage_environment(mnist_mirror)
+    committed = run_command(
+        ["bash", "-c", "git add -A && git -c user.name=t -c user.email=t@e commit -qm baseline"],
+        queue_project,
+        environment,
+    )
+    assert committed.returncode == 0, committed.stderr
+    plan = {f"stress-{index}": f"train:{moment}" for index, moment in enumerate(MOMENTS)}
+    (queue_project.parent / "plan.json").write_text(json.dumps(plan))
+    yield queue_project
+    kill_processes_in(queue_project)
+
+
+STATUS_LIMIT_S = 30.0  # until `dvc queue status` says Failed: dvc starts included
+WORKER_START_S = 30.0  # a started worker shows in `dvc queue status` only once celery is up
+
+
+def _keep_one_worker(project: Path, environment: dict[str, str], last_start: list[float]) -> None:
+    """One queue worker, so that the experiments run one after the other: a worker may leave once the experiment
+    it ran was killed (DVC 3.x), and a user starts one again for the rest. Not again while one is starting."""
+    if last_start and time.monotonic() - last_start[-1] < WORKER_START_S:
+        return
+    status = run_command(["dvc", "queue", "status"], project, environment, limit_s=60).stdout
+    if "Worker status: 0 active, 0 idle" in status:
+        last_start.append(time.monotonic())
+        started = run_command(["dvc", "queue", "start", "-j", "1"], project, environment, limit_s=60)
+        assert started.returncode == 0, started.stderr[-2000:]
+
+
+def _stage_processes(project: Path) -> list[int]:
+    """The train stage processes working in `project` or in one of its experiment copies."""
+    found = []
+    for pid in processes_in(project):
+        with contextlib.suppress(OSError):
+            if b"stages.train" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+    return found
+
+
+def _kill_and_check(project: Path, environment: dict[str, str], name: str, moment: str) -> float:
+    """`dvc queue kill` the experiment paused at `moment`: its stage gone within 10 s of the kill command's start
+    (returned: the seconds that took, polled as for the other paths), the experiment Failed in `dvc queue status`
+    soon after (each status call is a `dvc` start of ~2 s, so that is polled within a wider STATUS_LIMIT_S), and
+    its run KILLED if it had one."""
+    stages = _stage_processes(project)
+    assert stages, f"no paused train stage of {name} found"
+    signalled = time.monotonic()
+    killed = run_command(["dvc", "queue", "kill", name], project, environment, limit_s=60)
+    assert killed.returncode == 0, killed.stderr[-2000:]
+    while alive := [pid for pid in stages if pid in _stage_processes(project)]:
+        assert time.monotonic() - signalled < EXIT_LIMIT_S, (
+            f"{name}'s stage {alive} still running {EXIT_LIMIT_S} s after"
+        )
+        time.sleep(0.02)
+    gone_s = time.monotonic() - signalled
+    while True:
+        status = run_command(["dvc", "queue", "status"], project, environment, limit_s=60).stdout
+        if "Failed" in next((line for line in status.splitlines() if name in line), ""):
+            break
+        assert time.monotonic() - signalled < STATUS_LIMIT_S, (
+            f"{name} not marked Failed {STATUS_LIMIT_S} s after the kill:\n{status}"
+        )
+        time.sleep(0.3)
+    runs = [run for run in train_runs(project) if run.data.tags.get(EXPERIMENT_TAG) == name]
+    assert [run.info.status for run in runs] == (["KILLED"] if moment in WITH_RUN else []), (moment, runs)
+    return gone_s
+
+
+def test_dvc_queue_kill_stops_each_queued_experiment_cleanly_at_every_moment(
+    queued: Path, mnist_mirror: Path, record_property: Callable[[str, object], None]
+) -> None:
+    environment = stage_environment(mnist_mirror, {"LAB_PAUSE_PLAN": str(queued.parent / "plan.json")})
+    logs = queued / ".dvc" / "tmp" / "exps" / "run"
+    worker_starts: list[float] = []
+    workspace = {
+        relative: (queued / relative).stat().st_mtime_ns for relative in OUTPUTS if (queued / relative).exists()
+    }
+    # One experiment queued at a time: a worker leaves after the experiment it ran is killed, and one that had
+    # already claimed the next (celery prefetches) would leave that one "Running" for ever.
+    for index, moment in enumerate(MOMENTS):
+        name = f"stress-{index}"
+        command = ["dvc", "exp", "run", "--queue", "-n", name, "-S", f"train.seed={100 + index}", "train"]
+        queued_one = run_command(command, queued, environment)
+        assert queued_one.returncode == 0, queued_one.stderr[-2000:]
+        deadline = time.monotonic() + PAUSE_LIMIT_S
+        while not any(
+            f"[paused at train:{moment}]" in path.read_text(errors="replace") for path in logs.rglob("*.out")
+        ):
+            _keep_one_worker(queued, environment, worker_starts)
+            assert time.monotonic() < deadline, f"{name} did not pause at {moment}"
+            time.sleep(1.0)
+        record_property(EXIT_PROPERTY, _kill_and_check(queued, environment, name, moment))
+    shown = json.loads(run_command(["dvc", "exp", "show", "--json"], queued, environment).stdout)
+    finished = [
+        run["name"]
+        for commit in shown
+        for group in commit.get("experiments") or []
+        for run in group["revs"]
+        if run.get("name", "").startswith("stress-") and not run.get("error")
+    ]
+    assert finished == [], f"killed experiments left results: {finished}"
+    # Experiments run in copies of their own: the workspace's outputs are as they were.
+    assert {
+        relative: (queued / relative).stat().st_mtime_ns for relative in OUTPUTS if (queued / relative).exists()
+    } == workspace
