@@ -46,6 +46,7 @@ def main() -> None:
         tracker.log_metrics({"combinations": len(report.rows)}, prefix="report/")
         tracker.link_inputs(report_input_runs(report), STAGE_DESCRIPTIONS["report"])
     print(f"report written to {REPORT_MARKDOWN} and {REPORT_HTML} ({len(report.rows)} profiled combination(s))")
+    print(f"MLflow: {tracker.view_hint()}")
 
 
 if __name__ == "__main__":

@@ -280,11 +280,87 @@ def test_stage_runs_of_one_pipeline_run_share_a_parent_and_the_latest_is_current
     parent = client.get_run(parents[0])
     assert parent.info.run_name.startswith("pipeline@") and parent.info.status == "FINISHED"
     assert parent.data.tags["pipeline.commit"] == "none"  # tmp_path is no git repository
+    # Its duration in the UI is the pipeline's: from before its first stage started to when its last one ended.
+    children = [runs[run_id].info for run_id in run_ids[:3]]
+    assert parent.info.start_time <= children[0].start_time and parent.info.end_time == children[2].end_time
     outputs = [client.get_run(run_id).data.tags["dvc.outputs"] for run_id in run_ids]
     assert outputs == ["superseded", "superseded", "current", "current"]  # train rerun after the edit supersedes
     assert "Train the lab CNN" in runs[run_ids[0]].data.tags["mlflow.note.content"]
     experiment = client.get_experiment_by_name("lineage")
     assert "one run per DVC stage" in experiment.tags["mlflow.note.content"]
+
+
+def test_a_stage_finds_the_runs_behind_the_bytes_it_read_whichever_dvc_experiment_wrote_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `dvc exp run` reruns only what changed: the report it makes reads the baseline's train outputs and its own
+    profile outputs, and links to both producers. Each stage name has one current run per workspace folder; a queued
+    experiment's copy (under .dvc/tmp/exps) is a workspace of its own."""
+    from mlflow import MlflowClient
+
+    from pipeline.common.outputs import AtomicOutputs
+    from pipeline.params.schema import TrackingConfig
+    from pipeline.tracking.lineage import file_md5
+    from pipeline.tracking.tracker import open_tracker
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("train: {lr: 1.0}\n")
+    config = TrackingConfig(experiment="lineage", tensorboard_dir="runs", registered_model="lab-model")
+    speed, record = Path("metrics/train_speed.json"), Path("profiles/1-cpu-train/profile.json")
+
+    def stage(name: str, writes: dict[Path, str], reads: dict[str, Path] | None = None) -> str:
+        with open_tracker(name, config, root=tmp_path) as tracker, AtomicOutputs() as outputs:
+            for path, text in writes.items():
+                outputs.write_text(path, text)
+            if reads is not None:
+                outputs.commit()  # what it read is in place: a report reads files other stages committed
+                tracker.link_inputs(reads, "a report")
+            return tracker.run_id
+
+    baseline_train = stage("train", {speed: '{"samples_per_s": 100}', Path("models/model.pt"): "weights"})
+    stage("profile@1-cpu-train", {record: '{"median_ms": 2.0}'})
+    reads = {"train": speed, "profile@1-cpu-train": record}
+    baseline_report = stage("report", {}, reads)
+
+    monkeypatch.setenv("DVC_EXP_NAME", "brisk-lark")  # `dvc exp run -S profile...`: profile and report rerun
+    experiment_profile = stage("profile@1-cpu-train", {record: '{"median_ms": 2.5}'})
+    experiment_report = stage("report", {}, reads)
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    tags = client.get_run(experiment_report).data.tags
+    assert tags["input.train"] == baseline_train  # written by the baseline's `dvc repro`, read by the experiment
+    assert tags["input.profile.1-cpu-train"] == experiment_profile
+    assert "Not in this store" not in tags["mlflow.note.content"]
+    recorded = json.loads(client.get_run(baseline_train).data.tags["dvc.outs.md5"])
+    assert recorded == {str(speed): file_md5(speed), "models/model.pt": file_md5(Path("models/model.pt"))}
+
+    def current(name: str) -> list[str]:
+        runs = client.search_runs(
+            [client.get_experiment_by_name("lineage").experiment_id],
+            filter_string=f"attributes.run_name = '{name}' and tags.`dvc.outputs` = 'current'",
+        )
+        return [run.info.run_id for run in runs]
+
+    assert current("report") == [experiment_report] and current("train") == [baseline_train]
+    assert client.get_run(baseline_report).data.tags["dvc.outputs"] == "superseded"
+
+    # Bytes no run of this store wrote (pulled from a remote another store tracked): named, not linked.
+    speed.write_text('{"samples_per_s": 90}')
+    other_report = stage("report", {}, reads)
+    tags = client.get_run(other_report).data.tags
+    assert "input.train" not in tags and tags["input.profile.1-cpu-train"] == experiment_profile
+    assert tags["mlflow.note.content"].endswith("Not in this store (outputs from a DVC remote or cache): train.")
+
+    # A queued experiment's copy is its own workspace: its runs leave the project's current ones current.
+    copy = tmp_path / ".dvc" / "tmp" / "exps" / "tmpq1"
+    copy.mkdir(parents=True)
+    monkeypatch.chdir(copy)
+    with open_tracker("report", config) as tracker:
+        queued_report = tracker.run_id
+    assert sorted(current("report")) == sorted([other_report, queued_report])
+    assert client.get_run(queued_report).data.tags["dvc.workspace"] == str(copy.resolve())
 
 
 # --- the wings: package faces stay empty, import rules hold and bite ---------------------------------

@@ -414,6 +414,39 @@ def test_report_run_in_mlflow_holds_the_report_and_figures(reported: Path) -> No
 
 
 @pytest.mark.slow
+def test_a_dvc_experiment_that_reruns_only_the_report_links_to_the_baselines_runs(
+    reported: Path, tmp_path: Path, run_in: Any
+) -> None:
+    """`dvc exp run` reruns what changed; the report it makes read every other output from the baseline's
+    `dvc repro`, so it links to those runs (they carry no DVC experiment), and it alone is the current report."""
+    project = clone_project(reported, tmp_path / "project")
+    committed = run_in(project, "bash", "-c", "git add -A && git -c user.name=t -c user.email=t@e commit -qm baseline")
+    assert committed.returncode == 0, committed.stderr
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    experiment_id = client.get_experiment_by_name("mnist-lab").experiment_id
+    (baseline,) = client.search_runs([experiment_id], filter_string="tags.stage = 'report'")
+
+    result = run_in(project, "dvc", "exp", "run", "--force", "--single-item", "report", "--name", "report-only")
+    assert result.returncode == 0, result.stderr[-2000:]
+
+    reports = client.search_runs([experiment_id], filter_string="tags.stage = 'report'")
+    (rerun,) = [run for run in reports if run.info.run_id != baseline.info.run_id]
+    assert rerun.data.tags["dvc.experiment"] == "report-only" and "dvc.experiment" not in baseline.data.tags
+    inputs = {key: value for key, value in rerun.data.tags.items() if key.startswith("input.")}
+    assert inputs == {key: value for key, value in baseline.data.tags.items() if key.startswith("input.")}
+    assert len(inputs) == 2 + 6 and "Not in this store" not in rerun.data.tags["mlflow.note.content"]
+    current = client.search_runs(
+        [experiment_id], filter_string="tags.stage = 'report' and tags.`dvc.outputs` = 'current'"
+    )
+    assert [run.info.run_id for run in current] == [rerun.info.run_id]
+    # Each producer recorded the md5 dvc.lock holds for the file the report found it by.
+    lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
+    train_speed = next(out for out in lock["train"]["outs"] if out["path"] == "metrics/train_speed.json")
+    recorded = json.loads(client.get_run(inputs["input.train"]).data.tags["dvc.outs.md5"])
+    assert recorded["metrics/train_speed.json"] == train_speed["md5"]
+
+
+@pytest.mark.slow
 def test_removed_batch_size_leaves_no_trace_and_unrun_ones_are_named(reported: Path, run_in: Any) -> None:
     params = read_params(reported)
     params["profile"]["batch_sizes"] = [1, 16, 32]  # 64 removed (its folders stay on disk), 32 never run

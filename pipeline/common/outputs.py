@@ -19,7 +19,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -39,12 +39,14 @@ def partial_folder(final: Path, pid: int | None = None) -> Path:
 
 
 # Flushes run at the start of every commit (`flushed_before_commit`): the open tracker's, so that what a stage logged
-# reaches the disk (TensorBoard's buffered events) and the store before its outputs move.
-_BEFORE_COMMIT: list[Callable[[], None]] = []
+# reaches the disk (TensorBoard's buffered events) and the store before its outputs move. Each is given the commit's
+# files, {final path: staged file}, so the tracker can record what its run is about to put in place.
+BeforeCommit = Callable[[Mapping[Path, Path]], None]
+_BEFORE_COMMIT: list[BeforeCommit] = []
 
 
 @contextlib.contextmanager
-def flushed_before_commit(flush: Callable[[], None]) -> Iterator[None]:
+def flushed_before_commit(flush: BeforeCommit) -> Iterator[None]:
     """While open, `flush` runs first in every `AtomicOutputs.commit`: a full disk under `runs/` or a store that
     stopped answering then fails the stage with its outputs unchanged, instead of after they were renamed into
     place (issue 28: the stage said "no outputs were written" about outputs it had just replaced)."""
@@ -89,7 +91,7 @@ class AtomicOutputs:
         once the stage is done."""
         try:
             for flush in list(_BEFORE_COMMIT):
-                flush()
+                flush(dict(self._staged))
             pause_at("commit")
             enter_commit_point()
             _replace_all(self._staged)

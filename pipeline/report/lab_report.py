@@ -120,10 +120,16 @@ class Report:
         return [dataclasses.asdict(row) for row in self.rows]
 
 
-def report_input_runs(report: Report) -> list[str]:
-    """The MLflow run names (stage runs) whose outputs this report read: train, export_graph and one
-    `profile@<combination>` per profiled combination."""
-    return ["train", "export_graph", *(row.combination.stage_name for row in report.rows)]
+def report_input_runs(report: Report) -> dict[str, Path]:
+    """The MLflow run names (stage runs) whose outputs this report read, each with a file of theirs it read (by
+    which lineage.producer_run finds the run that wrote it): train, export_graph and one `profile@<combination>`
+    per profiled combination; those whose file is missing (listed under Missing inputs) left out."""
+    read = {
+        "train": TRAIN_SPEED,
+        "export_graph": GRAPH_METRICS,
+        **{row.combination.stage_name: profile_outputs(row.combination.name).record for row in report.rows},
+    }
+    return {name: path for name, path in read.items() if path.is_file()}
 
 
 def build_report(params: Params, figures: Path) -> Report:

@@ -7,15 +7,23 @@ machines running the same commit are two pipeline runs). Stages that share that 
 one parent run (`pipeline@<commit>-<params digest>`), which MLflow's UI shows as a tree. A forced
 rerun with the same key joins the same parent; a params edit or a new commit starts a new one.
 
+Which run wrote a file is a matter of content, not of names: every stage run records the md5 of each
+output it puts in place (`dvc.outs.md5`, the same digest `dvc.lock` records for it), and a stage that
+reads a file finds its producer by that digest (`producer_run`). So the report run links to the runs
+behind the very bytes it read, whichever `dvc repro` or DVC experiment made them: a `dvc exp run` that
+reruns only some stages reads the rest from the baseline's runs, and links to those.
+
 Reruns leave older runs of a stage behind; `mark_current` tags the run that produced the outputs now
-in the workspace `dvc.outputs = current` and its predecessors (same stage, DVC experiment and
-machine: each machine has its own workspace) `superseded`, so a search for
-`tags."dvc.outputs" = 'current'` lists exactly the runs behind the files on disk.
+in its workspace `dvc.outputs = current` and its predecessors (same stage, machine and workspace
+folder: a `dvc exp run` in the workspace replaces the baseline's outputs there, a queued experiment
+writes its own copy under `.dvc/tmp/exps`) `superseded`, so a search for
+`tags."dvc.outputs" = 'current'` lists the runs behind the files on disk, one per stage.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 from collections.abc import Mapping
@@ -23,12 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.tracking.tags import COMMIT_TAG, EXPERIMENT_TAG, ID_TAG, NOTE_TAG, PARAMS_DIGEST_TAG, STAGE_TAG
+from pipeline.tracking.tags import COMMIT_TAG, ID_TAG, NOTE_TAG, PARAMS_DIGEST_TAG, STAGE_TAG
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import Run
-from pipeline.tracking.tags import KEY_TAG, OUTPUTS_TAG
+from pipeline.tracking.tags import KEY_TAG, OUTPUTS_MD5_TAG, OUTPUTS_TAG, WORKSPACE_TAG
 
 PIPELINE_FILES = ("params.yaml", "dvc.yaml")
 
@@ -113,7 +121,9 @@ def reflect_children(client: MlflowClient, experiment_id: str, parent_id: str) -
     """Set the parent run's status to its children's: the newest run of each stage (by run name: a forced rerun
     replaces an earlier failure of the same stage), FAILED if any is, else KILLED if any is, else FINISHED.
     Returns the status set. A parent of a `dvc repro` that stopped at a failure or a Ctrl-C no longer reads
-    FINISHED in the MLflow UI; one whose failed stage was rerun successfully reads FINISHED again."""
+    FINISHED in the MLflow UI; one whose failed stage was rerun successfully reads FINISHED again. Its end time is
+    its last child's, so the UI gives the pipeline's duration (from its first stage's start) instead of the few
+    milliseconds the parent itself took."""
     children = client.search_runs(
         [experiment_id],
         filter_string=f"tags.`{PARENT_RUN_TAG}` = '{parent_id}'",
@@ -126,26 +136,34 @@ def reflect_children(client: MlflowClient, experiment_id: str, parent_id: str) -
     finished = [status for status in newest.values() if status != "RUNNING"]  # a stage still at work: not yet
     status = min(finished, key=_STATUS_ORDER.index, default="FINISHED")
     status = status if status in ("FAILED", "KILLED") else "FINISHED"
-    if client.get_run(parent_id).info.status != status:
-        client.set_terminated(parent_id, status)
+    end_time = max((child.info.end_time or 0 for child in children), default=0) or None
+    parent = client.get_run(parent_id).info
+    if parent.status != status or (end_time is not None and parent.end_time != end_time):
+        client.set_terminated(parent_id, status, end_time=end_time)
     return status
 
 
 def mark_current(
-    client: MlflowClient, experiment_id: str, run_id: str, stage_run_name: str, machine_id: str = ""
+    client: MlflowClient,
+    experiment_id: str,
+    run_id: str,
+    stage_run_name: str,
+    machine_id: str = "",
+    workspace: str = "",
 ) -> None:
     """Tag `run_id` as the producer of the workspace's outputs of `stage_run_name`, older ones of the same
-    machine (`machine_id`; runs without the tag count as this machine's) superseded."""
-    for run in _current_runs(client, experiment_id, stage_run_name, machine_id):
+    machine (`machine_id`) and workspace folder (`workspace`) superseded; runs without either tag count as this
+    machine's and workspace's."""
+    for run in _current_runs(client, experiment_id, stage_run_name, machine_id, workspace):
         if run.info.run_id != run_id:
             client.set_tag(run.info.run_id, OUTPUTS_TAG, "superseded")
     client.set_tag(run_id, OUTPUTS_TAG, "current")
 
 
-def _current_runs(client: MlflowClient, experiment_id: str, stage_run_name: str, machine_id: str) -> list[Run]:
-    """Runs of `stage_run_name` tagged current for this workspace, newest first: same machine (`machine_id`;
-    runs without the tag count as this machine's) and same DVC experiment (each has its own workspace)."""
-    experiment = os.environ.get("DVC_EXP_NAME", "")
+def _current_runs(
+    client: MlflowClient, experiment_id: str, stage_run_name: str, machine_id: str, workspace: str
+) -> list[Run]:
+    """Runs of `stage_run_name` tagged current, newest first, of this machine and workspace folder."""
     query = f"attributes.run_name = '{stage_run_name}' and tags.`{OUTPUTS_TAG}` = 'current'"
     runs = client.search_runs(
         [experiment_id], filter_string=query, order_by=["attributes.start_time DESC"], max_results=1000
@@ -153,15 +171,56 @@ def _current_runs(client: MlflowClient, experiment_id: str, stage_run_name: str,
     return [
         run
         for run in runs
-        if run.data.tags.get(ID_TAG, machine_id) == machine_id and run.data.tags.get(EXPERIMENT_TAG, "") == experiment
+        if run.data.tags.get(ID_TAG, machine_id) == machine_id
+        and run.data.tags.get(WORKSPACE_TAG, workspace) == workspace
     ]
 
 
-def current_run(client: MlflowClient, experiment_id: str, stage_run_name: str, machine_id: str = "") -> Run | None:
-    """The run `mark_current` tagged as the producer of the workspace's outputs of `stage_run_name` on this
-    machine and DVC experiment; None when this store never saw it (outputs checked out from a DVC remote)."""
-    runs = _current_runs(client, experiment_id, stage_run_name, machine_id)
-    return runs[0] if runs else None
+def outputs_md5(staged: Mapping[Path, Path], root: Path) -> str:
+    """The `dvc.outs.md5` tag of a run that is about to put `staged` ({final path: staged file}) in place:
+    compact JSON {path relative to `root`: md5 of the bytes}, the digest `dvc.lock` records for a file output."""
+    digests = {_relative(final, root): file_md5(staged_file) for final, staged_file in staged.items()}
+    return json.dumps(digests, sort_keys=True, separators=(",", ":"))
+
+
+def file_md5(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _relative(path: Path, root: Path) -> str:
+    path = Path(path)
+    if path.is_absolute() and path.is_relative_to(root):
+        path = path.relative_to(root)
+    return path.as_posix()
+
+
+def producer_run(
+    client: MlflowClient, experiment_id: str, stage_run_name: str, path: Path, root: Path, workspace: str = ""
+) -> Run | None:
+    """The FINISHED run of `stage_run_name` that put the bytes now at `path` in place (its `dvc.outs.md5` names
+    the file with this md5), or None when this store holds none (outputs pulled from a DVC remote another store
+    tracked, or written before runs recorded their outputs). `path` is as the caller opened it (relative to the
+    working folder, or absolute). A file several runs wrote alike (a checkpoint is bit-identical on one CPU)
+    names the one current in `workspace` if it is among them, else the newest."""
+    entry = json.dumps({_relative(path, root): file_md5(path)}, separators=(",", ":"))[1:-1]
+    query = (
+        f"attributes.run_name = '{stage_run_name}' and attributes.status = 'FINISHED' "
+        f"and tags.`{OUTPUTS_MD5_TAG}` LIKE '%{entry}%'"
+    )
+    runs = client.search_runs(
+        [experiment_id], filter_string=query, order_by=["attributes.start_time DESC"], max_results=100
+    )
+    current = [
+        run
+        for run in runs
+        if run.data.tags.get(OUTPUTS_TAG) == "current" and run.data.tags.get(WORKSPACE_TAG, workspace) == workspace
+    ]
+    found = current or runs
+    return found[0] if found else None
 
 
 def training_run(client: MlflowClient, experiment_id: str, model_digest: str) -> Run | None:

@@ -57,6 +57,34 @@ def tracking_uri(root: Path | None = None) -> str:
     return f"sqlite:///{(root or project_root()) / STORE_FILE}"
 
 
+# MLflow 3's UI opens on its GenAI pages (Overview, Traces, Judges, the model under "Agent versions") unless the URL
+# says otherwise. MLflow 3.17's UI reads the view from this URL parameter first, then from the browser's local storage
+# (its sidebar toggle), default GenAI; the experiment tag `mlflow.experimentKind` is not read while that toggle exists,
+# and no server option sets it. So every link the pipeline gives carries it.
+ML_VIEW_QUERY = "workflowType=machine_learning"
+DEFAULT_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves
+
+
+def ui_url(host: str, experiment_id: str, run_id: str | None = None) -> str:
+    """The MLflow UI's page of an experiment's runs (or of one run) in its model-training view; `host` is the
+    server's URL (`http://127.0.0.1:5000`), or "" for a link within the UI (a run description's)."""
+    page = f"#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "")
+    return f"{host.rstrip('/')}/{page}?{ML_VIEW_QUERY}" if host else f"{page}?{ML_VIEW_QUERY}"
+
+
+def view_hint(uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    """Where to look at a run in MLflow's UI: the server's page, or for the default SQLite store the `mlflow ui`
+    command and the page it serves."""
+    if uri.startswith(("http://", "https://")):
+        return ui_url(uri, experiment_id, run_id)
+    store = _sqlite_path(uri)
+    if store is not None and store.name == STORE_FILE:
+        return (
+            f"`mlflow ui --backend-store-uri sqlite:///{STORE_FILE}`, then {ui_url(DEFAULT_UI, experiment_id, run_id)}"
+        )
+    return f"`mlflow ui --backend-store-uri {uri}`, then {ui_url(DEFAULT_UI, experiment_id, run_id)}"
+
+
 USERNAME_VARIABLE = "MLFLOW_TRACKING_USERNAME"
 PASSWORD_VARIABLE = "MLFLOW_TRACKING_PASSWORD"
 TOKEN_VARIABLE = "MLFLOW_TRACKING_TOKEN"

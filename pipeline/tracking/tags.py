@@ -30,6 +30,10 @@ KEY_TAG = "pipeline.key"
 COMMIT_TAG = "pipeline.commit"
 PARAMS_DIGEST_TAG = "pipeline.params_digest"
 OUTPUTS_TAG = "dvc.outputs"
+# The folder a run's outputs went to (a queued DVC experiment runs in its own copy under .dvc/tmp/exps), and the md5
+# of each (JSON {path: md5}, as dvc.lock has them): what a later stage finds a file's producer by.
+WORKSPACE_TAG = "dvc.workspace"
+OUTPUTS_MD5_TAG = "dvc.outs.md5"
 STAGE_TAG = "stage"
 # Set from DVC's environment in a `dvc exp run`.
 EXPERIMENT_TAG = "dvc.experiment"

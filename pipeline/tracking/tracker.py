@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import io
+import json
 import logging
 import os
 import re
@@ -30,9 +31,10 @@ from pipeline.common.outputs import flushed_before_commit
 from pipeline.params.schema import TrackingConfig
 from pipeline.tracking.lineage import (
     current_pipeline_run,
-    current_run,
     mark_current,
+    outputs_md5,
     parent_run_id,
+    producer_run,
     reflect_children,
     training_run,
 )
@@ -45,6 +47,8 @@ from pipeline.tracking.store import (
     process_tags,
     project_root,
     tracking_uri,
+    ui_url,
+    view_hint,
 )
 from pipeline.tracking.tags import (
     BASELINE_REV_TAG,
@@ -54,8 +58,10 @@ from pipeline.tracking.tags import (
     MODEL_ID_TAG,
     MODEL_URI_TAG,
     NOTE_TAG,
+    OUTPUTS_MD5_TAG,
     STAGE_TAG,
     TRAIN_RUN_TAG,
+    WORKSPACE_TAG,
     machine_tags,
 )
 from pipeline.tracking.tensorboard_events import EventWriter
@@ -94,6 +100,9 @@ class Tracker:
     experiment_id: str = ""
     machine_id: str = ""  # the `machine.id` tag of this run
     parent_run_id: str = ""  # the `pipeline@...` run this stage's run is a child of
+    uri: str = ""  # the tracking store's, without credentials
+    root: Path = Path()  # the project folder (its outputs' paths are relative to it)
+    workspace: str = ""  # the `dvc.workspace` tag: the folder the stage writes its outputs in
     flush_interval_s: float = METRICS_FLUSH_INTERVAL_S
     _pending: list[tuple[str, float, int, int]] = dataclasses.field(default_factory=list)
     _operations: list[RunOperations] = dataclasses.field(default_factory=list)
@@ -166,6 +175,16 @@ class Tracker:
         self._send_pending(wait=True)
         self.events.flush()  # TensorBoard's buffered events on disk too: a full disk surfaces here, not at close
 
+    def before_commit(self, staged: Mapping[Path, Path]) -> None:
+        """Run by AtomicOutputs just before the stage's outputs move into place: what the stage logged reaches the
+        store and the disk, and the run records the md5 of every output it is about to write (`dvc.outs.md5`,
+        merged over a stage's commits), by which a later stage finds it (lineage.producer_run)."""
+        self.flush()
+        if staged:
+            recorded = json.loads(self.client.get_run(self.run_id).data.tags.get(OUTPUTS_MD5_TAG, "{}"))
+            recorded |= json.loads(outputs_md5(staged, self.root))
+            self.set_tags({OUTPUTS_MD5_TAG: json.dumps(recorded, sort_keys=True, separators=(",", ":"))})
+
     def log_curve(self, tag: str, values: Sequence[float]) -> None:
         """A curve at steps 0..n-1 in TensorBoard only. In MLflow a per-step series shows in the run overview
         and Compare as its last value, beside the run's summary statistics, where it reads like one more
@@ -222,6 +241,10 @@ class Tracker:
         TensorBoard only: log the file to MLflow with `log_artifact`."""
         self.events.add_png(tag, path.read_bytes())
 
+    def view_hint(self, whole_experiment: bool = True) -> str:
+        """Where to see this run (or its experiment's runs) in MLflow's UI, in its model-training view."""
+        return view_hint(self.uri, self.experiment_id, None if whole_experiment else self.run_id)
+
     def link_training(self, model_digest: str) -> str | None:
         """Point this run at the train run that wrote the checkpoint `model_digest` names and at the model it
         logged: tags `train.run_id`, `model.id`, `model.uri`, and the model as an input of this run (MLflow
@@ -240,19 +263,18 @@ class Tracker:
         self.set_tags(tags)
         return str(train.info.run_id)
 
-    def link_inputs(self, stage_run_names: Sequence[str], description: str) -> dict[str, str]:
-        """Record which runs produced the outputs this stage read: a tag `input.<run name>` = run id (`@` → `.`)
-        for each one this store holds (the run tagged `dvc.outputs = current` on this machine), and the run's
-        description `description` followed by links to them. Returns {run name: run id}."""
+    def link_inputs(self, read: Mapping[str, Path], description: str) -> dict[str, str]:
+        """Record which runs produced the outputs this stage read, `read` = {stage run name: a file of its outputs
+        this stage read}: a tag `input.<run name>` = run id (`@` → `.`) for each one this store holds (the run
+        that wrote those very bytes: lineage.producer_run), and the run's description `description` followed by
+        links to them. Returns {run name: run id}."""
         found = {}
-        for name in stage_run_names:
-            run = current_run(self.client, self.experiment_id, name, self.machine_id)
+        for name, path in read.items():
+            run = producer_run(self.client, self.experiment_id, name, path, self.root, self.workspace)
             if run is not None:
                 found[name] = str(run.info.run_id)
-        links = ", ".join(
-            f"[{name}](#/experiments/{self.experiment_id}/runs/{run_id})" for name, run_id in found.items()
-        )
-        missing = [name for name in stage_run_names if name not in found]
+        links = ", ".join(f"[{name}]({ui_url('', self.experiment_id, run_id)})" for name, run_id in found.items())
+        missing = [name for name in read if name not in found]
         note = f"{description}\n\nBuilt from the runs {links}." if found else description
         if missing:
             note += f" Not in this store (outputs from a DVC remote or cache): {', '.join(missing)}."
@@ -306,15 +328,22 @@ def open_tracker(
     """
     import mlflow  # lazy: `import mlflow` ≈ 2 s
 
+    explicit_root = root is not None
     root = root or project_root()
     uri = credentials_out_of_uri(tracking_uri(root))
     if os.environ.get("MLFLOW_TRACKING_URI", "").strip():
         os.environ["MLFLOW_TRACKING_URI"] = uri  # MLflow code reading the variable sees no password either
     check_tracking_server(uri)
+    # Against a server MLflow prints two "View run/experiment" links at every run's end, the parent's updates
+    # included, none of them in the model-training view: the stage prints one line with it instead (_end_run).
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     machine = machine_tags()
     run_name = f"{stage}@{variant}" if variant else stage
+    # Where this stage writes: the project folder, or a queued experiment's copy of it (project_root is then the
+    # project the copy came from, whose store it logs to).
+    workspace = str((root if explicit_root else Path.cwd()).resolve())
     client, experiment_id, run_id, parent_id = _start_run(
-        uri, config.experiment, root, stage, run_name, machine, system_metrics
+        uri, config.experiment, root, stage, run_name, machine, system_metrics, workspace
     )
     folder = f"{variant + '-' if variant else ''}{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:8]}"
     logdir = Path(config.tensorboard_dir)
@@ -326,11 +355,14 @@ def open_tracker(
         experiment_id=experiment_id,
         machine_id=machine.get(ID_TAG, ""),
         parent_run_id=parent_id,
+        uri=uri,
+        root=root,
+        workspace=workspace,
     )
     status = "FAILED"
     failure: PipelineError | None = None
     try:
-        with flushed_before_commit(tracker.flush):  # logged before the outputs move (pipeline.common.outputs)
+        with flushed_before_commit(tracker.before_commit):  # logged before the outputs move (pipeline.common.outputs)
             yield tracker
         tracker.flush()
         status = "FINISHED"
@@ -357,13 +389,20 @@ def open_tracker(
         except OSError as error:
             if status == "FINISHED":  # the work was done: this is the stage's error (else the first one stands)
                 unwritten, status = error, "FAILED"
-        _end_run(tracker, uri, run_name, machine[ID_TAG], status, failure)
+        _end_run(tracker, uri, run_name, status, failure)
         if unwritten is not None:
             raise unwritten
 
 
 def _start_run(
-    uri: str, experiment: str, root: Path, stage: str, run_name: str, machine: dict[str, str], system_metrics: bool
+    uri: str,
+    experiment: str,
+    root: Path,
+    stage: str,
+    run_name: str,
+    machine: dict[str, str],
+    system_metrics: bool,
+    workspace: str,
 ) -> tuple[MlflowClient, str, str, str]:
     """The stage's run started (the active fluent run) under its pipeline parent: (client, experiment id, run id,
     parent run id).
@@ -379,7 +418,13 @@ def _start_run(
         mark_stale_runs(client, experiment_id)
         mlflow.set_tracking_uri(uri)
         pipeline = current_pipeline_run(root, machine)
-        tags = {STAGE_TAG: stage, **pipeline.tags(), **process_tags(), **_dvc_experiment_tags()}
+        tags = {
+            STAGE_TAG: stage,
+            **pipeline.tags(),
+            **process_tags(),
+            **_dvc_experiment_tags(),
+            WORKSPACE_TAG: workspace,
+        }
         if stage in STAGE_DESCRIPTIONS:
             tags[NOTE_TAG] = STAGE_DESCRIPTIONS[stage]
         parent = parent_run_id(client, experiment_id, pipeline, _dvc_experiment_tags())
@@ -424,18 +469,20 @@ def _reflect_in_parent(tracker: Tracker) -> None:
         )
 
 
-def _end_run(
-    tracker: Tracker, uri: str, run_name: str, machine_id: str, status: str, failure: PipelineError | None
-) -> None:
+def _end_run(tracker: Tracker, uri: str, run_name: str, status: str, failure: PipelineError | None) -> None:
     """End the run with `status`; a FINISHED run becomes the workspace's current one for its stage. A store
     that fails here adds that to `failure`, or fails a stage that had finished."""
     import mlflow  # lazy: `import mlflow` ≈ 2 s
 
     try:
         if status == "FINISHED":
-            mark_current(tracker.client, tracker.experiment_id, tracker.run_id, run_name, machine_id)
+            mark_current(
+                tracker.client, tracker.experiment_id, tracker.run_id, run_name, tracker.machine_id, tracker.workspace
+            )
         mlflow.end_run(status=status)
         _reflect_in_parent(tracker)
+        if status == "FINISHED" and uri.startswith(("http://", "https://")):
+            print(f"MLflow run {run_name}: {ui_url(uri, tracker.experiment_id, tracker.run_id)}")
     except mlflow.exceptions.MlflowException as error:
         # The run stays RUNNING in the store; the next stage started on this machine marks it
         # FAILED (mark_stale_runs), once the store answers again.
