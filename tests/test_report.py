@@ -33,6 +33,7 @@ from pipeline.report.figures import (
 )
 from pipeline.report.lab_report import build_report, read_inputs
 from pipeline.report.step_analysis import step_facts, step_sentences
+from pipeline.tracking.store import ui_url
 from tests.helpers.projects import clone_project, read_params, write_params
 from tests.helpers.records import make_record, write_two_profiles
 from tests.helpers.repo import REPO_ROOT
@@ -403,10 +404,7 @@ def test_report_run_in_mlflow_holds_the_report_and_figures(reported: Path) -> No
     for name, run_id in used.items():
         producer = client.get_run(run_id)
         assert producer.info.run_name == name and producer.data.tags["dvc.outputs"] == "current"
-    assert (
-        f"[train](#/experiments/{experiment.experiment_id}/runs/{used['train']})"
-        in run.data.tags["mlflow.note.content"]
-    )
+    assert f"[train]({ui_url('', experiment.experiment_id, used['train'])})" in run.data.tags["mlflow.note.content"]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"report.md", "report.html", "figures"} <= artifacts
     figures = {a.path for a in client.list_artifacts(run.info.run_id, "figures")}
