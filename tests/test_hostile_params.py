@@ -22,6 +22,7 @@ import yaml
 
 from pipeline.common.dataset import MNIST_FILES
 from pipeline.common.errors import PipelineError
+from pipeline.common.machine import machine_fingerprint
 from pipeline.common.stage_runner import run_stage
 from pipeline.data.mnist import MNIST_BYTES, MNIST_SHA256
 from pipeline.model.network import LabNet
@@ -192,19 +193,27 @@ def test_validation_marker_never_changes_and_is_not_rewritten(tmp_path: Path, mo
     monkeypatch.chdir(tmp_path)
     shutil.copy(REPO_ROOT / "params.yaml", "params.yaml")
     write_params_checked()
-    marker = Path("checks/params.ok")
+    marker, fingerprint = Path("checks/params.ok"), Path("hardware/fingerprint.json")
     assert marker.read_text() == MARKER_TEXT == (REPO_ROOT / "checks/params.ok").read_text()
-    stamp = marker.stat().st_mtime_ns
+    # The same stage records the machine (one always-run stage, not two: each costs DVC a dvc.lock rewrite).
+    assert json.loads(fingerprint.read_text()) == machine_fingerprint()
+    stamps = {path: path.stat().st_mtime_ns for path in (marker, fingerprint)}
     params = read_params(tmp_path)
-    params["train"]["epochs"] = 3  # another valid value: same marker, file untouched
+    params["train"]["epochs"] = 3  # another valid value: same marker, same machine, files untouched
     write_params(tmp_path, params)
     write_params_checked()
-    assert marker.stat().st_mtime_ns == stamp
+    assert {path: path.stat().st_mtime_ns for path in (marker, fingerprint)} == stamps
+    fingerprint.write_text('{"cpu": "another machine"}')  # moved: the fingerprint is rewritten, the marker not
+    write_params_checked()
+    assert json.loads(fingerprint.read_text()) == machine_fingerprint()
+    assert marker.stat().st_mtime_ns == stamps[marker]
     params["train"]["epochs"] = 0
     write_params(tmp_path, params)
+    fingerprint.write_text('{"cpu": "another machine"}')
     with pytest.raises(PipelineError, match=r"`train\.epochs` = 0 is not allowed"):
         write_params_checked()
     assert marker.read_text() == MARKER_TEXT
+    assert fingerprint.read_text() == '{"cpu": "another machine"}'  # bad params: nothing written
 
 
 def test_validate_stage_imports_no_torch_or_mlflow() -> None:

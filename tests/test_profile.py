@@ -395,7 +395,7 @@ def test_adding_a_batch_size_runs_only_the_new_combinations(profiled: Path, run_
     result = run_in(profiled, "dvc", "repro", "profile")
     assert result.returncode == 0, result.stderr[-3000:]
     ran = set(re.findall(r"Running stage '([^']+)'", result.stdout))
-    assert ran == {"validate", "hardware", "profile@32-cpu-inference", "profile@32-cpu-train"}
+    assert ran == {"validate", "profile@32-cpu-inference", "profile@32-cpu-train"}
 
 
 @pytest.mark.slow
@@ -403,7 +403,7 @@ def test_other_hardware_invalidates_profiles_only(profiled: Path, run_in: Any) -
     fingerprint = profiled / "hardware" / "fingerprint.json"
     original = fingerprint.read_text()
     moved = json.loads(original)
-    moved["cpu"] = "Another CPU"  # what the hardware stage writes on another machine
+    moved["cpu"] = "Another CPU"  # what the validate stage writes on another machine
     fingerprint.write_text(json.dumps(moved))
     status = json.loads(run_in(profiled, "dvc", "status", "--json").stdout)
     fingerprint.write_text(original)

@@ -54,13 +54,13 @@ def test_fresh_clone_pulls_everything_and_has_nothing_to_rerun(
     assert _md5(second / "models" / "model.pt") == _md5(first / "models" / "model.pt")
     assert _md5(second / "graph" / "model.onnx") == _md5(first / "graph" / "model.onnx")
     status = json.loads(run_in(second, "dvc", "status", "--json").stdout)
-    # The params and machine check and the fingerprint stage run every time by design; nothing else reruns.
-    assert status == {"hardware": ["always changed"], "validate": ["always changed"]}
+    # The params and machine check (which records the fingerprint) runs every time by design; nothing else reruns.
+    assert status == {"validate": ["always changed"]}
 
     repro = run_in(second, "dvc", "repro", env={"MNIST_MIRROR": "/nonexistent"})
     assert repro.returncode == 0, repro.stderr[-2000:]
     # Same machine: nothing else; validate passes with the mirror gone, as the pulled data set is in place.
-    assert set(re.findall(r"Running stage '([^']+)'", repro.stdout)) == {"hardware", "validate"}
+    assert set(re.findall(r"Running stage '([^']+)'", repro.stdout)) == {"validate"}
 
 
 def test_two_clones_get_the_same_data_digest_and_checkpoint(

@@ -1,6 +1,6 @@
 """What machine this is, cheaply: the fingerprint that hardware-bound results (profiles) depend on.
 
-Read without importing torch (≈ 4 s), because the `hardware` stage runs on every `dvc repro`:
+Read without importing torch (≈ 4 s), because the `validate` stage writes it on every `dvc repro`:
 the torch and CUDA versions come from the installed package's metadata and `torch/version.py`,
 GPUs from `nvidia-smi`.
 """

@@ -83,11 +83,10 @@ PARAMS_CHECKED = Path("checks/params.ok")
 # Before a stage starts, pipeline.common.stage_runner checks its own (writable, room left) and removes the temp
 # folders that killed runs left in all of them (ALL_OUTPUT_FOLDERS).
 STAGE_OUTPUT_FOLDERS: dict[str, tuple[Path, ...]] = {
-    "validate": (PARAMS_CHECKED.parent,),
+    "validate": (PARAMS_CHECKED.parent, HARDWARE_FINGERPRINT.parent),
     "download": (DATA_ROOT,),
     "train": (MODEL_CHECKPOINT.parent, TRAIN_METRICS.parent, TRAIN_STEPS_PLOT.parent),
     "export_graph": (GRAPH_DIR, GRAPH_METRICS.parent),
-    "hardware": (HARDWARE_FINGERPRINT.parent,),
     "roofs": (HARDWARE_ROOFS.parent,),
     "profile": (PROFILES_DIR,),
     "report": (REPORT_DIR, PROFILE_COMPARISON_PLOT.parent),
