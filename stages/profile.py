@@ -48,7 +48,7 @@ def main() -> None:
             )
         texts = write_profile_outputs(outputs, paths, record)
         log_profile(tracker, outputs, paths, record, texts)
-    print(texts.console(record))
+    print(texts.console(record, paths))
     for warning in measurement_warnings(record):
         print(f"Warning: {warning}.", file=sys.stderr)
 

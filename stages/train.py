@@ -1,5 +1,7 @@
 """DVC stage `train`: train the lab CNN on in-memory MNIST, log it, write checkpoint + metrics atomically."""
 
+import sys
+
 from pipeline.common.allocator import tune_allocator
 from pipeline.common.interrupts import pause_at
 from pipeline.common.outputs import AtomicOutputs
@@ -12,6 +14,7 @@ from pipeline.params.loading import load_params
 from pipeline.params.schema import section_as_dict
 from pipeline.tracking.tracker import open_tracker
 from pipeline.training.artifacts import (
+    busy_warning,
     log_model,
     log_training_result,
     log_training_setup,
@@ -67,6 +70,9 @@ def main() -> None:
         f"registered in MLflow as {version}\n"
         f"precision: {choice.reason}"
     )
+    warning = busy_warning(result, runtime_record)
+    if warning:
+        print(f"Warning: {warning}.", file=sys.stderr)
 
 
 if __name__ == "__main__":

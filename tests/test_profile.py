@@ -424,21 +424,41 @@ def test_cuda_combination_without_cuda_fails_with_the_fix(profiled: Path, run_in
     assert "Traceback" not in result.stderr
 
 
+# A training step traced with memory profiling on two threads, as a train-mode profile stage traces it: c10 prints
+# "Memory block of unknown size was allocated before the profiling started" for the weights allocated before.
+_TRACED_TRAINING_STEP = (
+    "import os, torch\n"
+    "from torch.profiler import ProfilerActivity, profile\n"
+    "from pipeline.common.native_stderr import filtered_native_stderr\n"
+    "torch.set_num_threads(2)\n"
+    "net = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.Flatten(), torch.nn.Linear(8 * 26 * 26, 10))\n"
+    "optimizer = torch.optim.Adadelta(net.parameters())\n"
+    "def step():\n"
+    "    optimizer.zero_grad(); net(torch.randn(1, 1, 28, 28)).sum().backward(); optimizer.step()\n"
+    "step()\n"
+    "with {block}:\n"
+    "    with profile(activities=[ProfilerActivity.CPU], profile_memory=True):\n"
+    "        for _ in range(3): step()\n"
+    "    os.write(2, b'ERROR: a real native error\\n')\n"
+)
+
+
 @pytest.mark.slow  # starts a process that imports torch or MLflow: seconds, so `make test` only
 def test_kineto_noise_is_kept_out_of_the_console_but_real_errors_are_not() -> None:
-    probe = (
-        "import os, torch\n"
-        "from torch.profiler import ProfilerActivity, profile\n"
-        "from pipeline.common.native_stderr import filtered_native_stderr\n"
-        "with filtered_native_stderr():\n"
-        "    with profile(activities=[ProfilerActivity.CPU]):\n"
-        "        torch.ones(3).add(1)\n"
-        "    os.write(2, b'ERROR: a real native error\\n')\n"
-    )
-    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr
-    assert "ERROR: a real native error" in result.stderr
-    assert "gpuGetDeviceCount" not in result.stderr and "USDT:" not in result.stderr and "STAGE:" not in result.stderr
+    def stderr_of(block: str) -> str:
+        probe = _TRACED_TRAINING_STEP.format(block=block)
+        result = subprocess.run(
+            [sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, check=False
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stderr
+
+    unfiltered = stderr_of("open(os.devnull)")  # the same step without the filter: the noise is really there
+    assert "Memory block of unknown size was allocated before the profiling started" in unfiltered
+    filtered = stderr_of("filtered_native_stderr()")
+    assert "ERROR: a real native error" in filtered
+    for noise in ("gpuGetDeviceCount", "USDT:", "STAGE:", "CPUAllocator", "Memory block of unknown size"):
+        assert noise not in filtered, filtered
 
 
 def _timing_workers(project: Path) -> list[int]:

@@ -264,6 +264,40 @@ def test_report_is_built_from_profile_records_without_running_the_pipeline(
     assert report.markdown.count("No GPU was profiled. To add one") == 2  # the section and the analysis
 
 
+@pytest.mark.parametrize("busy", [True, False], ids=["busy", "quiet"])
+def test_report_says_when_training_ran_on_a_busy_machine(
+    repo_params: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, busy: bool
+) -> None:
+    """The report quoted 118 images/s from a loaded machine as the machine's speed (issue 25)."""
+    monkeypatch.chdir(tmp_path)
+    repo_params["profile"].update(batch_sizes=[1, 64], devices=["cpu"], modes=["inference"])
+    write_two_profiles()
+    for relative, text in {
+        "metrics/train.json": json.dumps(
+            {"epochs": 1, "steps": 2, "test_accuracy": 0.9, "test_loss": 0.3, "train_accuracy": 0.8, "train_loss": 0.5}
+        ),
+        "metrics/train_speed.json": json.dumps(
+            {
+                "images_per_second": 118.0,
+                "train_seconds": 10.0,
+                "cpu_share": 0.41 if busy else 0.99,
+                "machine_busy": busy,
+                "runtime": {"device": "cpu", "precision": "bf16", "execution": "eager", "threads": 2},
+            }
+        ),
+        "plots/train_epochs.csv": "epoch,lr,train_loss,train_accuracy,test_loss,test_accuracy\n1,1,0.5,0.8,0.3,0.9\n",
+        "plots/train_steps.csv": "step,epoch,train_loss,train_accuracy\n1,1,0.6,0.7\n2,1,0.5,0.8\n",
+    }.items():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text(text)
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    markdown = build_report(params_from_mapping(repo_params), figures).markdown
+    assert "Training ran at 118 images/s." in markdown
+    caveat = "**The machine was busy while training** (its threads got 41% of their CPUs): that speed is not"
+    assert (caveat in markdown) is busy
+
+
 @pytest.mark.slow  # starts a process that imports torch or MLflow: seconds, so `make test` only
 def test_report_stage_imports_no_torch() -> None:
     """The report only reads records: importing torch would cost every report run ~4 s."""

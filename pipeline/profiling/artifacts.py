@@ -8,7 +8,7 @@ from pipeline.common.outputs import AtomicOutputs
 from pipeline.common.paths import ProfileOutputs
 from pipeline.common.tables import records_csv
 from pipeline.profiling.record import METRIC_PREFIX, OperatorRow, ProfileRecord, StepAnalysis, write_record
-from pipeline.profiling.texts import kernels_markdown, operators_markdown
+from pipeline.profiling.texts import kernels_markdown, operators_markdown, timing_summary
 from pipeline.profiling.trace_analysis import KernelStats
 from pipeline.tracking.tracker import Tracker
 
@@ -18,9 +18,23 @@ class ProfileTexts:
     operators: str  # markdown table of the top operators, with the timing summary
     kernels: str  # markdown table of the top kernels (a note on the CPU)
 
-    def console(self, record: ProfileRecord) -> str:
+    def console(self, record: ProfileRecord, paths: ProfileOutputs) -> str:
+        """What the stage prints: the estimate, the top operator (and kernel), the verdict and where the tables are.
+        The tables themselves go to the files, the MLflow run and TensorBoard's Text tab, not the console: six
+        stages printing ~40 lines each buried the one line a reader needed (issue 25). Warnings are printed
+        apart, once (stages/profile.py)."""
+        lines = [timing_summary(record)]
+        if record.top_operators:
+            top = record.top_operators[0]
+            lines.append(f"Top operator: {top.operator}, {top.share_pct:.1f} % of the step's operator time.")
+        if record.analysis.top_kernels:
+            kernel = record.analysis.top_kernels[0]
+            lines.append(f"Top GPU kernel: {kernel.kernel}, {kernel.share_pct:.1f} % of the GPU's busy time.")
         anatomy = record.analysis.anatomy
-        return f"{self.operators}\n{self.kernels}\n{anatomy.words}: {anatomy.reason}"
+        lines.append(f"{anatomy.words}: {anatomy.reason}.")
+        files = [paths.table_markdown] + ([paths.kernel_table_markdown] if record.analysis.top_kernels else [])
+        lines.append(f"Tables: {', '.join(str(path) for path in files)}; trace: {paths.trace} (Perfetto).")
+        return "\n".join(lines)
 
 
 def profile_metrics(record: ProfileRecord) -> dict[str, float]:

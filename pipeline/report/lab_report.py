@@ -229,6 +229,11 @@ def training_section(params: Params, inputs: ReportInputs, figures: Path) -> lis
         speed = (
             f" Training ran at {inputs.train_speed['images_per_second']:.0f} images/s." if inputs.train_speed else ""
         )
+        if inputs.train_speed and inputs.train_speed.get("machine_busy"):
+            speed += (
+                f" **The machine was busy while training** (its threads got {inputs.train_speed['cpu_share']:.0%} of "
+                "their CPUs): that speed is not this machine's; the model and its metrics are unaffected."
+            )
         on_images = f" (first {train.test_samples:,} test images)" if train.test_samples else ""
         sections.append(
             f"Test accuracy **{metrics['test_accuracy']:.4f}**{on_images}, test loss {metrics['test_loss']:.4f}; "

@@ -48,12 +48,18 @@ class TrainingResult:
     epochs: list[EpochRecord] = field(default_factory=list)
     train_seconds: float = 0.0  # optimizer steps only, evaluation excluded
     epoch_seconds: list[float] = field(default_factory=list)  # the same, per epoch
+    cpu_seconds: float = 0.0  # this process's CPU time (all its threads, user + system) over `train_seconds`
     train_samples: int = 0
     optimizer_steps: int = 0
 
     @property
     def images_per_second(self) -> float:
         return self.train_samples / self.train_seconds if self.train_seconds else 0.0
+
+    def cpu_share(self, threads: int) -> float:
+        """How much of `threads` CPUs the training got while it ran: CPU time ÷ (wall time × threads). Near 1 on an
+        idle machine (the intra-op threads compute or spin); well below when other processes held the cores."""
+        return self.cpu_seconds / (self.train_seconds * threads) if self.train_seconds and threads else 0.0
 
 
 def build_model(config: TrainConfig, device: torch.device) -> LabNet:
@@ -94,11 +100,12 @@ def train_model(
     epochs = tqdm(range(1, config.epochs + 1), desc="epochs", unit="epoch", disable=not progress)
     for epoch in epochs:
         lr = optimizer.param_groups[0]["lr"]
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         train_loss, train_accuracy = train_epoch(
             step, window, train, config, epoch, shuffler, result, tracker, progress
         )
         result.epoch_seconds.append(time.perf_counter() - started)
+        result.cpu_seconds += time.process_time() - cpu_started
         result.train_seconds += result.epoch_seconds[-1]
         result.train_samples += len(train)
         scheduler.step()
