@@ -19,6 +19,7 @@ from pipeline.training.artifacts import (
     log_training_result,
     log_training_setup,
     register_model,
+    version_facts,
     write_training_outputs,
 )
 from pipeline.training.execution import resolve_execution, settle_runtime
@@ -62,7 +63,8 @@ def main() -> None:
             metrics = write_training_outputs(outputs, tracker, result, train_params, data_digest, runtime_record)
             pause_at("outputs-staged")
         # Committed: only now is the model a registry version, so none exists without its checkpoint (issue 28).
-        version = register_model(tracker, model_uri, params.tracking.registered_model)
+        description, version_tags = version_facts(metrics, train_params, runtime_record, len(test))
+        version = register_model(tracker, model_uri, params.tracking.registered_model, description, version_tags)
     print(
         f"test accuracy {metrics['test_accuracy']:.4f}, test loss {metrics['test_loss']:.4f} after "
         f"{len(result.epochs)} epoch(s); {result.images_per_second:.0f} images/s on {device} "

@@ -31,7 +31,13 @@ from pipeline.profiling.record import Combination, read_record, write_record
 from pipeline.profiling.run import prepare_profile, run_profile
 from pipeline.profiling.texts import operators_markdown
 from pipeline.tracking.tracker import open_tracker
-from pipeline.training.artifacts import log_model, register_model, serving_device
+from pipeline.training.artifacts import (
+    REGISTERED_MODEL_DESCRIPTION,
+    log_model,
+    register_model,
+    serving_device,
+    version_facts,
+)
 from pipeline.training.cuda_graph import GraphLearningRate, ShapeGraphs, make_graphable_step, time_graph_replays
 from pipeline.training.execution import (
     BF16_MARGIN,
@@ -168,9 +174,16 @@ def test_logged_model_loads_and_predicts_on_this_machine(tmp_path: Path, monkeyp
         root=tmp_path,
     ) as tracker:
         tracker.log_metrics({"accuracy": 0.5}, step=3, prefix="test/")
+        tracker.set_tags({"model.digest": "abc123", "data.digest": "d1g35t"})
         model_uri = log_model(tracker, model, step=3)
         assert not MlflowClient().search_model_versions("name = 'lab-model'")  # logged, not yet registered
-        version = register_model(tracker, model_uri, "lab-model")
+        description, tags = version_facts(
+            {"test_accuracy": 0.98765, "test_loss": 0.04321, "epochs": 2},
+            {"lr": 1.0, "gamma": 0.7, "batch_size": 64, "seed": 1},
+            {"device": "cpu", "precision": "bf16", "execution": "eager", "threads": 2},
+            2_000,
+        )
+        version = register_model(tracker, model_uri, "lab-model", description, tags)
         run_id = tracker.run_id
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     run = MlflowClient().get_run(run_id)
@@ -184,6 +197,23 @@ def test_logged_model_loads_and_predicts_on_this_machine(tmp_path: Path, monkeyp
     (registered,) = MlflowClient().search_model_versions("name = 'lab-model'")
     assert version == f"lab-model/{registered.version}" == run.data.tags["model.registered_version"]
     assert registered.run_id == run_id and registered.source == f"models:/{model_id}" == model_uri
+    # Described and tagged (issue 25): the Models page tells versions apart without opening their runs.
+    assert registered.description.startswith("Test accuracy **0.9877**, loss 0.0432 on mnist-test (2,000 images)")
+    assert "bf16 on cpu (eager, 2 thread(s))" in registered.description
+    assert registered.tags == {
+        "test_accuracy": "0.9877",
+        "test_loss": "0.0432",
+        "test_images": "2000",
+        "epochs": "2",
+        "train.device": "cpu",
+        "train.precision": "bf16",
+        "train.execution": "eager",
+        "train.threads": "2",
+        "model.digest": "abc123",
+        "data.digest": "d1g35t",
+        "machine.name": run.data.tags["machine.name"],
+    }
+    assert MlflowClient().get_registered_model("lab-model").description == REGISTERED_MODEL_DESCRIPTION
     images = torch.randn(5, 1, 28, 28)
     with torch.no_grad():
         expected = model(images).numpy()

@@ -18,9 +18,11 @@ from pipeline.model.checkpoint import checkpoint_digest, checkpoint_payload, sav
 from pipeline.model.network import LabNet
 from pipeline.tracking.tags import (
     DATA_DIGEST_TAG,
+    EXPERIMENT_TAG,
     MODEL_DEVICE_TAG,
     MODEL_DIGEST_TAG,
     MODEL_ID_TAG,
+    NAME_TAG,
     REGISTERED_MODEL_TAG,
     hardware_tags,
 )
@@ -164,8 +166,41 @@ def log_model(tracker: Tracker, model: LabNet, step: int) -> str:
     return str(info.model_uri)
 
 
-def register_model(tracker: Tracker, model_uri: str, registered_model: str) -> str:
-    """Register the logged model `model_uri` as a new version of `registered_model`; returns `<name>/<version>`.
+# The run's tags a registry version repeats, so that the Models page tells versions apart without opening runs.
+VERSION_RUN_TAGS = (MODEL_DIGEST_TAG, DATA_DIGEST_TAG, EXPERIMENT_TAG, NAME_TAG)
+REGISTERED_MODEL_DESCRIPTION = (
+    "The AI-System Lab 1 CNN (LabNet: two 3x3 convolutions, max-pool, dropout, two fully connected layers) trained "
+    "on MNIST by this pipeline's `train` stage. Each version is one train run whose checkpoint (models/model.pt) was "
+    "written; its description and tags say how it was trained and how it scored on mnist-test."
+)
+
+
+def version_facts(
+    metrics: Mapping[str, float], train_params: Mapping[str, Any], runtime: Mapping[str, object], test_images: int
+) -> tuple[str, dict[str, str]]:
+    """A registry version's description (markdown) and tags: its test quality, how it was trained, what ran."""
+    description = (
+        f"Test accuracy **{metrics['test_accuracy']:.4f}**, loss {metrics['test_loss']:.4f} on mnist-test "
+        f"({test_images:,} images) after {int(metrics['epochs'])} epoch(s) of Adadelta (lr {train_params['lr']}, "
+        f"gamma {train_params['gamma']}, batch {train_params['batch_size']}, seed {train_params['seed']}), "
+        f"{runtime['precision']} on {runtime['device']} ({runtime['execution']}, {runtime['threads']} thread(s)). "
+        "The checkpoint is `models/model.pt` of the run's workspace (`dvc pull` or `dvc repro train` restores it)."
+    )
+    tags = {
+        "test_accuracy": f"{metrics['test_accuracy']:.4f}",
+        "test_loss": f"{metrics['test_loss']:.4f}",
+        "test_images": str(test_images),
+        "epochs": str(int(metrics["epochs"])),
+        **{f"train.{key}": str(runtime[key]) for key in RESOLVED_KEYS},
+    }
+    return description, tags
+
+
+def register_model(
+    tracker: Tracker, model_uri: str, registered_model: str, description: str, tags: Mapping[str, str]
+) -> str:
+    """Register the logged model `model_uri` as a new version of `registered_model`, with `description` and `tags`
+    (`version_facts`) plus the run's identity tags (VERSION_RUN_TAGS); returns `<name>/<version>`.
 
     The train stage calls it only after its outputs are committed (issue 28): a version is what a student opens
     in the registry as "a trained model", so it must never exist for a run whose checkpoint was not written
@@ -175,8 +210,13 @@ def register_model(tracker: Tracker, model_uri: str, registered_model: str) -> s
     """
     import mlflow  # lazy: `import mlflow` ≈ 2 s
 
+    run_tags = tracker.client.get_run(tracker.run_id).data.tags
+    version_tags = {**{key: run_tags[key] for key in VERSION_RUN_TAGS if key in run_tags}, **tags}
     try:
-        registered = mlflow.register_model(model_uri, registered_model)
+        registered = mlflow.register_model(model_uri, registered_model, tags=version_tags)
+        tracker.client.update_model_version(registered_model, registered.version, description=description)
+        if not tracker.client.get_registered_model(registered_model).description:
+            tracker.client.update_registered_model(registered_model, description=REGISTERED_MODEL_DESCRIPTION)
     except mlflow.exceptions.MlflowException as error:
         raise PipelineError(
             f"the stage's outputs were written and its model logged ({model_uri}), but registering it as a version "
