@@ -202,6 +202,14 @@ def test_batch_scaling_plot_templates_draw_the_interval_columns_of_their_y() -> 
         assert (
             template["encoding"]["color"]["field"] == "series" and template["encoding"]["strokeDash"]["field"] == "rev"
         )
+        # One channel for the revision, so one "revision" legend (issue 25: a `shape` on it too drew a second one),
+        # and that legend draws dashes, not the line's points.
+        encodings = [template["encoding"], *(layer["encoding"] for layer in template["layer"])]
+        on_rev = [channel for encoding in encodings for channel, spec in encoding.items() if spec.get("field") == "rev"]
+        assert on_rev == ["strokeDash"], name
+        legend = template["encoding"]["strokeDash"]["legend"]
+        # Vega draws no stroke symbol without a transparent fill (seen in Chromium): both are needed for the dashes.
+        assert (legend["symbolType"], legend["symbolFillColor"]) == ("stroke", "transparent"), name
 
 
 def test_comparison_table_shows_the_estimate_and_flags_noisy_and_busy_rows() -> None:
