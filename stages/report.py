@@ -43,7 +43,7 @@ def main() -> None:
         tracker.log_text("report/markdown", markdown_for_tensorboard(report.markdown))
         tracker.log_artifact_text(markdown_for_mlflow(report.markdown), "report.md")
         tracker.log_artifact_text(html, "report.html")
-        tracker.log_metrics({"combinations": len(report.rows)}, prefix="report/")
+        tracker.log_summary({"combinations": len(report.rows)}, prefix="report/")
         tracker.link_inputs(report_input_runs(report), STAGE_DESCRIPTIONS["report"])
     print(f"report written to {REPORT_MARKDOWN} and {REPORT_HTML} ({len(report.rows)} profiled combination(s))")
     print(f"MLflow: {tracker.view_hint()}")

@@ -53,7 +53,7 @@ def main() -> None:
         roofs = MachineRoofs(fingerprint=fingerprint, devices=measured)
         outputs.write_text(HARDWARE_ROOFS, write_roofs(roofs))
         for device in measured:
-            tracker.log_metrics(
+            tracker.log_summary(
                 {
                     "matmul_gflops_per_s": device.matmul_gflops_per_s.best,
                     "matmul_gflops_per_s_median": device.matmul_gflops_per_s.median,

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import warnings
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 from pipeline.common.tables import NO_NUMBER, records_csv
 from pipeline.model.network import LabNet
@@ -32,6 +34,8 @@ from pipeline.profiling.texts import measurement_warnings, operators_markdown
 from pipeline.profiling.timing import StepTiming
 from pipeline.profiling.trace_analysis import StepAnatomy, TraceAnalysis
 from pipeline.profiling.worker import make_step
+from pipeline.tracking.hparams import SHOWN
+from pipeline.tracking.hparams import columns as hparams_columns
 from tests.helpers.data import LAB_MODEL
 from tests.helpers.projects import (
     clone_project,
@@ -43,6 +47,7 @@ from tests.helpers.projects import (
 )
 from tests.helpers.records import make_record
 from tests.helpers.repo import REPO_ROOT
+from tests.helpers.servers import running_tensorboard
 
 CPU = torch.device("cpu")
 
@@ -372,18 +377,87 @@ def test_one_mlflow_run_and_tensorboard_folder_per_combination(profiled: Path) -
     assert [folder.name.rsplit("-", 3)[0] for folder in folders] == sorted(COMBINATIONS)
     events = EventAccumulator(str(folders[0]))
     events.Reload()
-    assert {"profile/step_time_ms_median", "profile/step_time_ci_pct", "profile/noisy"} <= set(events.Tags()["scalars"])
-    assert {tag.split("/")[0] for tag in events.Tags()["scalars"]} == {"profile", "hparam"}
+    # One curve (the blocks' step times) and the HParams results in Scalars; the one-number metrics in a table.
+    assert set(events.Tags()["scalars"]) == {
+        "profile/block_step_time_ms",
+        "hparam/step_time_ms_median",
+        "hparam/per_sample_ms",
+        "hparam/throughput_samples_per_s",
+    }
+    summary = events.Tensors("profile/summary/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "| `profile/step_time_ms_median` |" in summary and "| `profile/step_time_ci_pct` |" in summary
     record = json.loads((profiled / "profiles" / folders[0].name.rsplit("-", 3)[0] / "profile.json").read_text())
     # TensorBoard keeps float32: equal to the record's values to that precision.
     assert [s.value for s in events.Scalars("profile/block_step_time_ms")] == pytest.approx(
         record["block_times_ms"], rel=1e-6
     )
-    # HParams: TensorBoard can tabulate and compare the combinations.
-    assert "_hparams_/experiment" in events.PluginTagToContent("hparams")
-    assert "hparam/per_sample_ms" in events.Tags()["scalars"]
+    # HParams: a session per run; the log directory's columns are in runs/hparams (pipeline.tracking.hparams).
+    assert set(events.PluginTagToContent("hparams")) == {"_hparams_/session_start_info", "_hparams_/session_end_info"}
     text = events.Tensors("profile/top_operators/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "| 1 | `" in text
+
+
+def _hparams_api(url: str, endpoint: str, request: dict[str, Any]) -> dict[str, Any]:
+    """What TensorBoard's HParams dashboard asks its server (the plugin's own JSON API)."""
+    body = json.dumps({"experimentName": "", **request}).encode()
+    call = urllib.request.Request(f"{url}/data/plugin/hparams/{endpoint}", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(call, timeout=30) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+    return answer
+
+
+@pytest.mark.slow
+def test_tensorboard_hparams_compares_the_train_settings_and_every_combination_in_one_table(profiled: Path) -> None:
+    """`tensorboard --logdir runs`, as the README says: one HParams table with the train run's settings beside its
+    test accuracy and every profile combination beside its times (issue 25: it showed batch size, device and mode
+    only, and `train.lr` only with `--logdir runs/train`)."""
+    columns, results = hparams_columns()
+    with running_tensorboard(profiled / "runs") as url:
+        deadline = time.monotonic() + 60
+        while True:  # TensorBoard loads the runs in the background
+            experiment = _hparams_api(url, "experiment", {})
+            groups = _hparams_api(
+                url,
+                "session_groups",
+                {
+                    "allowedStatuses": ["STATUS_SUCCESS"],
+                    "colParams": [
+                        *({"hparam": name, "includeInResult": True} for name in ("train.lr", "profile.batch_size")),
+                        *({"metric": {"tag": tag, "group": ""}, "includeInResult": True} for tag in results),
+                    ],
+                    "startIndex": 0,
+                    "sliceSize": 100,
+                },
+            )["sessionGroups"]
+            if len(groups) == 1 + len(COMBINATIONS) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    # TensorBoard lists those marked `differs` first (and shows the first five): what a lab's experiments vary.
+    assert [info["name"] for info in experiment["hparamInfos"]] == sorted(columns, key=lambda n: (n not in SHOWN, n))
+    assert [info["name"]["tag"] for info in experiment["metricInfos"]] == list(results)
+    rows = {group["name"].split("/")[0]: group for group in groups if group["name"].startswith("train/")}
+    rows.update(
+        {group["name"].rsplit("-", 3)[0].split("/")[1]: group for group in groups if "profile/" in group["name"]}
+    )
+    assert set(rows) == {"train", *COMBINATIONS}, [group["name"] for group in groups]
+    train = json.loads((profiled / "metrics/train.json").read_text())
+    assert rows["train"]["hparams"] == {"train.lr": read_params(profiled)["train"]["lr"]}
+    shown = {value["name"]["tag"]: value["value"] for value in rows["train"]["metricValues"]}
+    assert shown["hparam/test_accuracy"] == pytest.approx(train["test_accuracy"], rel=1e-6)  # float32 in TensorBoard
+    for name in COMBINATIONS:
+        timing = json.loads((profiled / "profiles" / name / "timing.json").read_text())
+        assert rows[name]["hparams"] == {"profile.batch_size": int(name.split("-")[0])}
+        shown = {value["name"]["tag"]: value["value"] for value in rows[name]["metricValues"]}
+        assert shown["hparam/per_sample_ms"] == pytest.approx(timing["per_sample_ms"], rel=1e-6)
+    # Every hparam a run logged is a column of the table (a name missing from the columns would not be shown).
+    for folder in (profiled / "runs").glob("*/*"):
+        events = EventAccumulator(str(folder))
+        events.Reload()
+        try:
+            start = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+        except KeyError:
+            continue  # a run with no HParams row (download, export_graph, roofs, report)
+        assert set(HParamsPluginData.FromString(start).session_start_info.hparams) <= set(columns), folder
 
 
 @pytest.mark.slow

@@ -133,7 +133,7 @@ def test_tensorboard_run_folder_holds_curves_and_hparams(trained: Path) -> None:
     assert [event.step for event in events.Scalars("test/accuracy")] == [100]
     # Sections: every scalar tag is grouped under a prefix TensorBoard draws as one section.
     assert {tag.split("/")[0] for tag in events.Tags()["scalars"]} == {"train", "test", "hparam"}
-    assert "_hparams_/experiment" in events.PluginTagToContent("hparams")
+    assert set(events.PluginTagToContent("hparams")) == {"_hparams_/session_start_info", "_hparams_/session_end_info"}
     assert [d for d in logdir.iterdir() if d.is_dir()] == []  # one folder per run: no hparams sub-run
 
 

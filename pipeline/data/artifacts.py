@@ -58,7 +58,7 @@ def log_download(tracker: Tracker, config: DataConfig, result: DownloadResult) -
             images.shape[1:],
         )
         mlflow.log_input(dataset, context=SPLIT_CONTEXT[split])
-    tracker.log_metrics(metrics, prefix="data/")
+    tracker.log_summary(metrics, prefix="data/")
 
     train_images, train_labels = result.split("train")
     grid = sample_grid(train_images, train_labels, config.samples_per_class)

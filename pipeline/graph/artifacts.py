@@ -89,7 +89,7 @@ def log_graph_export(
     tracker: Tracker, model: LabNet, example: torch.Tensor, result: GraphExport, outputs: AtomicOutputs
 ) -> None:
     add_tensorboard_graph(tracker, model, example)
-    tracker.log_metrics(result.metrics(), prefix="graph/")
+    tracker.log_summary(result.metrics(), prefix="graph/")
     tracker.log_text("graph/summary", result.summary_markdown, "summary.md")
     tracker.log_text("graph/exported_program", f"```\n{result.program_text}\n```")
     for path in LOGGED_FILES:

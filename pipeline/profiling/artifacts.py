@@ -57,12 +57,16 @@ def write_profile_outputs(outputs: AtomicOutputs, paths: ProfileOutputs, record:
 def log_profile(
     tracker: Tracker, outputs: AtomicOutputs, paths: ProfileOutputs, record: ProfileRecord, texts: ProfileTexts
 ) -> None:
-    tracker.log_metrics(profile_metrics(record), prefix=METRIC_PREFIX)
+    tracker.log_summary(profile_metrics(record), prefix=METRIC_PREFIX)
     tracker.log_curve(f"{METRIC_PREFIX}block_step_time_ms", record.block_times_ms)
     combination, timing = record.combination, record.timing
     # TensorBoard's HParams view: the combinations as a table (batch size x device x mode) beside their times.
     tracker.log_hparams(
-        {"batch_size": combination.batch_size, "device": combination.device, "mode": combination.mode},
+        {
+            "profile.batch_size": combination.batch_size,
+            "profile.device": combination.device,
+            "profile.mode": combination.mode,
+        },
         {
             "hparam/step_time_ms_median": timing.step_time_ms_median,
             "hparam/per_sample_ms": timing.per_sample_ms,

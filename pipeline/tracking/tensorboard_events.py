@@ -19,6 +19,7 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import google_crc32c
@@ -26,6 +27,18 @@ from tensorboard.compat.proto.event_pb2 import Event, TaggedRunMetadata
 from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+from tensorboard.plugins.hparams import metadata as hparams_metadata
+from tensorboard.plugins.hparams.api_pb2 import (
+    DATA_TYPE_BOOL,
+    DATA_TYPE_FLOAT64,
+    DATA_TYPE_STRING,
+    STATUS_SUCCESS,
+    Experiment,
+    HParamInfo,
+    MetricInfo,
+    MetricName,
+)
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData, SessionEndInfo, SessionStartInfo
 from tensorboard.plugins.text.plugin_data_pb2 import TextPluginData
 
 _FILE_NUMBERS = itertools.count()
@@ -41,14 +54,13 @@ def _masked_crc32c(data: bytes) -> int:
 class EventWriter:
     """One event file in `logdir` (a TensorBoard run folder)."""
 
-    def __init__(self, logdir: Path) -> None:
+    def __init__(self, logdir: Path, suffix: str = "lab") -> None:
         logdir.mkdir(parents=True, exist_ok=True)
         self.logdir = logdir
         # EventFileWriter's name, plus a suffix of ours: torch's SummaryWriter may open a file in the same folder
         # in the same second (add_graph), and its counter is not this one. TensorBoard reads every `*tfevents*`.
-        name = (
-            f"events.out.tfevents.{time.time():010.0f}.{socket.gethostname()}.{os.getpid()}.{next(_FILE_NUMBERS)}.lab"
-        )
+        number = next(_FILE_NUMBERS)
+        name = f"events.out.tfevents.{time.time():010.0f}.{socket.gethostname()}.{os.getpid()}.{number}.{suffix}"
         self._file = open(logdir / name, "wb", buffering=WRITE_BUFFER_BYTES)  # noqa: SIM115 (closed by close())
         self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
         self.flush()
@@ -102,6 +114,51 @@ class EventWriter:
     def close(self) -> None:
         if not self._file.closed:
             self._file.close()
+
+
+HParam = int | float | str | bool
+# The HParams plugin's value types (torch's SummaryWriter.add_hparams writes the same, from these Python types).
+HPARAM_TYPES = {bool: DATA_TYPE_BOOL, int: DATA_TYPE_FLOAT64, float: DATA_TYPE_FLOAT64, str: DATA_TYPE_STRING}
+
+
+def _hparams_summary(tag: str, data: HParamsPluginData) -> Summary:
+    data.version = hparams_metadata.PLUGIN_DATA_VERSION
+    return Summary(value=[Summary.Value(tag=tag, metadata=hparams_metadata.create_summary_metadata(data))])
+
+
+def hparams_session(hparams: Mapping[str, HParam]) -> list[Summary]:
+    """One HParams session (a row of the HParams table) in a run's folder: its hparams, started and ended.
+
+    No experiment summary beside it: the HParams plugin takes the first experiment summary it finds as the
+    columns of the whole log directory, so one per run showed only the columns of whichever run it met first
+    (`--logdir runs` listed the profile's batch size, device and mode, not the train run's `train.lr`). The
+    columns come from `hparams_experiment` in the log directory's own `hparams/` folder instead."""
+    start = SessionStartInfo(start_time_secs=time.time())
+    for name, value in hparams.items():
+        if isinstance(value, bool):
+            start.hparams[name].bool_value = value
+        elif isinstance(value, str):
+            start.hparams[name].string_value = value
+        else:
+            start.hparams[name].number_value = float(value)
+    end = SessionEndInfo(status=STATUS_SUCCESS, end_time_secs=time.time())
+    return [
+        _hparams_summary(hparams_metadata.SESSION_START_INFO_TAG, HParamsPluginData(session_start_info=start)),
+        _hparams_summary(hparams_metadata.SESSION_END_INFO_TAG, HParamsPluginData(session_end_info=end)),
+    ]
+
+
+def hparams_experiment(hparams: Mapping[str, type], metrics: Sequence[str], shown: Sequence[str] = ()) -> Summary:
+    """The HParams table's columns for a whole log directory: `hparams` (name -> Python type) and the scalar tags
+    `metrics` whose values the sessions logged. TensorBoard lists the hparams it is told `differs` first, by name,
+    and shows the first five as columns (the rest one tick away): `shown` are marked so."""
+    experiment = Experiment(
+        hparam_infos=[
+            HParamInfo(name=name, type=HPARAM_TYPES[kind], differs=name in shown) for name, kind in hparams.items()
+        ],
+        metric_infos=[MetricInfo(name=MetricName(tag=tag)) for tag in metrics],
+    )
+    return _hparams_summary(hparams_metadata.EXPERIMENT_TAG, HParamsPluginData(experiment=experiment))
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

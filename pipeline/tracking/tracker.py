@@ -29,6 +29,7 @@ from pipeline.common.credentials import redact
 from pipeline.common.errors import PipelineError
 from pipeline.common.outputs import flushed_before_commit
 from pipeline.params.schema import TrackingConfig
+from pipeline.tracking.hparams import write_experiment
 from pipeline.tracking.lineage import (
     current_pipeline_run,
     mark_current,
@@ -64,7 +65,7 @@ from pipeline.tracking.tags import (
     WORKSPACE_TAG,
     machine_tags,
 )
-from pipeline.tracking.tensorboard_events import EventWriter
+from pipeline.tracking.tensorboard_events import EventWriter, HParam, hparams_session
 
 if TYPE_CHECKING:  # imported lazily at run time: `import mlflow` alone costs ~2 s
     import numpy as np
@@ -90,8 +91,8 @@ def metric_name(name: str) -> str:
 class Tracker:
     """One stage run: an MLflow run and a TensorBoard run folder, logged to together.
 
-    Stages log only through these methods. Scalars and text go through a torch-free event writer;
-    images, graphs and HParams use torch's summary code, imported only when a stage logs them.
+    Stages log only through these methods. Scalars, text, images and HParams go through a torch-free event
+    writer; only the graph uses torch's tracer, imported when a stage draws one.
     """
 
     client: MlflowClient
@@ -103,6 +104,7 @@ class Tracker:
     uri: str = ""  # the tracking store's, without credentials
     root: Path = Path()  # the project folder (its outputs' paths are relative to it)
     workspace: str = ""  # the `dvc.workspace` tag: the folder the stage writes its outputs in
+    tensorboard_dir: Path | None = None  # `tracking.tensorboard_dir`, resolved: every run folder is below it
     flush_interval_s: float = METRICS_FLUSH_INTERVAL_S
     _pending: list[tuple[str, float, int, int]] = dataclasses.field(default_factory=list)
     _operations: list[RunOperations] = dataclasses.field(default_factory=list)
@@ -133,6 +135,16 @@ class Tracker:
         timestamp = int(time.time() * 1000)
         self._write([(prefix + key, float(value), timestamp, step) for key, value in metrics.items()], wait=True)
 
+    def log_summary(self, metrics: Mapping[str, float], prefix: str) -> None:
+        """Numbers that describe the run as a whole, one value each: MLflow metrics (Compare lines runs up by
+        them), and in TensorBoard one table in the Text tab (`<prefix>summary`) instead of a single-point card
+        each in Scalars, where ~46 of them buried the curves (issue 25). HParams shows the `hparam/*` results."""
+        timestamp = int(time.time() * 1000)
+        entries = [(prefix + key, float(value), timestamp, 0) for key, value in metrics.items()]
+        self._write(entries, wait=True, tensorboard=False)
+        rows = [f"| `{key}` | {value:.6g} |" for key, value, _, _ in entries]
+        self.events.add_text(f"{prefix}summary", "\n".join(["| metric | value |", "| --- | ---: |", *rows]), 0)
+
     def log_step_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Metrics of a training loop's step, kept off the step's path: held in memory and handed to MLflow's
         asynchronous logging (its own thread writes them) and TensorBoard every `flush_interval_s`, so that
@@ -149,9 +161,10 @@ class Tracker:
         self._write(pending, wait=wait)
         self.events.flush()  # TensorBoard shows training as it goes, a window every `flush_interval_s`
 
-    def _write(self, entries: Sequence[tuple[str, float, int, int]], wait: bool) -> None:
-        """(tag, value, timestamp ms, step) entries to MLflow, in batches of its limit, and to TensorBoard.
-        `wait`: the store has them on return; otherwise MLflow's async logging writes them and flush() waits."""
+    def _write(self, entries: Sequence[tuple[str, float, int, int]], wait: bool, tensorboard: bool = True) -> None:
+        """(tag, value, timestamp ms, step) entries to MLflow, in batches of its limit, and to TensorBoard (as
+        scalars, unless not `tensorboard`). `wait`: the store has them on return; otherwise MLflow's async logging
+        writes them and flush() waits."""
         from mlflow.entities import Metric  # lazy: `import mlflow` ≈ 2 s
 
         for start in range(0, len(entries), MLFLOW_BATCH_LIMIT):
@@ -160,7 +173,7 @@ class Tracker:
             operation = self.client.log_batch(self.run_id, metrics=metrics, synchronous=wait)
             if operation is not None:
                 self._operations.append(operation)
-        for key, value, _, step in entries:
+        for key, value, _, step in entries if tensorboard else ():
             self.events.add_scalar(key, value, step)
 
     def flush(self) -> None:
@@ -205,15 +218,17 @@ class Tracker:
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
 
-    def log_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float]) -> None:
-        """TensorBoard's HParams view, written into this run's own folder (SummaryWriter.add_hparams
-        would open a sub-folder, making one stage run look like two)."""
-        from torch.utils.tensorboard.summary import hparams as hparams_summary  # lazy: only torch stages log these
-
-        for summary in hparams_summary(dict(hparams), dict(metrics)):  # type: ignore[no-untyped-call]
+    def log_hparams(self, hparams: Mapping[str, HParam], metrics: Mapping[str, float]) -> None:
+        """A row of TensorBoard's HParams table: this run's `hparams` (names as in pipeline.tracking.hparams) and
+        its `metrics` (`hparam/*` scalars, which the table reads), in this run's own folder (SummaryWriter's
+        add_hparams would open a sub-folder, making one stage run look like two); the table's columns for the whole
+        log directory in its `hparams/` folder (pipeline.tracking.hparams)."""
+        for summary in hparams_session(hparams):
             self.events.add_summary(summary)
         for key, value in metrics.items():
             self.events.add_scalar(key, value, 0)
+        if self.tensorboard_dir is not None:
+            write_experiment(self.tensorboard_dir)
 
     def add_graph(self, model: torch.nn.Module, example: torch.Tensor) -> None:
         """TensorBoard's Graphs tab (traced with torch.jit.trace; model and example on one device).
@@ -346,12 +361,13 @@ def open_tracker(
         uri, config.experiment, root, stage, run_name, machine, system_metrics, workspace
     )
     folder = f"{variant + '-' if variant else ''}{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:8]}"
-    logdir = Path(config.tensorboard_dir)
-    logdir = (logdir if logdir.is_absolute() else root / logdir) / stage / folder
+    tensorboard_dir = Path(config.tensorboard_dir)
+    tensorboard_dir = tensorboard_dir if tensorboard_dir.is_absolute() else root / tensorboard_dir
     tracker = Tracker(
         client=client,
         run_id=run_id,
-        events=EventWriter(logdir),
+        events=EventWriter(tensorboard_dir / stage / folder),
+        tensorboard_dir=tensorboard_dir,
         experiment_id=experiment_id,
         machine_id=machine.get(ID_TAG, ""),
         parent_run_id=parent_id,

@@ -124,7 +124,7 @@ def log_training_result(
     final = quality_metrics(result)
     resolved = resolved_params(train_params, runtime)
     tracker.log_hparams(
-        {key: value for key, value in resolved.items() if isinstance(value, (int, float, str, bool))},
+        {f"train.{key}": value for key, value in resolved.items() if isinstance(value, (int, float, str, bool))},
         {
             "hparam/test_accuracy": final["test_accuracy"],
             "hparam/test_loss": final["test_loss"],

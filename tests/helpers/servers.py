@@ -1,4 +1,4 @@
-"""Real servers for the tests, on 127.0.0.1: an `mlflow server`, and a port nothing listens on."""
+"""Real servers for the tests, on 127.0.0.1: an `mlflow server`, `tensorboard`, and a port nothing listens on."""
 
 from __future__ import annotations
 
@@ -81,3 +81,39 @@ def running_mlflow_server(folder: Path, backend_store_uri: str | None = None) ->
         finally:
             with suppress(ProcessLookupError):
                 os.killpg(server.pid, signal.SIGKILL)  # a worker that outlived the CLI
+
+
+@contextmanager
+def running_tensorboard(logdir: Path) -> Iterator[str]:
+    """A real `tensorboard --logdir logdir` on 127.0.0.1, as the README tells users to start it; yields its URL once
+    it has loaded the log directory (its runs list is not empty), stops it afterwards."""
+    port = closed_port()
+    command = [str(VENV_BIN / "tensorboard"), "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port)]
+    server = subprocess.Popen(
+        [*command, "--load_fast", "false", "--reload_interval", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + SERVER_START_LIMIT_S
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/data/runs", timeout=2) as response:
+                    if response.status == 200 and response.read() not in (b"[]", b"") and _listens(server.pid, port):
+                        break
+            except OSError:
+                pass  # not listening yet
+            assert server.poll() is None, "tensorboard exited during start-up"
+            assert time.monotonic() < deadline, f"tensorboard did not list runs within {SERVER_START_LIMIT_S} s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        finally:
+            with suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGKILL)
