@@ -69,7 +69,7 @@ def test_dvc_repro_downloads_logs_and_is_idempotent(project_copy: Path, run_in: 
     (image_event,) = events.Images("data/train_samples_by_class")
     # The counts are one number each: a table in the Text tab, not four single-point cards in Scalars (issue 25).
     assert events.Tags()["scalars"] == []
-    summary = events.Tensors("data/summary/text_summary")[0].tensor_proto.string_val[0].decode()
+    summary = events.Tensors("data/metrics/text_summary")[0].tensor_proto.string_val[0].decode()
     for key in ("data/train_samples", "data/train_bytes", "data/test_samples", "data/test_bytes"):
         assert f"| `{key}` | {run.data.metrics[key]:.6g} |" in summary
     shown = np.asarray(Image.open(io.BytesIO(image_event.encoded_image_string)).convert("L"))

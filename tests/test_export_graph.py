@@ -63,6 +63,9 @@ def test_tensorboard_graph_has_the_lab_operators(exported: Path) -> None:
     assert any("Conv2d[conv2]" in node.name for node in graph.node)
     summary_text = events.Tensors("graph/summary/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "| classifier.fc1 | Linear | 128 | 1,179,776 |" in summary_text
+    # The totals as a table of their own beside it (a second text under `graph/summary` had hidden the model's).
+    metrics_text = events.Tensors("graph/metrics/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "| `graph/total_parameters` | 1.19988e+06 |" in metrics_text
 
 
 @pytest.mark.slow

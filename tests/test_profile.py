@@ -384,7 +384,7 @@ def test_one_mlflow_run_and_tensorboard_folder_per_combination(profiled: Path) -
         "hparam/per_sample_ms",
         "hparam/throughput_samples_per_s",
     }
-    summary = events.Tensors("profile/summary/text_summary")[0].tensor_proto.string_val[0].decode()
+    summary = events.Tensors("profile/metrics/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "| `profile/step_time_ms_median` |" in summary and "| `profile/step_time_ci_pct` |" in summary
     record = json.loads((profiled / "profiles" / folders[0].name.rsplit("-", 3)[0] / "profile.json").read_text())
     # TensorBoard keeps float32: equal to the record's values to that precision.

@@ -137,13 +137,14 @@ class Tracker:
 
     def log_summary(self, metrics: Mapping[str, float], prefix: str) -> None:
         """Numbers that describe the run as a whole, one value each: MLflow metrics (Compare lines runs up by
-        them), and in TensorBoard one table in the Text tab (`<prefix>summary`) instead of a single-point card
-        each in Scalars, where ~46 of them buried the curves (issue 25). HParams shows the `hparam/*` results."""
+        them), and in TensorBoard one table in the Text tab (`<prefix>metrics`: `graph/summary` is the model's)
+        instead of a single-point card each in Scalars, where ~46 of them buried the curves (issue 25). HParams
+        shows the `hparam/*` results."""
         timestamp = int(time.time() * 1000)
         entries = [(prefix + key, float(value), timestamp, 0) for key, value in metrics.items()]
         self._write(entries, wait=True, tensorboard=False)
         rows = [f"| `{key}` | {value:.6g} |" for key, value, _, _ in entries]
-        self.events.add_text(f"{prefix}summary", "\n".join(["| metric | value |", "| --- | ---: |", *rows]), 0)
+        self.events.add_text(f"{prefix}metrics", "\n".join(["| metric | value |", "| --- | ---: |", *rows]), 0)
 
     def log_step_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Metrics of a training loop's step, kept off the step's path: held in memory and handed to MLflow's
