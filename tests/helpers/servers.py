@@ -42,37 +42,29 @@ SERVER_START_LIMIT_S = 120  # measured 20-30 s on two cores; generous for a load
 
 
 @contextmanager
-def running_mlflow_server(folder: Path, backend_store_uri: str | None = None) -> Iterator[str]:
-    """A real `mlflow server` on 127.0.0.1 (its SQLite store and artifacts in `folder` unless given);
-    yields its URI once /health answers, stops it afterwards."""
-    port = closed_port()
-    store = backend_store_uri or f"sqlite:///{folder / 'server.db'}"
-    command = [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", store]
-    command += ["--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port)]
-    # MLflow 3's job runner (eight more Python processes, for GenAI jobs) is switched off: the tests use none of
-    # it, and on two cores it doubled the server's start-up. Its own session, so that the stop reaches them all.
-    environment = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+def _serving(
+    name: str, command: list[str], port: int, ready_path: str, environment: dict[str, str] | None = None
+) -> Iterator[str]:
+    """`command` started in a session of its own (so that the stop reaches every process it starts); yields
+    `http://127.0.0.1:<port>` once `ready_path` answers 200 with a body other than `[]` and the server's own
+    process tree listens on `port`; stops the whole session afterwards."""
     server = subprocess.Popen(
-        [*command, "--workers", "1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=environment,
-        start_new_session=True,
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environment, start_new_session=True
     )
-    uri = f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + SERVER_START_LIMIT_S
     try:
         while True:
             try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
-                    if response.status == 200 and _listens(server.pid, port):
+                with urllib.request.urlopen(f"{url}{ready_path}", timeout=2) as response:
+                    if response.status == 200 and response.read() != b"[]" and _listens(server.pid, port):
                         break
             except OSError:
                 pass  # not listening yet
-            assert server.poll() is None, "mlflow server exited during start-up"
-            assert time.monotonic() < deadline, f"mlflow server did not answer /health within {SERVER_START_LIMIT_S} s"
+            assert server.poll() is None, f"{name} exited during start-up"
+            assert time.monotonic() < deadline, f"{name} did not answer {ready_path} within {SERVER_START_LIMIT_S} s"
             time.sleep(0.5)
-        yield uri
+        yield url
     finally:
         with suppress(ProcessLookupError):
             os.killpg(server.pid, signal.SIGTERM)
@@ -84,36 +76,26 @@ def running_mlflow_server(folder: Path, backend_store_uri: str | None = None) ->
 
 
 @contextmanager
+def running_mlflow_server(folder: Path, backend_store_uri: str | None = None) -> Iterator[str]:
+    """A real `mlflow server` on 127.0.0.1 (its SQLite store and artifacts in `folder` unless given);
+    yields its URI once /health answers, stops it afterwards."""
+    port = closed_port()
+    store = backend_store_uri or f"sqlite:///{folder / 'server.db'}"
+    command = [str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", store]
+    command += ["--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port)]
+    # MLflow 3's job runner (eight more Python processes, for GenAI jobs) is switched off: the tests use none of
+    # it, and on two cores it doubled the server's start-up.
+    environment = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    with _serving("mlflow server", [*command, "--workers", "1"], port, "/health", environment) as uri:
+        yield uri
+
+
+@contextmanager
 def running_tensorboard(logdir: Path) -> Iterator[str]:
     """A real `tensorboard --logdir logdir` on 127.0.0.1, as the README tells users to start it; yields its URL once
-    it has loaded the log directory (its runs list is not empty), stops it afterwards."""
+    it lists the log directory's runs, stops it afterwards."""
     port = closed_port()
     command = [str(VENV_BIN / "tensorboard"), "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port)]
-    server = subprocess.Popen(
-        [*command, "--load_fast", "false", "--reload_interval", "1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + SERVER_START_LIMIT_S
-    try:
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/data/runs", timeout=2) as response:
-                    if response.status == 200 and response.read() not in (b"[]", b"") and _listens(server.pid, port):
-                        break
-            except OSError:
-                pass  # not listening yet
-            assert server.poll() is None, "tensorboard exited during start-up"
-            assert time.monotonic() < deadline, f"tensorboard did not list runs within {SERVER_START_LIMIT_S} s"
-            time.sleep(0.5)
+    command += ["--load_fast", "false", "--reload_interval", "1"]
+    with _serving("tensorboard", command, port, "/data/runs") as url:
         yield url
-    finally:
-        with suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        finally:
-            with suppress(ProcessLookupError):
-                os.killpg(server.pid, signal.SIGKILL)
