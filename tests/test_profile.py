@@ -40,7 +40,7 @@ from tests.helpers.data import LAB_MODEL
 from tests.helpers.projects import (
     clone_project,
     default_sigint,
-    processes_in,
+    processes_running,
     read_params,
     stage_environment,
     write_params,
@@ -537,14 +537,7 @@ def test_kineto_noise_is_kept_out_of_the_console_but_real_errors_are_not() -> No
 
 def _timing_workers(project: Path) -> list[int]:
     """The worker server and the timing processes forked from it that work in `project`."""
-    found = []
-    for pid in processes_in(project):
-        try:
-            if b"pipeline.profiling.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:  # gone meanwhile
-            continue
-    return found
+    return processes_running(project, b"pipeline.profiling.worker")
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ and the workspace's outputs as they were.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.tracking.tags import EXPERIMENT_TAG
-from tests.helpers.projects import kill_processes_in, processes_in, run_command, stage_environment
+from tests.helpers.projects import kill_processes_in, processes_running, run_command, stage_environment
 from tests.helpers.stress import (
     EXIT_LIMIT_S,
     EXIT_PROPERTY,
@@ -51,36 +50,15 @@ STATUS_LIMIT_S = 30.0  # until `dvc queue status` says Failed: dvc starts includ
 WORKER_START_S = 5.0  # a worker `dvc queue start` spawned is in /proc when it returns; this guards its first seconds
 
 
-def _queue_workers(project: Path) -> list[int]:
-    """DVC's queue workers (`dvc exp queue-worker`) working in `project`: read from /proc, where `dvc queue status`
-    would be a `dvc` start (~1.5 s of CPU) every second beside the stage the test waits for."""
-    found = []
-    for pid in processes_in(project):
-        with contextlib.suppress(OSError):
-            if b"queue-worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-    return found
-
-
 def _keep_one_worker(project: Path, environment: dict[str, str], last_start: list[float]) -> None:
     """One queue worker, so that the experiments run one after the other: a worker may leave once the experiment
     it ran was killed (DVC 3.x), and a user starts one again for the rest. Not again while one is starting."""
     if last_start and time.monotonic() - last_start[-1] < WORKER_START_S:
         return
-    if not _queue_workers(project):
+    if not processes_running(project, b"queue-worker"):  # DVC's `dvc exp queue-worker`
         last_start.append(time.monotonic())
         started = run_command(["dvc", "queue", "start", "-j", "1"], project, environment, limit_s=60)
         assert started.returncode == 0, started.stderr[-2000:]
-
-
-def _stage_processes(project: Path) -> list[int]:
-    """The train stage processes working in `project` or in one of its experiment copies."""
-    found = []
-    for pid in processes_in(project):
-        with contextlib.suppress(OSError):
-            if b"stages.train" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-    return found
 
 
 def _kill_and_check(project: Path, environment: dict[str, str], name: str, moment: str) -> float:
@@ -88,12 +66,12 @@ def _kill_and_check(project: Path, environment: dict[str, str], name: str, momen
     (returned: the seconds that took, polled as for the other paths), the experiment Failed in `dvc queue status`
     soon after (each status call is a `dvc` start of ~2 s, so that is polled within a wider STATUS_LIMIT_S), and
     its run KILLED if it had one."""
-    stages = _stage_processes(project)
+    stages = processes_running(project, b"stages.train")  # in the project or an experiment copy of it
     assert stages, f"no paused train stage of {name} found"
     signalled = time.monotonic()
     killed = run_command(["dvc", "queue", "kill", name], project, environment, limit_s=60)
     assert killed.returncode == 0, killed.stderr[-2000:]
-    while alive := [pid for pid in stages if pid in _stage_processes(project)]:
+    while alive := [pid for pid in stages if pid in processes_running(project, b"stages.train")]:
         assert time.monotonic() - signalled < EXIT_LIMIT_S, (
             f"{name}'s stage {alive} still running {EXIT_LIMIT_S} s after"
         )
