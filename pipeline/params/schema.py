@@ -97,6 +97,11 @@ class ModelConfig:
     hidden_dropout: float = _rule(ge=0, le=0.99)
 
 
+# train.* settings that may say `auto` (or 0 threads) and that the train stage resolves: runs log what ran, the
+# request beside it as `<key>_requested` (pipeline.training.artifacts.resolved_params, pipeline.tracking.hparams).
+RESOLVED_TRAIN_KEYS = ("device", "precision", "execution", "threads")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     device: DeviceChoice = _rule()

@@ -16,13 +16,10 @@ import hashlib
 import typing
 from pathlib import Path
 
-from pipeline.params.schema import TrainConfig
+from pipeline.params.schema import RESOLVED_TRAIN_KEYS, TrainConfig
 from pipeline.tracking.tensorboard_events import EventWriter, hparams_experiment
 
 FOLDER = "hparams"  # under the TensorBoard directory: a run of its own holding only the experiment summary
-# Settings the train stage resolves from `auto` (or 0 threads): the run logs what ran and, where it differs,
-# the request as `<key>_requested` (pipeline.training.artifacts.resolved_params).
-RESOLVED = ("device", "precision", "execution", "threads")
 TRAIN_RESULTS = ("hparam/test_accuracy", "hparam/test_loss", "hparam/images_per_second")
 PROFILE_COMBINATION = {"profile.batch_size": int, "profile.device": str, "profile.mode": str}
 PROFILE_RESULTS = ("hparam/step_time_ms_median", "hparam/per_sample_ms", "hparam/throughput_samples_per_s")
@@ -54,7 +51,7 @@ def train_columns() -> dict[str, type]:
     """`train.<field>` for every setting of the train section as the train run logs them (the model's widths as
     `train.model.<field>`), and `train.<key>_requested` for the settings it resolves."""
     found = _scalar_columns(TrainConfig, "train.")
-    found.update({f"train.{key}_requested": found[f"train.{key}"] for key in RESOLVED})
+    found.update({f"train.{key}_requested": found[f"train.{key}"] for key in RESOLVED_TRAIN_KEYS})
     return found
 
 

@@ -16,6 +16,7 @@ from pipeline.common.paths import MODEL_CHECKPOINT, TRAIN_EPOCHS_PLOT, TRAIN_MET
 from pipeline.common.tables import records_csv
 from pipeline.model.checkpoint import checkpoint_digest, checkpoint_payload, save_checkpoint
 from pipeline.model.network import LabNet
+from pipeline.params.schema import RESOLVED_TRAIN_KEYS
 from pipeline.tracking.tags import (
     DATA_DIGEST_TAG,
     EXPERIMENT_TAG,
@@ -56,7 +57,7 @@ def speed_metrics(result: TrainingResult, runtime: Mapping[str, object]) -> dict
         "images_per_second": round(result.images_per_second, 1),
         "cpu_share": round(result.cpu_share(int(str(runtime["threads"]))), 3),
         "machine_busy": busy_warning(result, runtime) is not None,
-        "runtime": {**{key: runtime[key] for key in RESOLVED_KEYS}, "allocator": current_allocator().kind},
+        "runtime": {**{key: runtime[key] for key in RESOLVED_TRAIN_KEYS}, "allocator": current_allocator().kind},
     }
 
 
@@ -81,15 +82,11 @@ def busy_warning(result: TrainingResult, runtime: Mapping[str, object]) -> str |
     )
 
 
-# train.* params that may say `auto` (or 0 threads): MLflow records what ran, the request beside it.
-RESOLVED_KEYS = ("device", "precision", "execution", "threads")
-
-
 def resolved_params(train_params: Mapping[str, Any], runtime: Mapping[str, Any]) -> dict[str, Any]:
     """The `train` section as it ran: `auto` choices (and 0 threads) replaced by what ran, the request kept
     as `<key>_requested` where it differed, so Compare shows `precision bf16`, not `auto`."""
     resolved = dict(train_params)
-    for key in RESOLVED_KEYS:
+    for key in RESOLVED_TRAIN_KEYS:
         if str(train_params[key]) != str(runtime[key]):
             resolved[key] = runtime[key]
             resolved[f"{key}_requested"] = train_params[key]
@@ -108,7 +105,7 @@ def log_training_setup(
     tracker.log_params(resolved_params(train_params, runtime), prefix="train.")
     tracker.log_params(
         {
-            **{key: value for key, value in runtime.items() if key not in (*RESOLVED_KEYS, "seed")},
+            **{key: value for key, value in runtime.items() if key not in (*RESOLVED_TRAIN_KEYS, "seed")},
             "allocator": current_allocator().description,
         },
         "runtime.",
@@ -191,7 +188,7 @@ def version_facts(
         "test_loss": f"{metrics['test_loss']:.4f}",
         "test_images": str(test_images),
         "epochs": str(int(metrics["epochs"])),
-        **{f"train.{key}": str(runtime[key]) for key in RESOLVED_KEYS},
+        **{f"train.{key}": str(runtime[key]) for key in RESOLVED_TRAIN_KEYS},
     }
     return description, tags
 
