@@ -320,6 +320,33 @@ def reported(tmp_path_factory: pytest.TempPathFactory, reproduced_project: Path)
 
 
 @pytest.mark.slow
+def test_dvc_metrics_are_few_rounded_and_read_as_narrow_tables(reported: Path, run_in: Any) -> None:
+    """Issue 25 point 3: `dvc metrics show` of the README's recipe reads in a terminal. The profile stages' DVC
+    metrics are six rounded numbers with the same keys in every combination (one dense table, a row each), not the
+    32 of timing.json + step_analysis.json per combination (214 leaves in all before)."""
+    combinations = [f"{b}-cpu-{m}" for b in (1, 16, 64) for m in ("inference", "train")]
+    shown = json.loads(run_in(reported, "dvc", "metrics", "show", "--json").stdout)[""]["data"]
+
+    def leaves(value: Any) -> list[Any]:
+        return [leaf for item in value.values() for leaf in leaves(item)] if isinstance(value, dict) else [value]
+
+    profile_files = [f"profiles/{name}/metrics.json" for name in combinations]
+    assert set(shown) == {"metrics/train.json", "metrics/train_speed.json", "metrics/graph.json", *profile_files}
+    assert sum(len(leaves(entry["data"])) for entry in shown.values()) <= 60
+    keys = {path: set(shown[path]["data"]) for path in profile_files}
+    assert all(found == keys[profile_files[0]] for found in keys.values()), keys
+    assert {"per_sample_ms", "step_time_ci_pct", "noisy"} <= keys[profile_files[0]]
+    for path in profile_files:  # rounded to 3 significant digits: a rerun lists no change in the 6th digit
+        for value in (v for v in shown[path]["data"].values() if isinstance(v, float) and v):
+            assert value == float(f"{value:.3g}"), (path, value)
+    graph = shown["metrics/graph.json"]["data"]  # one worst difference per exported program, not one per batch
+    assert not [key for key in graph if "_batch" in key] and "onnxruntime_max_abs_difference" in graph
+    table = run_in(reported, "dvc", "metrics", "show", *profile_files).stdout.splitlines()
+    assert len(table) == 1 + len(combinations) and max(map(len, table)) <= 160, table
+    assert [line.split()[0] for line in table[1:]] == profile_files
+
+
+@pytest.mark.slow
 def test_report_numbers_equal_the_stage_outputs(reported: Path) -> None:
     report = (reported / "report" / "report.md").read_text()
     hardware = json.loads((reported / "hardware/fingerprint.json").read_text())

@@ -54,7 +54,7 @@ class ProfileOutputs:
 
     @property
     def step_analysis(self) -> Path:
-        return self.folder / "step_analysis.json"  # numbers only: DVC metrics (busy %, achieved FLOP/s)
+        return self.folder / "step_analysis.json"  # numbers only: busy %, achieved FLOP/s (MLflow, the report)
 
     @property
     def record(self) -> Path:
@@ -62,7 +62,11 @@ class ProfileOutputs:
 
     @property
     def timing(self) -> Path:
-        return self.folder / "timing.json"  # numbers only: DVC metrics
+        return self.folder / "timing.json"  # numbers only: every timing figure (MLflow, the report)
+
+    @property
+    def metrics(self) -> Path:
+        return self.folder / "metrics.json"  # DVC metrics: the headline, rounded, the same keys in every combination
 
 
 def profile_outputs(combination_name: str) -> ProfileOutputs:

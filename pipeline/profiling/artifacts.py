@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.common.numbers import significant
 from pipeline.common.outputs import AtomicOutputs
 from pipeline.common.paths import ProfileOutputs
 from pipeline.common.tables import records_csv
@@ -51,7 +52,30 @@ def write_profile_outputs(outputs: AtomicOutputs, paths: ProfileOutputs, record:
     outputs.write_text(paths.record, write_record(record))
     outputs.write_json(paths.timing, record.metrics())
     outputs.write_json(paths.step_analysis, step_metrics(record.analysis))
+    outputs.write_json(paths.metrics, headline_metrics(record))
     return texts
+
+
+HEADLINE_DIGITS = 3  # significant digits: the CI is rarely tighter than ±1 %, so a 4th digit is noise
+
+
+def headline_metrics(record: ProfileRecord) -> dict[str, float | bool]:
+    """profiles/<combination>/metrics.json, DVC's metrics: the lab's result for one combination, rounded.
+
+    The same six keys in every combination, so `dvc metrics show profiles` is one dense table (a row per
+    combination) and `dvc metrics diff` a few rows each, not the 32 numbers per combination of timing.json and
+    step_analysis.json (which MLflow and the report keep). Rounded to what the interval supports, so a rerun
+    does not list a change in the 6th digit.
+    """
+    timing = record.timing
+    return {
+        "per_sample_ms": significant(timing.per_sample_ms, HEADLINE_DIGITS),
+        "step_time_ms_median": significant(timing.step_time_ms_median, HEADLINE_DIGITS),
+        "step_time_ci_pct": significant(timing.step_time_ci_pct, 2),
+        "throughput_samples_per_s": significant(timing.throughput_samples_per_s, HEADLINE_DIGITS),
+        "peak_pct": significant(record.analysis.flop_rate.peak_pct, 2),
+        "noisy": timing.noisy,
+    }
 
 
 def log_profile(
