@@ -4,6 +4,7 @@ runs that cannot be compared are listed with the reason.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from pipeline.tracking.tags import ID_TAG, NAME_TAG
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
-    from mlflow.entities import Run
+    from mlflow.entities import Experiment, Run
 from pipeline.tracking.tags import HARDWARE_PREFIX, MODEL_DIGEST_TAG
 
 PROFILE_STAGE = "profile"
@@ -188,6 +189,18 @@ def search_profile_runs(client: MlflowClient, experiment_id: str) -> list[Run]:
 # --- reading the store and writing the report ------------------------------------------------------
 
 
+def search_all_experiments(client: MlflowClient) -> list[Experiment]:
+    """Every active experiment the account may read (all pages)."""
+    found: list[Experiment] = []
+    token: str | None = None
+    while True:
+        page = client.search_experiments(max_results=1000, page_token=token)
+        found += page
+        token = page.token
+        if not token:
+            return found
+
+
 def read_store(uri: str, experiment: str) -> tuple[list[ProfileRun], list[LeftOut]]:
     """The experiment's FINISHED profile runs from the store at `uri`, read and sorted out."""
     from mlflow import MlflowClient  # lazy: `import mlflow` ≈ 2 s
@@ -201,14 +214,18 @@ def read_store(uri: str, experiment: str) -> tuple[list[ProfileRun], list[LeftOu
         )
     client = MlflowClient(uri)
     try:
-        found = client.get_experiment_by_name(experiment)
-        if found is None:
-            known = ", ".join(sorted(e.name for e in client.search_experiments())) or "none"
+        if any(character in experiment for character in "*?["):  # a pattern: every student's experiment
+            found = [e for e in search_all_experiments(client) if fnmatch.fnmatchcase(e.name, experiment)]
+        else:
+            single = client.get_experiment_by_name(experiment)
+            found = [single] if single is not None else []
+        if not found:
+            known = ", ".join(sorted(e.name for e in search_all_experiments(client))) or "none"
             raise PipelineError(
-                f"The MLflow store {uri} has no experiment {experiment!r} (it has: {known}). Pass --experiment, "
-                "or check $MLFLOW_TRACKING_URI."
+                f"The MLflow store {uri} has no experiment {experiment!r} (it has: {known}). Pass --experiment "
+                "(a name, or a pattern such as 'mnist-lab-*' for a class server), or check $MLFLOW_TRACKING_URI."
             )
-        results = [profile_run(run) for run in search_profile_runs(client, found.experiment_id)]
+        results = [profile_run(run) for each in found for run in search_profile_runs(client, each.experiment_id)]
     except MlflowException as error:
         raise PipelineError(f"Reading the MLflow store {uri} failed: {error.message}") from None
     runs = [result for result in results if isinstance(result, ProfileRun)]

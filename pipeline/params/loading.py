@@ -4,6 +4,7 @@ against this machine's memory.
 
 from __future__ import annotations
 
+import os
 import typing
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,9 @@ from pipeline.params.parsing import RESTORE_HINT, params_from_mapping, show_valu
 from pipeline.params.schema import Params
 
 DEFAULT_PARAMS_FILE = Path("params.yaml")
+# Where a student logs on a class server (README: "A class on one server"): MLflow's own variable for the
+# experiment, and ours for the registered model. `tracking.*` is no DVC dependency, so these rerun nothing.
+TRACKING_OVERRIDES = {"MLFLOW_EXPERIMENT_NAME": "experiment", "LAB_REGISTERED_MODEL": "registered_model"}
 # params.yaml is a few kB; a file this large is a mistake (or an attack), and parsing it would be slow.
 MAX_PARAMS_BYTES = 1 << 20
 
@@ -24,10 +28,15 @@ MAX_PARAMS_BYTES = 1 << 20
 def load_params(path: Path = DEFAULT_PARAMS_FILE) -> Params:
     """Read and validate `path`; raise PipelineError listing every problem found.
 
-    Beyond the value checks, the parsed params must fit this machine (`pipeline.params.memory`): a model
-    or batch too large for its memory is refused here, naming the key, not by a failed allocation.
+    $MLFLOW_EXPERIMENT_NAME and $LAB_REGISTERED_MODEL, where set, replace `tracking.experiment` and
+    `tracking.registered_model`. Beyond the value checks, the parsed params must fit this machine
+    (`pipeline.params.memory`): a model or batch too large for its memory is refused here, naming the key,
+    not by a failed allocation.
     """
     raw = read_params_file(Path(path))
+    overrides = {key: os.environ[variable] for variable, key in TRACKING_OVERRIDES.items() if os.environ.get(variable)}
+    if overrides and isinstance(raw, dict) and isinstance(raw.get("tracking"), dict):
+        raw["tracking"].update(overrides)  # checked by the same rules as params.yaml's values
     params = params_from_mapping(raw, source=str(path))
     check_params_fit_memory(params, source=str(path))
     return params

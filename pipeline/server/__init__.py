@@ -1,0 +1,1 @@
+"""The class server: PostgreSQL-backed MLflow with accounts (`python -m pipeline.server`)."""
