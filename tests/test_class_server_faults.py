@@ -1,0 +1,172 @@
+"""A student's training against the class server while the server fails (issue 24 point 6), all real: the MLflow
+server SIGKILLed and started again, SIGSTOPped for 10 s and for 60 s, PostgreSQL restarted, and the server gone for
+good. A short outage is ridden out with every metric kept; a long one stops the stage with the message, no outputs,
+and the next stage marks the run it left FAILED. Minutes of waiting: `make test-stress`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from pipeline.common.stage_runner import EXIT_USER_ERROR
+from tests.helpers.class_server import ADMIN, STUDENTS, ClassServer, running_class_server
+from tests.helpers.projects import copy_project, run_command, stage_environment, use_tiny_params
+
+pytestmark = [pytest.mark.slow, pytest.mark.stress]
+API = "/api/2.0/mlflow"
+EXPERIMENT = "mnist-lab-alice"
+STAGE_LIMIT_S = 420
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ClassServer]:
+    with running_class_server() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def downloaded(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
+    """A tiny-params project with MNIST in place (its own store): each test copies it and trains."""
+    project = copy_project(tmp_path_factory.mktemp("faults") / "project")
+    use_tiny_params(project)
+    done = run_command(["dvc", "repro", "download"], project, stage_environment(mnist_mirror))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return project
+
+
+def student_environment(server: ClassServer, mnist_mirror: Path) -> dict[str, str]:
+    return stage_environment(
+        mnist_mirror,
+        {
+            "MLFLOW_TRACKING_URI": server.url,
+            "MLFLOW_TRACKING_USERNAME": "alice",
+            "MLFLOW_TRACKING_PASSWORD": STUDENTS["alice"],
+            "MLFLOW_EXPERIMENT_NAME": EXPERIMENT,
+            "LAB_REGISTERED_MODEL": "mnist-labnet-alice",
+        },
+    )
+
+
+def admin_get(server: ClassServer, path: str, **query: Any) -> Any:
+    return requests.get(f"{server.url}{API}/{path}", params=query, auth=ADMIN, timeout=30).json()
+
+
+def train_runs(server: ClassServer) -> list[dict[str, Any]]:
+    experiment = admin_get(server, "experiments/get-by-name", experiment_name=EXPERIMENT)["experiment"]
+    body = {"experiment_ids": [experiment["experiment_id"]], "filter": "attributes.run_name = 'train'"}
+    found = requests.post(f"{server.url}{API}/runs/search", json=body, auth=ADMIN, timeout=30).json()
+    return list(found.get("runs", []))
+
+
+def start_training(project: Path, environment: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "stages.train"], cwd=project, env=environment, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+
+
+def wait_for_new_run(server: ClassServer, before: set[str], process: subprocess.Popen[str]) -> str:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[1][-2000:]
+        new = [run for run in train_runs(server) if run["info"]["run_id"] not in before]
+        if new and new[0]["info"]["status"] == "RUNNING":
+            return str(new[0]["info"]["run_id"])
+        time.sleep(0.2)
+    pytest.fail("the training stage's run never appeared on the server")
+
+
+def server_group(server: ClassServer) -> int:
+    return int((server.folder / "mlflow.pid").read_text())
+
+
+def signal_server(server: ClassServer, signum: int) -> None:
+    """`signum` to the server's process group (uvicorn and its workers), as `kill -s SIG -PID` would."""
+    os.killpg(server_group(server), signum)
+
+
+def restart_postgres(server: ClassServer) -> None:
+    script = (
+        "import pathlib, sys; from pipeline.server.command import ServerFolder; "
+        "folder = ServerFolder(pathlib.Path(sys.argv[1])); cluster = folder.cluster(folder.settings()); "
+        "cluster.stop(); cluster.start()"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(server.folder)], cwd=Path(__file__).parents[1], capture_output=True,
+        text=True, timeout=120, check=False, **server.account,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def fault(server: ClassServer, kind: str) -> None:
+    if kind == "server killed and restarted":
+        signal_server(server, signal.SIGKILL)
+        (server.folder / "mlflow.pid").unlink()
+        started = server.command("start")
+        assert started.returncode == 0, started.stderr
+    elif kind.startswith("server stopped"):
+        signal_server(server, signal.SIGSTOP)
+        time.sleep(int(kind.split()[-1].rstrip("s")))
+        signal_server(server, signal.SIGCONT)
+    elif kind == "postgresql restarted":
+        restart_postgres(server)
+
+
+@pytest.mark.parametrize(
+    "kind", ["server killed and restarted", "server stopped 10s", "server stopped 60s", "postgresql restarted"]
+)
+def test_a_short_outage_is_ridden_out_and_no_metric_is_lost(
+    server: ClassServer, downloaded: Path, tmp_path: Path, mnist_mirror: Path, kind: str
+) -> None:
+    project = tmp_path / "project"
+    shutil.copytree(downloaded, project, symlinks=True)
+    before = {run["info"]["run_id"] for run in train_runs(server)}
+    training = start_training(project, student_environment(server, mnist_mirror))
+    run_id = wait_for_new_run(server, before, training)
+    started = time.monotonic()
+    fault(server, kind)
+    stdout, stderr = training.communicate(timeout=STAGE_LIMIT_S)
+    assert training.returncode == 0, (kind, time.monotonic() - started, stderr[-3000:])
+    run = admin_get(server, "runs/get", run_id=run_id)["run"]
+    assert run["info"]["status"] == "FINISHED"
+    # Every step the stage logged is in the store: the curve of plots/train_steps.csv, point for point.
+    written = (project / "plots" / "train_steps.csv").read_text().splitlines()[1:]
+    steps = {int(float(line.split(",")[0])) for line in written}
+    history = admin_get(server, "metrics/get-history", run_id=run_id, metric_key="train/loss", max_results=25000)
+    assert {point["step"] for point in history["metrics"]} == steps, kind
+    assert (project / "models" / "model.pt").is_file() and "registered in MLflow" in stdout
+
+
+def test_a_long_outage_stops_the_stage_cleanly_and_the_next_run_succeeds(
+    server: ClassServer, downloaded: Path, tmp_path: Path, mnist_mirror: Path
+) -> None:
+    project = tmp_path / "project"
+    shutil.copytree(downloaded, project, symlinks=True)
+    environment = student_environment(server, mnist_mirror)
+    before = {run["info"]["run_id"] for run in train_runs(server)}
+    training = start_training(project, environment)
+    run_id = wait_for_new_run(server, before, training)
+    signal_server(server, signal.SIGKILL)  # and not started again until the stage gave up
+    (server.folder / "mlflow.pid").unlink()
+    started = time.monotonic()
+    _, stderr = training.communicate(timeout=STAGE_LIMIT_S)
+    gave_up_s = time.monotonic() - started
+    assert training.returncode == EXIT_USER_ERROR, stderr[-3000:]
+    assert f"MLflow tracking store {server.url} failed during the stage" in stderr and "Traceback" not in stderr
+    assert "No outputs were written" in stderr and not (project / "models" / "model.pt").exists()
+    assert 30 < gave_up_s < 240, gave_up_s  # rode out the retries, then stopped: no hang
+    assert server.command("start").returncode == 0
+    again = run_command([sys.executable, "-m", "stages.train"], project, environment, STAGE_LIMIT_S)
+    assert again.returncode == 0, again.stderr[-3000:]
+    left = admin_get(server, "runs/get", run_id=run_id)["run"]["info"]["status"]
+    assert left == "FAILED"  # marked by the next stage on this machine: no run stays RUNNING for ever
