@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.class_server import free_port
 from tests.helpers.projects import clone_project, read_params, run_command, stage_environment, write_params
 from tests.helpers.repo import REPO_ROOT
 
@@ -143,3 +144,19 @@ def test_stability_verdicts_and_pair_counts_from_known_estimates() -> None:
     assert verdict([a, b], 5.0) == ("inside", pytest.approx(6.0))
     assert verdict([a, c], 5.0)[0] == "MISS"
     assert verdict([a, estimate(9.6, 10.4, 11.0)], 5.0)[0] == "agree"
+
+
+def test_class_server_load_benchmark_runs_clients_and_prints_its_table() -> None:
+    """SQLite only here (PostgreSQL refuses the root account CI runs as; tests/test_class_server.py runs it)."""
+    command = [sys.executable, "-m", "benchmarks.class_server_load", "--clients", "2", "--seconds", "2"]
+    result = run_command([*command, "--backends", "sqlite", "--port", str(free_port())], REPO_ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    row = re.search(
+        r"^\| sqlite \| (?P<runs>\d+) \| (?P<finished>\d+) \| 0 \| (?P<sent>\d+) \| (?P<stored>\d+) \| 0 \| "
+        r"0 of (?P<requests>\d+) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| (?P<memory>\d+) \|$",
+        result.stdout,
+        re.MULTILINE,
+    )
+    assert row, result.stdout
+    assert int(row["runs"]) == int(row["finished"]) >= 2 and int(row["sent"]) == int(row["stored"]) > 0
+    assert int(row["requests"]) >= 5 * int(row["runs"]) and int(row["memory"]) > 50

@@ -69,6 +69,7 @@ class Settings:
     experiment: str  # class prefix: each student's experiment is `<experiment>-<name>`
     registered_model: str
     allowed_hosts: str  # mlflow server --allowed-hosts ('' = MLflow's default: localhost only)
+    backend: str = "postgresql"  # or "sqlite": files in the folder (one machine, few writers; the load benchmark)
 
     @property
     def url(self) -> str:
@@ -104,6 +105,12 @@ class ServerFolder:
     def pid(self) -> Path:
         return self.root / "mlflow.pid"
 
+    def store_uri(self, settings: Settings, database: str) -> str:
+        """The database `mlflow` (runs) or `mlflow_auth` (accounts) of this server, as an SQLAlchemy URI."""
+        if settings.backend == "sqlite":
+            return f"sqlite:///{self.root / database}.db"
+        return self.cluster(settings).uri(database)
+
     def cluster(self, settings: Settings) -> Cluster:
         return Cluster(self.root / "postgres", self.root / "socket", self.root / "postgres.log", settings.pg_port,
                        settings.user)  # fmt: skip
@@ -133,6 +140,10 @@ def main(arguments: Sequence[str]) -> None:
     init_parser.add_argument("--pg-port", type=int, default=5432, help="names PostgreSQL's socket; no TCP (5432)")
     init_parser.add_argument("--admin", default="admin", help="the instructor's admin account (default admin)")
     init_parser.add_argument("--allowed-hosts", default="", help="mlflow server --allowed-hosts, for a LAN name")
+    init_parser.add_argument(
+        "--backend", choices=("postgresql", "sqlite"), default="postgresql",
+        help="where runs and accounts live (default postgresql; sqlite: files, for comparison)",
+    )  # fmt: skip
     commands.add_parser("start", help="start PostgreSQL and the MLflow server")
     commands.add_parser("stop", help="stop the MLflow server and PostgreSQL")
     commands.add_parser("status", help="say what runs")
@@ -151,7 +162,8 @@ def main(arguments: Sequence[str]) -> None:
 
 
 def init(folder: ServerFolder, options: argparse.Namespace) -> None:
-    require_not_root()
+    if options.backend == "postgresql":
+        require_not_root()
     if folder.root.exists() and any(folder.root.iterdir()):
         raise PipelineError(
             f"{folder.root} already exists and is not empty. Start that server with `python -m pipeline.server "
@@ -160,21 +172,25 @@ def init(folder: ServerFolder, options: argparse.Namespace) -> None:
     password = admin_password()
     tracking = load_params().tracking
     settings = Settings(options.host, options.port, options.pg_port, options.admin, current_user(),
-                        tracking.experiment, tracking.registered_model, options.allowed_hosts)  # fmt: skip
+                        tracking.experiment, tracking.registered_model, options.allowed_hosts,
+                        options.backend)  # fmt: skip
     partial = folder.root.with_name(f".{folder.root.name}.partial-{os.getpid()}")
     staged = ServerFolder(partial)
     try:
         partial.mkdir(mode=0o700, parents=True)
         staged.artifacts.mkdir(mode=0o700)
-        cluster = staged.cluster(settings)
-        cluster.create()
-        cluster.start()
-        try:
-            for database in ("mlflow", "mlflow_auth"):
-                cluster.create_database(database)
-            create_admin(cluster.uri("mlflow_auth"), settings.admin, password)
-        finally:
-            cluster.stop()
+        if settings.backend == "postgresql":
+            cluster = staged.cluster(settings)
+            cluster.create()
+            cluster.start()
+            try:
+                for database in ("mlflow", "mlflow_auth"):
+                    cluster.create_database(database)
+                create_admin(cluster.uri("mlflow_auth"), settings.admin, password)
+            finally:
+                cluster.stop()
+        else:
+            create_admin(staged.store_uri(settings, "mlflow_auth"), settings.admin, password)
         write_private(staged.secret_key, secrets.token_hex(32) + "\n")
         write_private(staged.settings_file, json.dumps(asdict(settings), indent=2) + "\n")
         if folder.root.exists():
@@ -183,8 +199,8 @@ def init(folder: ServerFolder, options: argparse.Namespace) -> None:
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    write_private(folder.auth_config, auth_config(folder.cluster(settings).uri("mlflow_auth"), settings.admin))
-    print(f"Class server folder {folder.root}: PostgreSQL databases mlflow and mlflow_auth, admin account "
+    write_private(folder.auth_config, auth_config(folder.store_uri(settings, "mlflow_auth"), settings.admin))
+    print(f"Class server folder {folder.root}: {settings.backend} databases mlflow and mlflow_auth, admin account "
           f"{settings.admin!r}. Next: python -m pipeline.server --dir {folder.root} start")  # fmt: skip
 
 
@@ -255,11 +271,12 @@ def healthy(settings: Settings) -> bool:
 
 def start(folder: ServerFolder) -> None:
     settings = folder.settings()
-    folder.cluster(settings).start()
+    if settings.backend == "postgresql":
+        folder.cluster(settings).start()
     if server_pid(folder) is None:
         command = [
             sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth",
-            "--backend-store-uri", folder.cluster(settings).uri("mlflow"),
+            "--backend-store-uri", folder.store_uri(settings, "mlflow"),
             "--artifacts-destination", str(folder.artifacts),
             "--host", settings.host, "--port", str(settings.port),
         ]  # fmt: skip
@@ -285,7 +302,7 @@ def start(folder: ServerFolder) -> None:
                 tail = " ".join(folder.log.read_text(errors="replace").split()[-60:])
                 raise PipelineError(f"The MLflow server did not come up at {settings.url}: {tail} (log: {folder.log})")
             time.sleep(0.5)
-    print(f"MLflow server on {settings.url} (PostgreSQL, accounts on; log {folder.log}).")
+    print(f"MLflow server on {settings.url} ({settings.backend}, accounts on; log {folder.log}).")
 
 
 def _end(pid: int) -> None:
@@ -311,16 +328,20 @@ def stop(folder: ServerFolder) -> None:
     if pid is not None:
         _end(pid)
     folder.pid.unlink(missing_ok=True)
-    folder.cluster(settings).stop()
+    if settings.backend == "postgresql":
+        folder.cluster(settings).stop()
     print(f"Stopped the class server in {folder.root}.")
 
 
 def status(folder: ServerFolder) -> str:
     settings = folder.settings()
-    database = "running" if folder.cluster(settings).running() else "stopped"
+    if settings.backend == "postgresql":
+        database = "PostgreSQL: " + ("running" if folder.cluster(settings).running() else "stopped")
+    else:
+        database = f"SQLite: {folder.store_uri(settings, 'mlflow')}"
     pid = server_pid(folder)
     server = f"running (pid {pid}), {'healthy' if healthy(settings) else 'not answering'}" if pid else "stopped"
-    return f"PostgreSQL: {database}. MLflow server on {settings.url}: {server}."
+    return f"{database}. MLflow server on {settings.url}: {server}."
 
 
 @contextlib.contextmanager
@@ -346,7 +367,7 @@ def add_student(folder: ServerFolder, name: str) -> None:
     password = given or secrets.token_urlsafe(12)
     from mlflow.exceptions import MlflowException
 
-    store = auth_store(folder.cluster(settings).uri("mlflow_auth"))
+    store = auth_store(folder.store_uri(settings, "mlflow_auth"))
     try:
         store.create_user(name, password)
     except MlflowException as error:

@@ -1,7 +1,8 @@
 """A student's training against the class server while the server fails (issue 24 point 6), all real: the MLflow
 server SIGKILLed and started again, SIGSTOPped for 10 s and for 60 s, PostgreSQL restarted, and the server gone for
 good. A short outage is ridden out with every metric kept; a long one stops the stage with the message, no outputs,
-and the next stage marks the run it left FAILED. Minutes of waiting: `make test-stress`."""
+and the next stage marks the run it left FAILED. Then two students' machines, compared by the instructor's machines
+report read from the server. Minutes of waiting: `make test-stress`."""
 
 from __future__ import annotations
 
@@ -20,7 +21,16 @@ import requests
 
 from pipeline.common.stage_runner import EXIT_USER_ERROR
 from tests.helpers.class_server import ADMIN, STUDENTS, ClassServer, running_class_server
-from tests.helpers.projects import copy_project, run_command, stage_environment, use_tiny_params
+from tests.helpers.projects import (
+    copy_project,
+    copy_without_outputs,
+    read_params,
+    run_command,
+    stage_environment,
+    tiny_params,
+    use_tiny_params,
+    write_params,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.stress]
 API = "/api/2.0/mlflow"
@@ -170,3 +180,44 @@ def test_a_long_outage_stops_the_stage_cleanly_and_the_next_run_succeeds(
     assert again.returncode == 0, again.stderr[-3000:]
     left = admin_get(server, "runs/get", run_id=run_id)["run"]["info"]["status"]
     assert left == "FAILED"  # marked by the next stage on this machine: no run stays RUNNING for ever
+
+
+def test_two_students_machines_are_compared_in_one_report_from_the_server(
+    server: ClassServer, tmp_path: Path, mnist_mirror: Path
+) -> None:
+    """Two clones with different LAB_MACHINE_LABEL profile (tiny params) as alice and bob into their own
+    experiments on the PostgreSQL server; the instructor's `python -m pipeline.machines` reads both."""
+    machines = {"alice": "lab-pc-01", "bob": "lab-pc-02"}
+    for name, label in machines.items():
+        project = copy_without_outputs(tmp_path / name)
+        params = tiny_params(read_params(project))
+        params["profile"].update(batch_sizes=[1], modes=["inference"])
+        params["train"].update(train_samples=640, test_samples=500)
+        write_params(project, params)
+        environment = stage_environment(
+            mnist_mirror,
+            {
+                "MLFLOW_TRACKING_URI": server.url,
+                "MLFLOW_TRACKING_USERNAME": name,
+                "MLFLOW_TRACKING_PASSWORD": STUDENTS[name],
+                "MLFLOW_EXPERIMENT_NAME": f"mnist-lab-{name}",
+                "LAB_REGISTERED_MODEL": f"mnist-labnet-{name}",
+                "LAB_MACHINE_LABEL": label,
+            },
+        )
+        done = run_command(["dvc", "repro", "profile"], project, environment, STAGE_LIMIT_S)
+        assert done.returncode == 0, (name, done.stderr[-3000:])
+    instructor = stage_environment(
+        mnist_mirror,
+        {"MLFLOW_TRACKING_URI": server.url, "MLFLOW_TRACKING_USERNAME": ADMIN[0], "MLFLOW_TRACKING_PASSWORD": ADMIN[1]},
+    )
+    output = tmp_path / "machines"
+    command = [sys.executable, "-m", "pipeline.machines", "--experiment", "mnist-lab-*", "--output", str(output)]
+    report = run_command(command, tmp_path / "alice", instructor)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert report.stdout.startswith("2 machine(s)"), report.stdout
+    markdown = (output / "machines.md").read_text()
+    assert all(label in markdown for label in machines.values()), markdown[:3000]
+    student = dict(instructor, MLFLOW_TRACKING_USERNAME="bob", MLFLOW_TRACKING_PASSWORD=STUDENTS["bob"])
+    alone = run_command([*command[:-1], str(tmp_path / "bob-view")], tmp_path / "bob", student)
+    assert alone.returncode == 0 and alone.stdout.startswith("1 machine(s)"), alone.stdout + alone.stderr[-2000:]
