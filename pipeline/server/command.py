@@ -234,6 +234,13 @@ def create_admin(auth_uri: str, name: str, password: str) -> None:
     store.engine.dispose()
 
 
+# MLflow hashes the password of every request (PBKDF2/scrypt, ~0.3 s of a core here) unless this cache is on: 30
+# students then queue behind the hashing at ~6 requests/s on 2 cores, 5 s a request, whatever the database
+# (benchmarks/class_server_load.py). MLflow's own cache keeps a successful check for the TTL, per worker; a changed
+# or deleted password still works on the other workers until then. Refused logins are never cached.
+AUTH_CACHE_TTL_S = 300
+
+
 def auth_config(auth_uri: str, admin: str) -> str:
     """basic_auth.ini: no password in it (the admin exists already), students see nothing they were not given."""
     return (
@@ -242,6 +249,7 @@ def auth_config(auth_uri: str, admin: str) -> str:
         f"database_uri = {auth_uri}\n"
         f"admin_username = {admin}\n"
         f"authorization_function = {AUTH_FUNCTION}\n"
+        f"auth_cache_ttl_seconds = {AUTH_CACHE_TTL_S}\n"
     )
 
 
