@@ -221,3 +221,32 @@ def test_two_students_machines_are_compared_in_one_report_from_the_server(
     student = dict(instructor, MLFLOW_TRACKING_USERNAME="bob", MLFLOW_TRACKING_PASSWORD=STUDENTS["bob"])
     alone = run_command([*command[:-1], str(tmp_path / "bob-view")], tmp_path / "bob", student)
     assert alone.returncode == 0 and alone.stdout.startswith("1 machine(s)"), alone.stdout + alone.stderr[-2000:]
+
+
+def test_a_full_artifact_folder_stops_the_stage_with_the_reason_and_writes_nothing(
+    server: ClassServer, downloaded: Path, tmp_path: Path, mnist_mirror: Path
+) -> None:
+    """The server's artifact folder on a 256 KiB tmpfs: the model (~5 MB) does not fit. The stage must stop with
+    a message that says the server could not store it, write no output, and leave no run RUNNING."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs over the server's artifact folder (CI runs as root)")
+    artifacts = server.folder / "artifacts"
+    owner = f"uid={artifacts.stat().st_uid},gid={artifacts.stat().st_gid},mode=0700"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=256k,{owner}", "tmpfs", str(artifacts)], check=True)
+    try:
+        project = tmp_path / "project"
+        shutil.copytree(downloaded, project, symlinks=True)
+        environment = student_environment(server, mnist_mirror)
+        before = {run["info"]["run_id"] for run in train_runs(server)}
+        outputs = ["models/model.pt", "metrics/train.json", "metrics/train_speed.json", "plots/train_steps.csv"]
+        before_bytes = {name: (project / name).read_bytes() if (project / name).exists() else None for name in outputs}
+        done = run_command([sys.executable, "-m", "stages.train"], project, environment, STAGE_LIMIT_S)
+        assert done.returncode == EXIT_USER_ERROR, done.stderr[-3000:]
+        assert "Traceback" not in done.stderr and "No outputs were written" in done.stderr
+        assert "No space left on device" in done.stderr, done.stderr[-3000:]
+        after = {name: (project / name).read_bytes() if (project / name).exists() else None for name in outputs}
+        assert after == before_bytes  # untouched
+        left = [run["info"]["status"] for run in train_runs(server) if run["info"]["run_id"] not in before]
+        assert left == ["FAILED"], left
+    finally:
+        subprocess.run(["umount", str(artifacts)], check=True)
