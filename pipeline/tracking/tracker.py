@@ -310,6 +310,19 @@ STAGE_DESCRIPTIONS = {
 }
 
 
+def _failure_hint(message: str) -> str:
+    """What to check after a failed store call. An artifact upload the server answered with HTTP 500 on every
+    retry is its storage failing (full, or not writable): the server's log names the error, the client only
+    sees the status."""
+    if "mlflow-artifacts" in message and "500" in message:
+        return (
+            "The server failed to store an artifact (HTTP 500 on every retry): its artifact storage is full or "
+            "not writable, and the server's log says which (for the class server: mlflow.log in its folder). "
+            "Free the space"
+        )
+    return "Check that the store is up (and $MLFLOW_TRACKING_URI)"
+
+
 def _first_line(error: BaseException) -> str:
     text = getattr(error, "message", None) or str(error) or type(error).__name__
     return " ".join(str(text).split())[:500]
@@ -390,7 +403,7 @@ def open_tracker(
         failure = PipelineError(
             redact(
                 f"MLflow tracking store {uri} failed during the stage: {_first_line(error)}. No outputs were "
-                f"written. Check that the store is up (and $MLFLOW_TRACKING_URI), then run the stage again."
+                f"written. {_failure_hint(str(error))}, then run the stage again."
             )
         )
         raise failure from None
