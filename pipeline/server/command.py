@@ -220,7 +220,7 @@ def admin_password() -> str:
 def auth_store(auth_uri: str) -> SqlAlchemyStore:
     """MLflow's own account store, on the auth database (through the instructor's socket: no password)."""
     with warnings.catch_warnings():  # importing the auth app warns about Starlette internals: not the user's business
-        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore")  # StarletteDeprecationWarning is not a DeprecationWarning subclass
         from mlflow.server.auth.sqlalchemy_store import SqlAlchemyStore  # lazy: MLflow's auth app is heavy
 
     store = SqlAlchemyStore()

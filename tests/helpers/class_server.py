@@ -107,6 +107,7 @@ def running_class_server() -> Iterator[ClassServer]:
         for name, password in STUDENTS.items():
             added = server.command("add-student", name, env={"LAB_STUDENT_PASSWORD": password})
             assert added.returncode == 0, added.stderr + added.stdout
+            assert "Warning" not in added.stderr, added.stderr  # the instructor's terminal shows no library noise
         yield server
     finally:
         server.command("stop")
