@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.class_server import free_port
 from tests.helpers.projects import clone_project, read_params, run_command, stage_environment, write_params
 from tests.helpers.repo import REPO_ROOT
+from tests.helpers.servers import closed_port
 
 pytestmark = pytest.mark.slow
 
@@ -149,7 +149,7 @@ def test_stability_verdicts_and_pair_counts_from_known_estimates() -> None:
 def test_class_server_load_benchmark_runs_clients_and_prints_its_table() -> None:
     """SQLite only here (PostgreSQL refuses the root account CI runs as; tests/test_class_server.py runs it)."""
     command = [sys.executable, "-m", "benchmarks.class_server_load", "--clients", "2", "--seconds", "2"]
-    result = run_command([*command, "--backends", "sqlite", "--port", str(free_port())], REPO_ROOT)
+    result = run_command([*command, "--backends", "sqlite", "--port", str(closed_port())], REPO_ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     row = re.search(
         r"^\| sqlite \| (?P<runs>\d+) \| (?P<finished>\d+) \| 0 \| (?P<sent>\d+) \| (?P<stored>\d+) \| 0 \| "

@@ -10,7 +10,6 @@ import os
 import pwd
 import secrets
 import shutil
-import socket
 import stat
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers.repo import REPO_ROOT
+from tests.helpers.servers import closed_port
 
 SERVER_ACCOUNT = "mnistlab"
 INSTALL = "apt-get install -y postgresql (Debian/Ubuntu: PostgreSQL's initdb and pg_ctl)"
@@ -35,12 +35,6 @@ def postgres_missing() -> str | None:
     """Why the class server cannot run here, or None. Tests fail with this (never skip): CI must install it."""
     found = shutil.which("initdb") or any(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
     return None if found else f"PostgreSQL's server programs are not installed; run `{INSTALL}`."
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _account() -> dict[str, Any]:
@@ -94,7 +88,7 @@ def running_class_server() -> Iterator[ClassServer]:
     assert missing is None, missing
     account = _account()
     scratch = scratch_folder(account)
-    port, pg_port = free_port(), free_port()
+    port, pg_port = closed_port(), closed_port()  # free: nothing listens there yet
     server = ClassServer(scratch / "server", f"http://127.0.0.1:{port}", account)
     try:
         init = server.command(

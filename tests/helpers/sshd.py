@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.helpers.class_server import free_port
+from tests.helpers.servers import closed_port
 
 INSTALL = "apt-get install -y openssh-server (Debian/Ubuntu: /usr/sbin/sshd)"
 START_LIMIT_S = 20.0
@@ -52,7 +52,7 @@ def running_sshd(folder: Path) -> Iterator[SshServer]:
     host_key, key, stranger = _key(folder / "host_key"), _key(folder / "user_key"), _key(folder / "stranger_key")
     authorized = folder / "authorized_keys"
     shutil.copy(key.with_suffix(".pub"), authorized)
-    port = free_port()
+    port = closed_port()
     config = folder / "sshd_config"
     config.write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\nPidFile {folder / 'sshd.pid'}\n"
