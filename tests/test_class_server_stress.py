@@ -1,8 +1,8 @@
 """A student's training against the class server while the server fails (issue 24 point 6), all real: the MLflow
-server SIGKILLed and started again, SIGSTOPped for 10 s and for 60 s, PostgreSQL restarted, and the server gone for
-good. A short outage is ridden out with every metric kept; a long one stops the stage with the message, no outputs,
-and the next stage marks the run it left FAILED. Then two students' machines, compared by the instructor's machines
-report read from the server. Minutes of waiting: `make test-stress`."""
+server SIGKILLed and started again, SIGSTOPped for 10 s and for 30 s (past three of the 8 s request timeouts),
+PostgreSQL restarted, and the server gone for good. A short outage is ridden out with every metric kept; a long one
+stops the stage with the message, no outputs, and the next stage marks the run it left FAILED. Then two students'
+machines, compared by the instructor's machines report read from the server. Minutes of waiting: `make test-stress`."""
 
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def fault(server: ClassServer, kind: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "kind", ["server killed and restarted", "server stopped 10s", "server stopped 60s", "postgresql restarted"]
+    "kind", ["server killed and restarted", "server stopped 10s", "server stopped 30s", "postgresql restarted"]
 )
 def test_a_short_outage_is_ridden_out_and_no_metric_is_lost(
     server: ClassServer, downloaded: Path, tmp_path: Path, mnist_mirror: Path, kind: str
@@ -174,7 +174,9 @@ def test_a_long_outage_stops_the_stage_cleanly_and_the_next_run_succeeds(
     assert training.returncode == EXIT_USER_ERROR, stderr[-3000:]
     assert f"MLflow tracking store {server.url} failed during the stage" in stderr and "Traceback" not in stderr
     assert "No outputs were written" in stderr and not (project / "models" / "model.pt").exists()
-    assert 30 < gave_up_s < 240, gave_up_s  # rode out the retries, then stopped: no hang
+    # Rode out the default retries once (sleeps of 62 s, test_contracts.py), then stopped: the cleanup's calls got
+    # one try each (tracker.ONE_TRY); before that it waited the budget again per call, three minutes in all.
+    assert 60 < gave_up_s < 100, gave_up_s
     assert server.command("start").returncode == 0
     again = run_command([sys.executable, "-m", "stages.train"], project, environment, STAGE_LIMIT_S)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -237,7 +239,10 @@ def test_a_full_artifact_folder_stops_the_stage_with_the_reason_and_writes_nothi
     try:
         project = tmp_path / "project"
         shutil.copytree(downloaded, project, symlinks=True)
-        environment = student_environment(server, mnist_mirror)
+        # The upload fails with HTTP 500 on every try, so the default budget would only add a minute of waiting
+        # (the long outage test waits it out): one retry here.
+        retry_once = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+        environment = student_environment(server, mnist_mirror) | retry_once
         before = {run["info"]["run_id"] for run in train_runs(server)}
         outputs = ["models/model.pt", "metrics/train.json", "metrics/train_speed.json", "plots/train_steps.csv"]
         before_bytes = {name: (project / name).read_bytes() if (project / name).exists() else None for name in outputs}

@@ -396,3 +396,30 @@ def test_import_rules_fail_when_broken(tmp_path: Path, module: str, line: str, c
     broken = subprocess.run(lint, cwd=tmp_path, capture_output=True, text=True, check=False, timeout=300)
     assert broken.returncode == 1, broken.stdout + broken.stderr
     assert f"{contract} BROKEN" in broken.stdout
+
+
+def test_the_default_retry_budget_rides_out_a_minute_as_the_readme_says() -> None:
+    """The retry budget a stage gives the tracking server (store.HTTP_CLIENT_DEFAULTS), computed with the retry
+    object MLflow's own HTTP session builds from it: the sleeps the README states, and at least a minute of outage
+    ridden out. The stress suite's outage tests run with a smaller budget to save minutes; this is their link to
+    the real one."""
+    import urllib3
+    from mlflow.utils.request_utils import _get_request_session
+
+    from pipeline.tracking.store import HTTP_CLIENT_DEFAULTS
+
+    retries = int(HTTP_CLIENT_DEFAULTS["MLFLOW_HTTP_REQUEST_MAX_RETRIES"])
+    factor = float(HTTP_CLIENT_DEFAULTS["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"])
+    session = _get_request_session(retries, factor, 0.0, (500, 502, 503, 504), True, True)
+    retry = session.get_adapter("http://127.0.0.1/").max_retries
+    sleeps = []
+    for _ in range(retries):
+        retry = retry.increment(method="POST", url="/", error=urllib3.exceptions.ConnectTimeoutError())
+        sleeps.append(retry.get_backoff_time())
+    with pytest.raises(urllib3.exceptions.MaxRetryError):
+        retry.increment(method="POST", url="/", error=urllib3.exceptions.ConnectTimeoutError())
+    assert sleeps == [0, 2, 4, 8, 16, 32]
+    assert sum(sleeps) >= 60  # a refused connection costs nothing: the sleeps alone ride out a minute
+    readme = " ".join((REPO_ROOT / "README.md").read_text().split())
+    timeout = HTTP_CLIENT_DEFAULTS["MLFLOW_HTTP_REQUEST_TIMEOUT"]
+    assert f"each request waits {timeout} s and is retried {retries} times, after 0, 2, 4, 8, 16 and 32 s" in readme

@@ -160,8 +160,9 @@ def _run_id_line(stdout: IO[str]) -> str:
     pytest.fail("the probe ended before its run started")
 
 
-def _probe(uri: str, cwd: Path) -> subprocess.Popen[str]:
-    """PROBE against `uri`; a 3 s HTTP timeout and no retry, so a stalled server fails it in seconds."""
+def _probe(uri: str, cwd: Path, retries: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """PROBE against `uri`; a 3 s HTTP timeout and no retry (unless `retries` says otherwise), so a stalled server
+    fails it in seconds."""
     environment = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")}
     environment.update(
         {
@@ -169,6 +170,7 @@ def _probe(uri: str, cwd: Path) -> subprocess.Popen[str]:
             "MLFLOW_HTTP_REQUEST_TIMEOUT": "3",
             "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
             "PYTHONPATH": str(REPO_ROOT),
+            **(retries or {}),
         }
     )
     pipe = subprocess.PIPE
@@ -203,6 +205,28 @@ def test_server_failing_mid_stage_is_reported_and_its_run_marked_failed_later(
     assert again.returncode == 0, stderr[-3000:]
     assert client.get_run(run_id).info.status == "FAILED"
     assert "ended without closing the run" in client.get_run(run_id).data.tags["pipeline.ended_by"]
+
+
+def test_a_store_that_spent_its_retries_is_tried_once_per_cleanup_call(mlflow_server: str, tmp_path: Path) -> None:
+    """3 retries with backoff 1 s and no jitter: a call to a dead server fails after sleeping 0 + 2 + 4 s. The
+    stage's last flush spends that once; its cleanup (flush what is left, end the run and the parent) then gets one
+    try per call (tracker.ONE_TRY). Without that, each cleanup call waited the budget again: with the defaults,
+    a minute each, so a student waited three minutes for the message (seen in the class-server stress test)."""
+    proxy = _Proxy(mlflow_server)
+    budget = {
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
+    }
+    process = _probe(proxy.uri, tmp_path, retries=budget)
+    assert process.stdout is not None
+    run_id = _run_id_line(process.stdout)
+    proxy.down()
+    started = time.monotonic()
+    _, stderr = process.communicate("\n", timeout=120)
+    gave_up_s = time.monotonic() - started
+    assert process.returncode == 2 and f"Its MLflow run {run_id} could not be ended" in stderr, stderr[-3000:]
+    assert 6.0 <= gave_up_s < 11.0, gave_up_s  # the budget once (6 s), not again per cleanup call (12 s more)
 
 
 def test_password_in_tracking_uri_is_sent_as_basic_auth_and_never_shown(mlflow_server: str, tmp_path: Path) -> None:

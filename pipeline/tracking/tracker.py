@@ -391,15 +391,18 @@ def open_tracker(
     )
     status = "FAILED"
     failure: PipelineError | None = None
+    # Set where the cleanup below must not wait out the store's whole retry budget again (one_try_each).
+    hurry = False
     try:
         with flushed_before_commit(tracker.before_commit):  # logged before the outputs move (pipeline.common.outputs)
             yield tracker
         tracker.flush()
         status = "FINISHED"
     except KeyboardInterrupt:
-        status = "KILLED"
+        status, hurry = "KILLED", True
         raise
     except mlflow.exceptions.MlflowException as error:  # the store died, stalled or refused mid-stage
+        hurry = True
         failure = PipelineError(
             redact(
                 f"MLflow tracking store {uri} failed during the stage: {_first_line(error)}. No outputs were "
@@ -408,20 +411,51 @@ def open_tracker(
         )
         raise failure from None
     finally:
-        if tracker._pending or tracker._operations:  # interrupted or failed: keep what the store still takes
-            with contextlib.suppress(mlflow.exceptions.MlflowException, OSError):
-                tracker.flush()
-        # Closing writes what the event file still buffers: on a full disk that fails, and the stage fails with it,
-        # so its run must not end FINISHED, and must end all the same (not stay RUNNING behind the error).
-        unwritten: OSError | None = None
-        try:
-            tracker.close()
-        except OSError as error:
-            if status == "FINISHED":  # the work was done: this is the stage's error (else the first one stands)
-                unwritten, status = error, "FAILED"
-        _end_run(tracker, uri, run_name, status, failure)
-        if unwritten is not None:
-            raise unwritten
+        cleanup = one_try_each() if hurry else contextlib.nullcontext()
+        with cleanup:
+            _clean_up(tracker, uri, run_name, status, failure)
+
+
+# The store's whole retry budget (store.HTTP_CLIENT_DEFAULTS: about a minute) is for riding out an outage while the
+# stage works. Once a call has spent it, or the user stopped the stage, each cleanup call gets one try with a short
+# timeout: a dead server would otherwise cost the budget again per call (flush, end the run, the parent), minutes
+# before the stage exits. A run it cannot end stays RUNNING until the next stage on this machine marks it FAILED.
+ONE_TRY = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+
+
+@contextlib.contextmanager
+def one_try_each() -> Iterator[None]:
+    """MLflow's HTTP calls inside get one try each (it reads these variables on every request)."""
+    saved = {name: os.environ.get(name) for name in ONE_TRY}
+    os.environ.update(ONE_TRY)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _clean_up(tracker: Tracker, uri: str, run_name: str, status: str, failure: PipelineError | None) -> None:
+    """What `stage_run` does however the stage ended: what the store still takes, the event file, the run's end."""
+    import mlflow  # lazy: `import mlflow` ≈ 2 s
+
+    if tracker._pending or tracker._operations:  # interrupted or failed: keep what the store still takes
+        with contextlib.suppress(mlflow.exceptions.MlflowException, OSError):
+            tracker.flush()
+    # Closing writes what the event file still buffers: on a full disk that fails, and the stage fails with it,
+    # so its run must not end FINISHED, and must end all the same (not stay RUNNING behind the error).
+    unwritten: OSError | None = None
+    try:
+        tracker.close()
+    except OSError as error:
+        if status == "FINISHED":  # the work was done: this is the stage's error (else the first one stands)
+            unwritten, status = error, "FAILED"
+    _end_run(tracker, uri, run_name, status, failure)
+    if unwritten is not None:
+        raise unwritten
 
 
 def _start_run(
