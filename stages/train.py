@@ -53,12 +53,14 @@ def main() -> None:
                 hardware_description(device),
                 data_digest,
             )
-            log_training_inputs(manifest, DATA_ROOT, {"train": len(train), "test": len(test)})
+            datasets = log_training_inputs(manifest, DATA_ROOT, {"train": len(train), "test": len(test)})
             pause_at("setup-logged")
-            result = train_model(config, train, test, device, runtime.precision, tracker, execution=execution)
+            result = train_model(
+                config, train, test, device, runtime.precision, tracker, execution=execution, log_final_test=False
+            )
             pause_at("trained")
             log_training_result(tracker, result, train_params, runtime_record)
-            model_uri = log_model(tracker, result.model, result.optimizer_steps)
+            model_uri = log_model(tracker, result, datasets["test"])
             pause_at("model-logged")
             metrics = write_training_outputs(outputs, tracker, result, train_params, data_digest, runtime_record)
             pause_at("outputs-staged")

@@ -46,7 +46,7 @@ from pipeline.training.execution import (
     measure_step_ms,
     resolve_execution,
 )
-from pipeline.training.loop import TrainingResult, evaluate, train_model
+from pipeline.training.loop import EpochRecord, TrainingResult, evaluate, train_model
 from pipeline.training.runtime import pin_runtime, select_precision
 from tests.helpers.data import LAB_MODEL
 from tests.helpers.records import make_record
@@ -173,9 +173,10 @@ def test_logged_model_loads_and_predicts_on_this_machine(tmp_path: Path, monkeyp
         TrackingConfig(experiment="log-model", tensorboard_dir="runs", registered_model="lab-model"),
         root=tmp_path,
     ) as tracker:
-        tracker.log_metrics({"accuracy": 0.5}, step=3, prefix="test/")
+        tracker.log_metrics({"loss": 0.25}, step=3, prefix="train/")
         tracker.set_tags({"model.digest": "abc123", "data.digest": "d1g35t"})
-        model_uri = log_model(tracker, model, step=3)
+        result = TrainingResult(model, epochs=[EpochRecord(1, 1.0, 0.25, 0.9, 0.75, 0.5)], optimizer_steps=3)
+        model_uri = log_model(tracker, result, ("mnist-test", "0123abcd"))
         assert not MlflowClient().search_model_versions("name = 'lab-model'")  # logged, not yet registered
         description, tags = version_facts(
             {"test_accuracy": 0.98765, "test_loss": 0.04321, "epochs": 2},
@@ -190,8 +191,14 @@ def test_logged_model_loads_and_predicts_on_this_machine(tmp_path: Path, monkeyp
     assert run.data.tags["model.serving_device"] == str(serving_device())
     (logged,) = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")
     assert logged.model_id == run.data.tags["model.id"] and str(logged.status) == "READY"
-    # The run's metrics at the model's step are linked to it (MLflow shows them on the model's page).
-    assert [(m.key, m.value, m.step) for m in logged.metrics] == [("test/accuracy", 0.5, 3)]
+    # The run's metrics at the model's step are linked to it (MLflow shows them on the model's page), the final
+    # test metrics (logged with the model) on their dataset's row.
+    linked = sorted((m.key, m.value, m.step, m.dataset_name, m.dataset_digest) for m in logged.metrics)
+    assert linked == [
+        ("test/accuracy", 0.5, 3, "mnist-test", "0123abcd"),
+        ("test/loss", 0.75, 3, "mnist-test", "0123abcd"),
+        ("train/loss", 0.25, 3, None, None),
+    ]
     model_id = logged.model_id
     # Registered: a version of the named model per logged model, pointing back at this run and model.
     (registered,) = MlflowClient().search_model_versions("name = 'lab-model'")

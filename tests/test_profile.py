@@ -432,6 +432,17 @@ def test_tensorboard_hparams_compares_the_train_settings_and_every_combination_i
             if len(groups) == 1 + len(COMBINATIONS) or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
+        # Custom Scalars overlays each train run's train and test curves (issue 25: no chart showed both).
+        with urllib.request.urlopen(f"{url}/data/plugin/custom_scalars/layout", timeout=30) as response:
+            layout = json.loads(response.read())
+        with urllib.request.urlopen(f"{url}/data/plugin/scalars/tags", timeout=30) as response:
+            scalar_tags = json.loads(response.read())
+    (category,) = layout["category"]
+    charts = {chart["title"]: chart["multiline"]["tag"] for chart in category["chart"]}
+    (loss,) = [tags for title, tags in charts.items() if title.startswith("loss")]
+    (train_run,) = [run for run in scalar_tags if run.startswith("train/")]
+    overlaid = [tag for tag in scalar_tags[train_run] if any(re.search(pattern, tag) for pattern in loss)]
+    assert sorted(overlaid) == ["test/loss", "train/loss"], (charts, scalar_tags[train_run])
     # TensorBoard lists those marked `differs` first (and shows the first five): what a lab's experiments vary.
     assert [info["name"] for info in experiment["hparamInfos"]] == sorted(columns, key=lambda n: (n not in SHOWN, n))
     assert [info["name"]["tag"] for info in experiment["metricInfos"]] == list(results)

@@ -109,6 +109,15 @@ def test_train_run_in_mlflow_has_params_curves_model_and_data_digest(trained: Pa
     linked = {metric.key: metric for metric in logged.metrics}
     assert {"test/accuracy", "test/loss", "train/epoch_loss", "train/loss"} <= set(linked)
     assert linked["test/accuracy"].value == run.data.metrics["test/accuracy"] and linked["test/accuracy"].step == 100
+    # ... the test metrics on the row of the dataset they were measured on, as the run logged it (issue 25): one
+    # value each, not also a copy without the dataset.
+    assert [metric.key for metric in logged.metrics].count("test/accuracy") == 1
+    test_dataset = ("mnist-test", inputs["mnist-test"].dataset.digest)
+    for key in ("test/accuracy", "test/loss"):
+        assert (linked[key].dataset_name, linked[key].dataset_digest) == test_dataset
+    # The run's own curve has the final point once (logged with the model, not before it as well).
+    history = client.get_metric_history(run.info.run_id, "test/accuracy")
+    assert [point.step for point in history] == [100] and history[0].value == linked["test/accuracy"].value
     # A registered model version per training run, named by `tracking.registered_model`.
     (version,) = client.search_model_versions("name = 'mnist-labnet'")
     assert version.run_id == run.info.run_id and version.source == f"models:/{logged.model_id}"

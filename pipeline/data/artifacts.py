@@ -86,10 +86,15 @@ def split_dataset(
     )
 
 
-def log_training_inputs(manifest: Mapping[str, Any], root: Path, samples: Mapping[str, int]) -> None:
+def log_training_inputs(
+    manifest: Mapping[str, Any], root: Path, samples: Mapping[str, int]
+) -> dict[str, tuple[str, str]]:
     """The splits the train stage read (from the workspace copy `root`, as the data manifest describes them)
-    as inputs of its run, each tagged with the number of samples used."""
+    as inputs of its run, each tagged with the number of samples used; returns each split's (name, digest) as
+    MLflow knows it, for metrics that describe that split (Tracker.log_metrics(dataset=...))."""
     import mlflow  # lazy: `import mlflow` ≈ 2 s
+
+    logged: dict[str, tuple[str, str]] = {}
 
     files: Mapping[str, Mapping[str, Any]] = manifest["files"]
     for split, prefix in SPLIT_PREFIX.items():
@@ -98,6 +103,8 @@ def log_training_inputs(manifest: Mapping[str, Any], root: Path, samples: Mappin
         source = str((root / DATASET_DIR / RAW_DIR / names[0]).resolve())
         dataset = split_dataset(split, file_digests, source, (IMAGE_HEIGHT, IMAGE_WIDTH))  # type: ignore[arg-type]
         mlflow.log_input(dataset, context=SPLIT_CONTEXT[split], tags={"samples": str(samples[split])})
+        logged[split] = (dataset.name, dataset.digest)
+    return logged
 
 
 def _dataset_source(location: str) -> DatasetSource:

@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 
 from pipeline.params.schema import RESOLVED_TRAIN_KEYS, TrainConfig
-from pipeline.tracking.tensorboard_events import EventWriter, hparams_experiment
+from pipeline.tracking.tensorboard_events import EventWriter, hparams_experiment, scalars_layout
 
 FOLDER = "hparams"  # under the TensorBoard directory: a run of its own holding only the experiment summary
 TRAIN_RESULTS = ("hparam/test_accuracy", "hparam/test_loss", "hparam/images_per_second")
@@ -60,19 +60,28 @@ def columns() -> tuple[dict[str, type], tuple[str, ...]]:
     return {**train_columns(), **PROFILE_COMBINATION}, TRAIN_RESULTS + PROFILE_RESULTS
 
 
+# Custom Scalars: train and test curves of each train run on one set of axes (both on the optimizer-step axis).
+OVERLAYS = {
+    "loss: train (per logged window) and test (per epoch)": (r"^train/loss$", r"^test/loss$"),
+    "accuracy: train (per logged window) and test (per epoch)": (r"^train/accuracy$", r"^test/accuracy$"),
+}
+
+
 def write_experiment(tensorboard_dir: Path) -> None:
-    """The experiment summary in `<tensorboard_dir>/hparams/`, written once: a file named by the digest of its
-    content stays as long as the columns do; a file of other columns (older code) is replaced."""
+    """The experiment summary and the Custom Scalars layout (OVERLAYS) in `<tensorboard_dir>/hparams/`, written
+    once: a file named by the digest of its content stays as long as they do; a file of other content (older code)
+    is replaced."""
     hparams, metrics = columns()
-    summary = hparams_experiment(hparams, metrics, SHOWN)
-    digest = hashlib.sha256(summary.SerializeToString()).hexdigest()[:12]
+    summaries = [hparams_experiment(hparams, metrics, SHOWN), scalars_layout("training", OVERLAYS)]
+    digest = hashlib.sha256(b"".join(summary.SerializeToString() for summary in summaries)).hexdigest()[:12]
     folder = tensorboard_dir / FOLDER
     existing = list(folder.glob("events.out.tfevents.*")) if folder.is_dir() else []
     if any(path.name.endswith(f".hparams-{digest}") for path in existing):
         return
     writer = EventWriter(folder, suffix=f"hparams-{digest}")
     try:
-        writer.add_summary(summary)
+        for summary in summaries:
+            writer.add_summary(summary)
     finally:
         writer.close()
     for path in existing:

@@ -27,6 +27,8 @@ from tensorboard.compat.proto.event_pb2 import Event, TaggedRunMetadata
 from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+from tensorboard.plugins.custom_scalar import layout_pb2
+from tensorboard.plugins.custom_scalar import metadata as custom_scalar_metadata
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.plugins.hparams.api_pb2 import (
     DATA_TYPE_BOOL,
@@ -159,6 +161,27 @@ def hparams_experiment(hparams: Mapping[str, type], metrics: Sequence[str], show
         metric_infos=[MetricInfo(name=MetricName(tag=tag)) for tag in metrics],
     )
     return _hparams_summary(hparams_metadata.EXPERIMENT_TAG, HParamsPluginData(experiment=experiment))
+
+
+def scalars_layout(category: str, charts: Mapping[str, Sequence[str]]) -> Summary:
+    """TensorBoard's Custom Scalars tab: in `category`, one chart per title that draws the scalars whose tags match
+    its regular expressions, of every run, on one set of axes (the Scalars tab draws each tag on a card of its own,
+    so a train curve and its test curve are never overlaid there). What tf.summary's custom_scalar `pb` writes,
+    without TensorFlow."""
+    layout = layout_pb2.Layout(
+        category=[
+            layout_pb2.Category(
+                title=category,
+                chart=[
+                    layout_pb2.Chart(title=title, multiline=layout_pb2.MultilineChartContent(tag=list(tags)))
+                    for title, tags in charts.items()
+                ],
+            )
+        ]
+    )
+    tensor = TensorProto(dtype="DT_STRING", string_val=[layout.SerializeToString()], tensor_shape=TensorShapeProto())
+    tag, metadata = custom_scalar_metadata.CONFIG_SUMMARY_TAG, custom_scalar_metadata.create_summary_metadata()
+    return Summary(value=[Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -126,14 +126,24 @@ class Tracker:
 
         self.client.log_batch(self.run_id, tags=[RunTag(key, str(value)) for key, value in tags.items()])
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int = 0, prefix: str = "") -> None:
+    def log_metrics(
+        self,
+        metrics: Mapping[str, float],
+        step: int = 0,
+        prefix: str = "",
+        model_id: str | None = None,
+        dataset: tuple[str, str] | None = None,
+    ) -> None:
         """One batched MLflow call (~0.1 ms a metric) plus TensorBoard scalars, all at `step`.
 
         `prefix` (`profile/`, `train/`, ...) groups a stage's metrics: MLflow's charts and TensorBoard's
-        scalars are sectioned by the part before the first `/`.
+        scalars are sectioned by the part before the first `/`. With `model_id` (a logged model of this run) and
+        `dataset` (the (name, digest) of a dataset logged as this run's input), MLflow also lists the values on
+        that model's page, on the row of that dataset (MLflow 3's model metrics).
         """
         timestamp = int(time.time() * 1000)
-        self._write([(prefix + key, float(value), timestamp, step) for key, value in metrics.items()], wait=True)
+        entries = [(prefix + key, float(value), timestamp, step) for key, value in metrics.items()]
+        self._write(entries, wait=True, model_id=model_id, dataset=dataset)
 
     def log_summary(self, metrics: Mapping[str, float], prefix: str) -> None:
         """Numbers that describe the run as a whole, one value each: MLflow metrics (Compare lines runs up by
@@ -162,15 +172,27 @@ class Tracker:
         self._write(pending, wait=wait)
         self.events.flush()  # TensorBoard shows training as it goes, a window every `flush_interval_s`
 
-    def _write(self, entries: Sequence[tuple[str, float, int, int]], wait: bool, tensorboard: bool = True) -> None:
+    def _write(
+        self,
+        entries: Sequence[tuple[str, float, int, int]],
+        wait: bool,
+        tensorboard: bool = True,
+        model_id: str | None = None,
+        dataset: tuple[str, str] | None = None,
+    ) -> None:
         """(tag, value, timestamp ms, step) entries to MLflow, in batches of its limit, and to TensorBoard (as
         scalars, unless not `tensorboard`). `wait`: the store has them on return; otherwise MLflow's async logging
-        writes them and flush() waits."""
+        writes them and flush() waits. `model_id` and `dataset`: as in `log_metrics`."""
         from mlflow.entities import Metric  # lazy: `import mlflow` ≈ 2 s
 
+        name, digest = dataset or (None, None)
         for start in range(0, len(entries), MLFLOW_BATCH_LIMIT):
             chunk = entries[start : start + MLFLOW_BATCH_LIMIT]
-            metrics = [Metric(metric_name(key), value, timestamp, step) for key, value, timestamp, step in chunk]
+            metrics = [
+                Metric(metric_name(key), value, timestamp, step, model_id=model_id, dataset_name=name,
+                       dataset_digest=digest, run_id=self.run_id if model_id else None)
+                for key, value, timestamp, step in chunk
+            ]  # fmt: skip
             operation = self.client.log_batch(self.run_id, metrics=metrics, synchronous=wait)
             if operation is not None:
                 self._operations.append(operation)

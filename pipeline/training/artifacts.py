@@ -130,13 +130,16 @@ def log_training_result(
     )
 
 
-def log_model(tracker: Tracker, model: LabNet, step: int) -> str:
-    """Log the model in MLflow's default torch.export format, with a dynamic batch dimension, as produced at
-    optimizer step `step`; returns its model URI (`models:/m-...`) for `register_model` once the stage's outputs
-    are committed.
+def log_model(tracker: Tracker, result: TrainingResult, test_dataset: tuple[str, str]) -> str:
+    """Log the trained model in MLflow's default torch.export format, with a dynamic batch dimension, as produced
+    at its last optimizer step; returns its model URI (`models:/m-...`) for `register_model` once the stage's
+    outputs are committed.
 
-    MLflow links the run's metrics logged at `step` (the final test and train values) to the logged model,
-    so its page, and the registered version's, show the quality it was logged with.
+    MLflow links the run's metrics logged at that step (the final train values) to the logged model. The final
+    test metrics are logged only now (train_model(log_final_test=False)), with the model and `test_dataset`
+    ((name, digest) of the run's `mnist-test` input): so the model's page, and the registered version's, list
+    them on mnist-test's row. MLflow's own copy cannot carry a dataset: its SQL store keeps none in a run's
+    metric history, which is what `log_model(step=...)` copies from.
 
     An exported program keeps its weights on the device it was exported on, and MLflow's pyfunc loader
     (which also checks the input example while logging) refuses to move them: it loads on
@@ -146,6 +149,7 @@ def log_model(tracker: Tracker, model: LabNet, step: int) -> str:
     import mlflow  # lazy: `import mlflow` ≈ 2 s
 
     device = serving_device()
+    model, step = result.model, result.optimizer_steps
     cpu_model = LabNet.from_description(model.describe())
     cpu_model.load_state_dict({name: tensor.cpu() for name, tensor in model.state_dict().items()})
     cpu_model.eval()
@@ -158,6 +162,14 @@ def log_model(tracker: Tracker, model: LabNet, step: int) -> str:
         input_example=example,
         # Pinned here: inferring requirements would import the model in a subprocess (slow).
         pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}"],
+    )
+    final = result.epochs[-1]
+    tracker.log_metrics(
+        {"loss": final.test_loss, "accuracy": final.test_accuracy},
+        step=step,
+        prefix="test/",
+        model_id=info.model_id,
+        dataset=test_dataset,
     )
     tracker.set_tags({MODEL_DEVICE_TAG: str(device), MODEL_ID_TAG: info.model_id})
     return str(info.model_uri)

@@ -75,8 +75,11 @@ def train_model(
     tracker: Tracker | None = None,
     progress: bool = True,
     execution: str = "eager",
+    log_final_test: bool = True,
 ) -> TrainingResult:
-    """Train from a freshly seeded model; log per-step and per-epoch metrics to `tracker` if given.
+    """Train from a freshly seeded model; log per-step and per-epoch metrics to `tracker` if given. With
+    `log_final_test` False the last epoch's test metrics are left to the caller (`result.epochs[-1]`): the train
+    stage logs them with the model and the test dataset they describe (training.artifacts.log_model).
 
     The caller seeds the generators first (runtime.pin_runtime); the shuffling generator below is
     seeded from `config.seed` as well, so the order of batches never depends on anything else.
@@ -128,7 +131,8 @@ def train_model(
                 step=step_reached,
                 prefix="train/",
             )
-            tracker.log_metrics({"loss": test_loss, "accuracy": test_accuracy}, step=step_reached, prefix="test/")
+            if log_final_test or epoch < config.epochs:
+                tracker.log_metrics({"loss": test_loss, "accuracy": test_accuracy}, step=step_reached, prefix="test/")
     if tracker is not None:
         tracker.flush()  # the step metrics in the store before training returns (a logged model links the latest)
     return result
