@@ -25,10 +25,9 @@ repro: install
 test: install
 	python -m pytest
 
-# Everything but the `slow` (and browser) tests (real dvc CLI, real training), on two workers: these run in process
-# and use the CPU throughout, so a third worker would only add its start-up.
+# Everything but the `slow` (and browser) tests (real dvc CLI, real training), on two workers.
 test-fast: install
-	python -m pytest -m "not slow and not browser" -n 2
+	python -m pytest -m "not slow and not browser"
 
 # SIGINT and SIGTERM at ten moments of a training stage, alone, through `dvc repro` and `dvc queue kill`, and the
 # class server's outages: three modules, one per worker. They mostly wait (on celery, on retries, on a stopped

@@ -423,3 +423,30 @@ def test_the_default_retry_budget_rides_out_a_minute_as_the_readme_says() -> Non
     readme = " ".join((REPO_ROOT / "README.md").read_text().split())
     timeout = HTTP_CLIENT_DEFAULTS["MLFLOW_HTTP_REQUEST_TIMEOUT"]
     assert f"each request waits {timeout} s and is retried {retries} times, after 0, 2, 4, 8, 16 and 32 s" in readme
+
+
+@pytest.mark.parametrize(
+    ("cause", "how"),
+    [
+        ("ResponseError('too many 500 error responses')", "HTTP 500"),
+        (
+            "ProtocolError('Connection aborted.', RemoteDisconnected('Remote end closed connection without response'))",
+            "the connection closed during the upload",
+        ),
+    ],
+)
+def test_a_failed_artifact_upload_names_the_servers_storage_however_the_client_saw_it(cause: str, how: str) -> None:
+    """The two ways a client saw the class server's full artifact folder in tests/test_class_server_stress.py
+    (which of them depends on when the server gave up reading the upload); a store that is down gets the other
+    hint."""
+    from pipeline.tracking.tracker import _failure_hint
+
+    url = "/api/2.0/mlflow-artifacts/artifacts/1/0123/artifacts/model/data/model.pt2"
+    message = (
+        f"API request to http://127.0.0.1:5000{url} failed with exception HTTPConnectionPool(host='127.0.0.1', "
+        f"port=5000): Max retries exceeded with url: {url} (Caused by {cause})"
+    )
+    hint = _failure_hint(message)
+    assert hint.startswith(f"The server failed to store an artifact ({how}, on every retry)") and "full" in hint
+    down = message.replace("mlflow-artifacts/artifacts/1/0123/artifacts/model/data/model.pt2", "mlflow/runs/log-batch")
+    assert _failure_hint(down).startswith("Check that the store is up")

@@ -332,15 +332,23 @@ STAGE_DESCRIPTIONS = {
 }
 
 
+# How a client sees a server that cannot write an artifact: HTTP 500, or, when the server answers before it has read
+# the whole upload (ENOSPC part-way through), the connection closed under the request.
+_HTTP_500 = re.compile(r"(?<![\d=:])500(?!\d)")  # the status, not a port such as MLflow's default 5000
+_CONNECTION_CLOSED = ("Connection aborted", "RemoteDisconnected", "reset by peer", "Broken pipe")
+
+
 def _failure_hint(message: str) -> str:
-    """What to check after a failed store call. An artifact upload the server answered with HTTP 500 on every
-    retry is its storage failing (full, or not writable): the server's log names the error, the client only
-    sees the status."""
-    if "mlflow-artifacts" in message and "500" in message:
+    """What to check after a failed store call. An artifact upload that failed on every retry (HTTP 500, or the
+    connection closed mid-upload) is most likely the server's storage failing (full, or not writable): the server's
+    log names the error, the client only sees the status or the closed connection."""
+    refused = _HTTP_500.search(message) is not None
+    if "mlflow-artifacts" in message and (refused or any(sign in message for sign in _CONNECTION_CLOSED)):
+        how = "HTTP 500" if refused else "the connection closed during the upload"
         return (
-            "The server failed to store an artifact (HTTP 500 on every retry): its artifact storage is full or "
-            "not writable, and the server's log says which (for the class server: mlflow.log in its folder). "
-            "Free the space"
+            f"The server failed to store an artifact ({how}, on every retry): its artifact storage is probably "
+            "full or not writable, and the server's log says which (for the class server: mlflow.log in its "
+            "folder). Free the space, or restart the server if it stopped"
         )
     return "Check that the store is up (and $MLFLOW_TRACKING_URI)"
 
