@@ -31,7 +31,7 @@ test-fast: install
 
 # SIGINT and SIGTERM at ten moments of a training stage, alone, through `dvc repro` and `dvc queue kill`, and the
 # class server's outages: three modules, one per worker. They mostly wait (on celery, on retries, on a stopped
-# server), so three workers on two cores take 8.4 min where two took 10 (Zen 4); each stop's 10 s limit still holds.
+# server), so three workers on two cores take 8.3-9.1 min where two took 10 (Zen 4); each stop's 10 s limit holds.
 test-stress: install
 	python -m pytest -m stress -n 3
 

@@ -229,8 +229,8 @@ def test_a_full_artifact_folder_stops_the_stage_with_the_reason_and_writes_nothi
     server: ClassServer, downloaded: Path, tmp_path: Path, mnist_mirror: Path
 ) -> None:
     """The server's artifact folder on a 256 KiB tmpfs: the model (~5 MB) does not fit. The stage must stop with
-    a message that says the server could not store it (the client sees only HTTP 500; the server's log has the
-    reason), write no output, and leave no run RUNNING."""
+    a message that says the server could not store it (the client sees only HTTP 500 or the connection closed
+    mid-upload; the server's log has the reason), write no output, and leave no run RUNNING."""
     if os.geteuid() != 0:
         pytest.skip("needs root to mount a small tmpfs over the server's artifact folder (CI runs as root)")
     artifacts = server.folder / "artifacts"
@@ -239,8 +239,8 @@ def test_a_full_artifact_folder_stops_the_stage_with_the_reason_and_writes_nothi
     try:
         project = tmp_path / "project"
         shutil.copytree(downloaded, project, symlinks=True)
-        # The upload fails with HTTP 500 on every try, so the default budget would only add a minute of waiting
-        # (the long outage test waits it out): one retry here.
+        # The upload fails on every try (HTTP 500, or the connection closed), so the default budget would only add
+        # a minute of waiting (the long outage test waits it out): one retry here.
         retry_once = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
         environment = student_environment(server, mnist_mirror) | retry_once
         before = {run["info"]["run_id"] for run in train_runs(server)}

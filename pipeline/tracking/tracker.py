@@ -189,10 +189,9 @@ class Tracker:
         for start in range(0, len(entries), MLFLOW_BATCH_LIMIT):
             chunk = entries[start : start + MLFLOW_BATCH_LIMIT]
             metrics = [
-                Metric(metric_name(key), value, timestamp, step, model_id=model_id, dataset_name=name,
-                       dataset_digest=digest, run_id=self.run_id if model_id else None)
+                Metric(metric_name(key), value, timestamp, step, model_id, dataset_name=name, dataset_digest=digest)
                 for key, value, timestamp, step in chunk
-            ]  # fmt: skip
+            ]
             operation = self.client.log_batch(self.run_id, metrics=metrics, synchronous=wait)
             if operation is not None:
                 self._operations.append(operation)
