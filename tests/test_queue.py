@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.helpers.projects import clone_project, kill_processes_in
+from tests.helpers.repo import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 LEARNING_RATES = ("0.5", "1.2")  # as many as run at once: -j 2
@@ -62,6 +64,23 @@ def test_queued_experiments_run_two_at_a_time_into_one_mlflow_store(
         for experiment_run in experiment_group["revs"]
     ]
     assert len(accuracies) == len(LEARNING_RATES) and all(accuracy > 0.9 for accuracy in accuracies)
+
+    # The README's `dvc exp show` recipes (issue 25 point 3) print whole tables in a 160-column terminal: no column
+    # squeezed to DVC's "…", and the experiment's own param and the headline metric are among the columns.
+    recipes = [
+        shlex.split(line.split("#")[0])
+        for line in (REPO_ROOT / "README.md").read_text().splitlines()
+        if line.startswith("dvc exp show ")
+    ]
+    assert len(recipes) == 2, recipes
+    for recipe in recipes:
+        table = run_in(project, *recipe, env={"COLUMNS": "160"})
+        assert table.returncode == 0, table.stderr[-2000:]
+        lines = table.stdout.splitlines()
+        assert max(map(len, lines)) <= 160 and "…" not in table.stdout, table.stdout
+        header = next(line for line in lines if "Experiment" in line)
+        assert "train.lr" in header and "test_accuracy" in header, table.stdout
+        assert all(f" {rate} " in table.stdout for rate in LEARNING_RATES), table.stdout
 
 
 def _run_queue(project: Path, run_in: Any) -> str:
