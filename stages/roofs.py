@@ -61,6 +61,12 @@ def main() -> None:
                     "triad_gb_per_s_median": device.triad_gb_per_s.median,
                     "ridge_flops_per_byte": device.ridge_flops_per_byte,
                     "speed_drift_pct": device.speed_drift.half_width_pct,
+                    **{
+                        f"matmul_gflops_per_s_{kernel.kernel.split()[0].replace('.', '_').lower()}": (
+                            kernel.gflops_per_s.best
+                        )
+                        for kernel in device.matmul_kernels
+                    },
                 },
                 prefix=f"roofs/{device.device}/",
             )
@@ -72,8 +78,14 @@ def main() -> None:
         )
     for device in measured:
         print(
-            f"{device.device}: {device.matmul_gflops_per_s.best:.1f} GFLOP/s (median "
-            f"{device.matmul_gflops_per_s.median:.1f}), {device.triad_gb_per_s.best:.1f} GB/s (median "
+            f"{device.device}: {device.matmul_gflops_per_s.best:.1f} GFLOP/s through {device.matmul_kernel} (median "
+            f"{device.matmul_gflops_per_s.median:.1f}"
+            + "".join(
+                f"; {kernel.kernel} {kernel.gflops_per_s.best:.1f}"
+                for kernel in device.matmul_kernels
+                if kernel.kernel != device.matmul_kernel
+            )
+            + f"), {device.triad_gb_per_s.best:.1f} GB/s (median "
             f"{device.triad_gb_per_s.median:.1f}); ridge at {device.ridge_flops_per_byte:.1f} FLOP/byte; speed "
             f"drift ±{device.speed_drift.half_width_pct:.1f} % -> {HARDWARE_ROOFS}"
         )

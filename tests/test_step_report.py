@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from pipeline.profiling.artifacts import step_metrics
-from pipeline.profiling.peak import DRIFT_WINDOWS, measure_roofs
+from pipeline.profiling.peak import DRIFT_WINDOWS, measure_roofs, onednn_operands
 from pipeline.profiling.record import (
     AllocatorWhatIf,
     OperatorRow,
@@ -210,13 +210,37 @@ def test_measured_cpu_roofs_are_positive_rates_with_their_methods(tmp_path: Path
     assert triad.best >= triad.median >= triad.worst > 0.1  # and streams more than 100 MB/s
     assert matmul.repeats == triad.repeats == 3 and roofs.threads == torch.get_num_threads()
     assert roofs.ridge_flops_per_byte == pytest.approx(matmul.best / triad.best)
-    assert roofs.method == f"fastest of 3 fp32 256x256 matrix products (torch.mm; {roofs.threads} CPU threads)"
+    # The roof is the faster of the two libraries torch computes an fp32 product with on a CPU, both timed.
+    assert [kernel.kernel for kernel in roofs.matmul_kernels] == ["torch.mm", "oneDNN 1x1 convolution"]
+    fastest = max(roofs.matmul_kernels, key=lambda kernel: kernel.gflops_per_s.best)
+    assert matmul == fastest.gflops_per_s and roofs.matmul_kernel == fastest.kernel
+    rates = [f"{kernel.kernel} ({kernel.gflops_per_s.best:.1f} GFLOP/s)" for kernel in roofs.matmul_kernels]
+    assert roofs.method == (
+        f"fastest of 3 fp32 256x256 matrix products through each of {rates[0]} and {rates[1]}, the faster: "
+        f"{fastest.kernel}; {roofs.threads} CPU threads"
+    )
     assert roofs.bandwidth_method.startswith("fastest of 3 STREAM triads a = b + s*c over 3 x 4 MiB fp32 arrays")
     text = write_roofs(MachineRoofs({"cpu": "test"}, (roofs,)))
     path = tmp_path / "roofs.json"
     path.write_text(text)
     assert read_roofs(path) == MachineRoofs({"cpu": "test"}, (roofs,))
     assert read_roofs(path).for_device("cuda") is None
+
+
+def test_the_onednn_roof_times_the_same_product_as_torch_mm() -> None:
+    """The 1x1 convolution the oneDNN roof times computes exactly left @ right (2 n^3 FLOPs), through
+    oneDNN's convolution, as the model's convolutions run (from 256 channels: torch takes its own slow kernel for
+    smaller ones, as for the model's conv1 at batch 1; the roofs stage's product is 2048 wide)."""
+    generator = torch.Generator().manual_seed(1)
+    left, right = torch.randn(256, 256, generator=generator), torch.randn(256, 256, generator=generator)
+    pixels, weights = onednn_operands(left, right)
+    with torch.no_grad():
+        product = torch.nn.functional.conv2d(pixels, weights)
+    torch.testing.assert_close(product[0, :, 0], left @ right, rtol=1e-4, atol=1e-3)
+    assert pixels.is_contiguous(memory_format=torch.channels_last)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler, torch.no_grad():
+        torch.nn.functional.conv2d(pixels, weights)
+    assert "aten::mkldnn_convolution" in {event.key for event in profiler.key_averages()}
 
 
 def test_step_metrics_have_the_same_names_on_every_device() -> None:

@@ -2,8 +2,12 @@
 
 A datasheet peak is a number no PyTorch program reaches (it assumes every unit busy every cycle, and
 on NVIDIA parts it is often quoted for TF32 or with sparsity); a large fp32 matrix multiply through
-the same library the model uses (oneDNN/MKL on the CPU, cuBLAS on the GPU) is what this machine can
-actually do, and it is measured with the same thread count as the profile. The memory roof is a STREAM
+the libraries the model uses is what this machine can actually do, measured with the same thread count as
+the profile. On the GPU that is cuBLAS (torch.mm). On the CPU torch has two: BLAS (MKL) behind torch.mm
+and oneDNN behind the convolutions, and the same product is timed through both (oneDNN's as a 1x1
+convolution): the roof is the faster. They differ by 2x where MKL takes its AVX2 path on an AMD CPU with
+AVX-512 (Zen 5, 2 threads: torch.mm 224 GFLOP/s, oneDNN 448), where one library alone put the model's
+convolutions at 141 % of "peak". The memory roof is a STREAM
 triad (a = b + s·c, three arrays far larger than any cache; STREAM's count: 3 × 4 bytes per element, no
 write-allocate traffic) through torch's own element-wise kernels.
 
@@ -21,8 +25,9 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
-from pipeline.profiling.roofs import DeviceRoofs, Roof, SpeedDrift
+from pipeline.profiling.roofs import DeviceRoofs, KernelRoof, Roof, SpeedDrift
 from pipeline.profiling.timing import synchronizer
 
 # Big enough to keep every core (or every SM) busy, small enough to take < 0.2 s per product:
@@ -64,12 +69,39 @@ def _tf32(device: torch.device) -> bool:
 
 
 def matmul_roof(device: torch.device, n: int, repeats: int) -> Roof:
-    """GFLOP/s of fp32 n x n @ n x n products (2 n^3 FLOPs each) on `device`."""
+    """GFLOP/s of fp32 n x n @ n x n products (2 n^3 FLOPs each) on `device` through torch.mm."""
     generator = torch.Generator().manual_seed(0)
     left = torch.randn(n, n, generator=generator).to(device)
     right = torch.randn(n, n, generator=generator).to(device)
     product = torch.empty(n, n, device=device)
     return _roof(2 * n**3 / 1e9, _timed(lambda: torch.mm(left, right, out=product), device, repeats, warmup=2))
+
+
+def onednn_operands(left: torch.Tensor, right: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`left @ right` (n x n each, n >= 256) as a 1x1 convolution, which F.conv2d sends to oneDNN on the CPU as it
+    does the model's convolutions (below 256 channels torch picks its own slow kernel): `right` as n input channels
+    over n pixels, `left` as the weights of n output channels, both channels-last (the layout oneDNN computes in,
+    so no reorder is timed). F.conv2d(pixels, weights)[0, :, 0] is the product."""
+    pixels = right.reshape(1, *right.shape[:1], 1, right.shape[1]).contiguous(memory_format=torch.channels_last)
+    weights = left.reshape(*left.shape, 1, 1).contiguous(memory_format=torch.channels_last)
+    return pixels, weights
+
+
+def onednn_matmul_roof(n: int, repeats: int) -> Roof:
+    """GFLOP/s of the same fp32 n x n @ n x n product through oneDNN on the CPU (onednn_operands), without autograd."""
+    generator = torch.Generator().manual_seed(0)
+    pixels, weights = onednn_operands(*(torch.randn(n, n, generator=generator) for _ in range(2)))
+    with torch.no_grad():
+        return _roof(2 * n**3 / 1e9, _timed(lambda: F.conv2d(pixels, weights), torch.device("cpu"), repeats, warmup=2))
+
+
+def matmul_kernels(device: torch.device, n: int, repeats: int) -> tuple[KernelRoof, ...]:
+    """The fp32 product through every library torch uses for it on `device`: torch.mm (BLAS on the CPU,
+    cuBLAS on a GPU) and, on a CPU with oneDNN, oneDNN."""
+    kernels = [KernelRoof("torch.mm", matmul_roof(device, n, repeats))]
+    if device.type == "cpu" and torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        kernels.append(KernelRoof("oneDNN 1x1 convolution", onednn_matmul_roof(n, repeats)))
+    return tuple(kernels)
 
 
 def triad_roof(device: torch.device, elements: int, repeats: int) -> Roof:
@@ -130,9 +162,13 @@ def measure_roofs(
     and its speed drift over `drift_probe_s` seconds (`progress()` after each window)."""
     n = size or MATRIX_SIZE.get(device.type, 1024)
     elements = triad_elements or TRIAD_ELEMENTS.get(device.type, 1 << 25)
+    kernels = matmul_kernels(device, n, repeats)
+    fastest = max(kernels, key=lambda kernel: kernel.gflops_per_s.best)
     return DeviceRoofs(
         device=device.type,
-        matmul_gflops_per_s=matmul_roof(device, n, repeats),
+        matmul_gflops_per_s=fastest.gflops_per_s,
+        matmul_kernel=fastest.kernel,
+        matmul_kernels=kernels,
         triad_gb_per_s=triad_roof(device, elements, repeats),
         matrix_size=n,
         triad_elements=elements,

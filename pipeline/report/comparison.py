@@ -226,7 +226,21 @@ def batch_scaling_sentence(series: Sequence[ComparisonRow], mode: str) -> str:
     rises = any(cheaper.measurable and cheaper.value < 1 for cheaper in pairs)
     if falls and rises:
         return _not_monotone_sentence(ordered)
-    return _smallest_vs_largest_sentence(ordered[0], ordered[-1], mode)
+    return _smallest_vs_largest_sentence(ordered[0], ordered[-1], mode) + _plateau(ordered)
+
+
+def _plateau(ordered: Sequence[ComparisonRow]) -> str:
+    """Where a falling series levels off: the first batch between the smallest and the largest that the data
+    cannot tell from the largest (a fall from 1 to 64 that was over by 16 reads as such, not as a steady fall)."""
+    largest = ordered[-1]
+    for row in ordered[1:-1]:
+        same = ratio(row.per_sample_interval, largest.per_sample_interval)
+        if not same.measurable and row.per_sample_ms != largest.per_sample_ms:
+            return (
+                f" It levels off from batch {row.batch_size} on: {row.per_sample_ms:.4f} ms there against "
+                f"{largest.per_sample_ms:.4f} ms at batch {largest.batch_size}, {same.describe()}."
+            )
+    return ""
 
 
 def _not_monotone_sentence(ordered: Sequence[ComparisonRow]) -> str:
