@@ -15,6 +15,12 @@ largest difference between repeats, and which condition of issue 21 the row meet
   about a difference it cannot resolve); else
 - `MISS`: the stated intervals do not hold on a rerun.
 
+Before each timing process and after the last it also times the drift probe's workload for `--probe-s` seconds
+(in this process, never beside a worker) and prints its range per run: a step that jumps while the probe stays
+put moved on its own (on a Zen 5 VM, two-thread steps jumped 40 % between processes while the probe stayed
+within ±5 %, README "Timing you can trust"); one that moves with the probe followed the machine. `--probe-s 0`
+leaves it out.
+
 It also counts the ordered pairs (i, j) whose run j lies inside run i's interval over all rows, the calibration
 test's measure: with honest 95 % intervals about 85 % of pairs are inside (simulated: six processes, the drift
 known), and a row of 3 repeats has all six pairs inside only about 65 % of the time, so `MISS` rows are expected
@@ -27,6 +33,7 @@ Exits 0 when every row is `agree` or `inside`, 1 otherwise. Needs models/model.p
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -79,11 +86,18 @@ def machine_drift(device: str, config: ProfileConfig, fingerprint: dict[str, str
     return speed_drift(torch.device(device), config.drift_probe_s), "probed now"
 
 
+def _probe(device: torch.device, seconds: float, into: list[float], _: int = 0) -> None:
+    """The drift probe's workload for `seconds` (one window): its median ms appended to `into` (0 s: nothing)."""
+    if seconds > 0:
+        into.extend(speed_drift(device, seconds, windows=1).window_medians_ms)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--goal-pct", type=float, default=5.0, help="largest rerun difference counted as agreement")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--probe-s", type=float, default=0.3, help="drift probe before each process (0: none)")
     args = parser.parse_args()
     if not MODEL_CHECKPOINT.exists() or not (DATA_ROOT / "MNIST").exists():
         raise SystemExit(f"{MODEL_CHECKPOINT} or {DATA_ROOT / 'MNIST'} is missing: run `dvc repro train` first.")
@@ -102,6 +116,7 @@ def main() -> None:
     print(f"speed drift ±{drift.half_width_pct:.1f} % ({source}: {drift.method})", flush=True)
     runs: dict[tuple[int, str], list[StepEstimate]] = {combination: [] for combination in combinations}
     busy: dict[tuple[int, str], bool] = {}
+    all_probes: list[float] = []
     for repeat in range(args.repeats):
         for batch, mode in combinations:
             spec = WorkerSpec(
@@ -115,18 +130,23 @@ def main() -> None:
                 ci_target_pct=config.ci_target_pct,
                 budget_s=config.time_budget_s,
             )
+            probes: list[float] = []
+            probe = functools.partial(_probe, torch.device(args.device), args.probe_s, probes)
             try:
-                timing = time_in_processes(spec, config.processes)
+                probe()
+                timing = time_in_processes(spec, config.processes, progress=probe)
             except PipelineError as error:
                 raise SystemExit(f"{batch}-{args.device}-{mode}: {error}") from None
             estimate, conditions = with_drift(timing.estimate, drift.half_width_pct), timing.conditions
             runs[(batch, mode)].append(estimate)
+            all_probes.extend(probes)
             busy[(batch, mode)] = busy.get((batch, mode), False) or conditions.busy
             print(
                 f"  run {repeat + 1} {batch}-{args.device}-{mode}: {estimate.median_ms:.3f} ms "
                 f"[{estimate.ci_low_ms:.3f}, {estimate.ci_high_ms:.3f}] ±{estimate.ci_half_width_pct:.1f} % from "
                 f"{estimate.processes} processes ({', '.join(f'{ms:.3f}' for ms in timing.process_medians_ms)}), "
                 f"load {conditions.load_average_before:.2f}->{conditions.load_average_after:.2f}"
+                f"{f'; probe {min(probes):.3f}-{max(probes):.3f} ms' if probes else ''}"
                 f"{' BUSY' if conditions.busy else ''}",
                 flush=True,
             )
@@ -156,6 +176,12 @@ def main() -> None:
         + f". Ordered pairs (i, j) with run j inside run i's interval: {inside_pairs} of {all_pairs} "
         f"({100 * inside_pairs / max(all_pairs, 1):.0f} %; honest 95 % intervals give about 85 %, and then a row of "
         "3 repeats is all inside only about 2 times in 3)"
+        + (
+            f". The probe's workload took {min(all_probes):.3f}-{max(all_probes):.3f} ms over all runs "
+            f"({100 * (max(all_probes) / min(all_probes) - 1):.0f} % apart)"
+            if all_probes
+            else ""
+        )
         + f". {time.perf_counter() - started:.0f} s; load average at end "
         + " ".join(f"{value:.2f}" for value in os.getloadavg())
         + "."

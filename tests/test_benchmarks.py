@@ -102,10 +102,14 @@ def test_profile_stability_times_each_combination_as_the_stage_does_and_says_whi
         for run in (1, 2):  # each run: its estimate, interval and the 2 processes' medians
             line = rf"^  run {run} {name}: [\d.]+ ms \[[\d.]+, [\d.]+\] ±[\d.]+ % from 2 processes \([\d.]+, [\d.]+\)"
             assert len(re.findall(line, result.stdout, re.M)) == 1, result.stdout
+            # The drift probe's workload timed between the processes: a range of positive times.
+            probe = re.search(rf"^  run {run} {name}: .*; probe ([\d.]+)-([\d.]+) ms", result.stdout, re.M)
+            assert probe and 0 < float(probe[1]) <= float(probe[2]), result.stdout
         assert re.search(
             rf"^\| {name} \| [\d.]+ \(±[\d.]+\) \| [\d.]+ \(±[\d.]+\) \| [\d.]+ \| agree \|", result.stdout, re.M
         )
     assert "2 of 2 combinations agree within 1000 %, 0 more fall inside each other's intervals, 0 miss" in result.stdout
+    assert re.search(r"The probe's workload took [\d.]+-[\d.]+ ms over all runs \(\d+ % apart\)", result.stdout)
     assert re.search(r"^speed drift ±[\d.]+ % \((from hardware/roofs.json|probed now): ", result.stdout, re.M)
     pairs = re.search(r"Ordered pairs \(i, j\) with run j inside run i's interval: (\d+) of 4 \(", result.stdout)
     assert pairs and 0 <= int(pairs[1]) <= 4, result.stdout[-2000:]
