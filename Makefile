@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 # Stages run as `python -m stages.X`: put the venv first so DVC finds its python.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install repro test test-fast test-stress test-browser check requirements
+.PHONY: install repro test test-fast test-stress test-stress-sample test-browser check requirements
 
 install: $(INSTALLED)
 
@@ -34,6 +34,14 @@ test-fast: install
 # server), so three workers on two cores take 8.3-9.1 min where two took 10 (Zen 4); each stop's 10 s limit holds.
 test-stress: install
 	python -m pytest -m stress -n 3
+
+# CI's share of test-stress (.ci/run): the stage-alone, `dvc repro` and `dvc queue kill` paths, both signals, at one
+# of the ten moments: MOMENT=<name> (tests/helpers/stress.py), else the one this commit's hash picks, so that
+# consecutive commits cover all ten. About 1.5 min where test-stress takes 7-9; not the class server's outages.
+test-stress-sample: install
+	LAB_STRESS_MOMENTS="$${MOMENT:-$$(python -c 'import subprocess; from tests.helpers.stress import moment_for; \
+	print(moment_for(subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout))')}" \
+	python -m pytest -m stress -n 2 tests/test_signal_stress.py tests/test_signal_stress_queue.py
 
 # MLflow's web UI rendered in headless Chromium (Debian package `chromium`): not part of `make test`.
 test-browser: install

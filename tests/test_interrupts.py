@@ -120,3 +120,18 @@ def test_the_stress_summary_gives_each_path_its_stops_median_and_range() -> None
         "test_the_stage_alone_stops: 4 stops, gone 1.75 s after the signal (median; 0.50-3.00 s, limit 10 s)",
     ]
     assert exit_summary([report("tests/test_x.py::test_y")]) == []
+
+
+def test_ci_stops_at_one_moment_per_commit_and_consecutive_commits_cover_all_ten() -> None:
+    """`make test-stress-sample` (.ci/run): $LAB_STRESS_MOMENTS narrows the stress tests to the moments it names,
+    and the moment CI picks from the commit's hash walks through all ten as the hash's first 8 digits do."""
+    import pytest
+
+    from tests.helpers.stress import ALL_MOMENTS, chosen_moments, moment_for
+
+    assert len(ALL_MOMENTS) == 10 and chosen_moments("") == chosen_moments("  ") == ALL_MOMENTS
+    assert chosen_moments("training, commit") == ("training", "commit")
+    with pytest.raises(pytest.UsageError, match=r"names no moment \['trainig'\]; the moments: start-up, imported"):
+        chosen_moments("training,trainig")
+    assert [moment_for(f"{value:08x}" + "0" * 32) for value in range(10)] == list(ALL_MOMENTS)
+    assert moment_for("b1e2c3d4" + "f" * 32) == ALL_MOMENTS[0xB1E2C3D4 % 10]

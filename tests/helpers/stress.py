@@ -3,6 +3,7 @@ pauses at, the project they stop it in, and the checks that a stop left nothing 
 
 from __future__ import annotations
 
+import os
 import signal
 import statistics
 import subprocess
@@ -18,7 +19,7 @@ from tests.helpers.projects import processes_in, read_params, reproduced_copy, w
 
 # In the order a run of the train stage reaches them (stages/__init__.py, stage_runner.py, stages/train.py,
 # pipeline/training/loop.py, pipeline/common/outputs.py).
-MOMENTS = (
+ALL_MOMENTS = (
     "start-up",
     "imported",
     "loaded",
@@ -30,7 +31,27 @@ MOMENTS = (
     "outputs-staged",
     "commit",
 )
-WITH_RUN = set(MOMENTS[MOMENTS.index("run-started") :])
+WITH_RUN = set(ALL_MOMENTS[ALL_MOMENTS.index("run-started") :])
+
+
+def chosen_moments(value: str) -> tuple[str, ...]:
+    """The moments the stress tests stop at: all of them, or those $LAB_STRESS_MOMENTS lists (comma-separated;
+    CI's rotating one, `make test-stress-sample`)."""
+    if not value.strip():
+        return ALL_MOMENTS
+    chosen = tuple(name.strip() for name in value.split(",") if name.strip())
+    unknown = [name for name in chosen if name not in ALL_MOMENTS]
+    if unknown:
+        raise pytest.UsageError(f"LAB_STRESS_MOMENTS names no moment {unknown}; the moments: {', '.join(ALL_MOMENTS)}")
+    return chosen
+
+
+def moment_for(commit: str) -> str:
+    """CI's sample: one moment per commit, from its hash, so that consecutive commits cover all of them."""
+    return ALL_MOMENTS[int(commit[:8], 16) % len(ALL_MOMENTS)]
+
+
+MOMENTS = chosen_moments(os.environ.get("LAB_STRESS_MOMENTS", ""))
 EXIT_LIMIT_S = 10.0
 PAUSE_LIMIT_S = 120.0  # to reach a moment: imports, training (slow on a loaded machine)
 OUTPUTS = ("models/model.pt", "metrics/train.json", "metrics/train_speed.json", "plots/train_steps.csv")
