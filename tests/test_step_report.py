@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from pipeline.profiling.artifacts import step_metrics
-from pipeline.profiling.peak import DRIFT_WINDOWS, measure_roofs, onednn_operands
+from pipeline.profiling.peak import DRIFT_WINDOWS, measure_roofs, onednn_operands, onednn_product
 from pipeline.profiling.record import (
     AllocatorWhatIf,
     OperatorRow,
@@ -228,19 +228,23 @@ def test_measured_cpu_roofs_are_positive_rates_with_their_methods(tmp_path: Path
 
 
 def test_the_onednn_roof_times_the_same_product_as_torch_mm() -> None:
-    """The 1x1 convolution the oneDNN roof times computes exactly left @ right (2 n^3 FLOPs), through
-    oneDNN's convolution, as the model's convolutions run (from 256 channels: torch takes its own slow kernel for
-    smaller ones, as for the model's conv1 at batch 1; the roofs stage's product is 2048 wide)."""
+    """The 1x1 convolution the oneDNN roof times computes exactly left @ right (2 n^3 FLOPs), through oneDNN's
+    convolution as the model's convolutions run, on one thread as on two (torch takes its own kernel for fewer
+    than 256 channels, or for a batch under 16 on one thread: the roofs stage runs 2048 wide in a batch of 16)."""
     generator = torch.Generator().manual_seed(1)
     left, right = torch.randn(256, 256, generator=generator), torch.randn(256, 256, generator=generator)
     pixels, weights = onednn_operands(left, right)
-    with torch.no_grad():
-        product = torch.nn.functional.conv2d(pixels, weights)
-    torch.testing.assert_close(product[0, :, 0], left @ right, rtol=1e-4, atol=1e-3)
-    assert pixels.is_contiguous(memory_format=torch.channels_last)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler, torch.no_grad():
-        torch.nn.functional.conv2d(pixels, weights)
-    assert "aten::mkldnn_convolution" in {event.key for event in profiler.key_averages()}
+    assert pixels.shape == (16, 256, 1, 16) and pixels.is_contiguous(memory_format=torch.channels_last)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler, torch.no_grad():
+                product = onednn_product(torch.nn.functional.conv2d(pixels, weights))
+            assert "aten::mkldnn_convolution" in {event.key for event in profiler.key_averages()}, count
+            torch.testing.assert_close(product, left @ right, rtol=1e-4, atol=1e-3)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_step_metrics_have_the_same_names_on_every_device() -> None:

@@ -31,6 +31,7 @@ from pipeline.profiling.statistics import (
     median_interval,
     ratio,
     t_975,
+    two_speeds,
     with_drift,
 )
 
@@ -293,3 +294,36 @@ def test_reruns_minutes_apart_fall_inside_an_interval_that_includes_the_drift(dr
         assert covered / trials >= 0.93
     else:
         assert covered / trials < 0.6
+
+
+def test_processes_at_two_speeds_are_told_apart_from_a_spread() -> None:
+    """Measured on a Zen 5 VM (README, "Timing you can trust"): one process at 1.197 ms, five at 1.676-1.711."""
+    jumped = (1.197, 1.684, 1.711, 1.705, 1.689, 1.676)
+    assert two_speeds(jumped) == ((1.197,), (1.676, 1.684, 1.689, 1.705, 1.711))
+    # An ordinary run of the same combination, and one whose processes spread wide but evenly: no split.
+    assert two_speeds((1.191, 1.194, 1.255, 1.190, 1.216, 1.208)) is None
+    assert two_speeds((12.174, 12.343, 13.562, 13.580, 13.628, 13.745)) is None  # 9.9 % < 10 %
+    assert two_speeds((1.0, 1.12, 1.26, 1.41)) is None  # 12 % steps, each as wide as the groups: a spread
+    assert two_speeds((2.0,)) is None and two_speeds(()) is None
+
+
+def test_a_two_speed_combination_is_warned_about_with_its_groups_and_what_to_try() -> None:
+    import dataclasses
+
+    from pipeline.profiling.texts import measurement_warnings
+    from tests.helpers.records import make_record
+
+    record = dataclasses.replace(
+        make_record(16, "cpu", "inference", 1.68), process_step_times_ms=(1.197, 1.684, 1.711, 1.705, 1.689, 1.676)
+    )
+    (warning,) = [text for text in measurement_warnings(record) if text.startswith("two speeds")]
+    assert warning.startswith(
+        "two speeds: 1 timing process(es) at 1.197 ms and 5 at 1.676-1.711 ms, 40 % apart with none between; with "
+        f"{record.conditions.threads} threads on a small VM"
+    )
+    assert warning.endswith("`profile.threads: 1` timed steadily there")
+    steady = dataclasses.replace(record, process_step_times_ms=(1.191, 1.194, 1.255, 1.190, 1.216, 1.208))
+    assert not [text for text in measurement_warnings(steady) if text.startswith("two speeds")]
+    one_thread = dataclasses.replace(record, conditions=dataclasses.replace(record.conditions, threads=1))
+    (other,) = [text for text in measurement_warnings(one_thread) if text.startswith("two speeds")]
+    assert other.endswith("the machine's speed changed while timing; rerun on a quiet machine")

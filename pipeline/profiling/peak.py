@@ -77,14 +77,27 @@ def matmul_roof(device: torch.device, n: int, repeats: int) -> Roof:
     return _roof(2 * n**3 / 1e9, _timed(lambda: torch.mm(left, right, out=product), device, repeats, warmup=2))
 
 
+# torch sends a 1x1 convolution to oneDNN on one thread only from a batch of 16 (below it, its own BLAS path).
+ONEDNN_BATCH = 16
+
+
 def onednn_operands(left: torch.Tensor, right: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`left @ right` (n x n each, n >= 256) as a 1x1 convolution, which F.conv2d sends to oneDNN on the CPU as it
-    does the model's convolutions (below 256 channels torch picks its own slow kernel): `right` as n input channels
-    over n pixels, `left` as the weights of n output channels, both channels-last (the layout oneDNN computes in,
-    so no reorder is timed). F.conv2d(pixels, weights)[0, :, 0] is the product."""
-    pixels = right.reshape(1, *right.shape[:1], 1, right.shape[1]).contiguous(memory_format=torch.channels_last)
+    """`left @ right` (n x n each, n >= 256 and a multiple of 16) as a 1x1 convolution, which F.conv2d sends to
+    oneDNN on the CPU as it does the model's convolutions (with fewer channels, or below a batch of 16 on one
+    thread, torch picks its own kernel): `right`'s n columns as the pixels of ONEDNN_BATCH images of n input
+    channels, `left` as the weights of n output channels, both channels-last (the layout oneDNN computes in, so
+    no reorder is timed). onednn_product(F.conv2d(pixels, weights)) is the product."""
+    channels, columns = right.shape
+    images = right.reshape(channels, ONEDNN_BATCH, 1, columns // ONEDNN_BATCH).permute(1, 0, 2, 3)
+    pixels = images.contiguous(memory_format=torch.channels_last)
     weights = left.reshape(*left.shape, 1, 1).contiguous(memory_format=torch.channels_last)
     return pixels, weights
+
+
+def onednn_product(output: torch.Tensor) -> torch.Tensor:
+    """The n x n product from the convolution's output (the inverse of onednn_operands' layout)."""
+    images, channels, _, width = output.shape
+    return output.permute(1, 0, 2, 3).reshape(channels, images * width)
 
 
 def onednn_matmul_roof(n: int, repeats: int) -> Roof:

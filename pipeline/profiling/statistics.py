@@ -22,6 +22,7 @@ is too narrow. Re-running in a fresh process (benchmarks/profile_stability.py) c
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 import statistics
@@ -43,6 +44,27 @@ def noisy_advice(drift_pct: float, target_pct: float) -> str:
             f"±{target_pct:g} % target; only a quieter machine narrows the interval"
         )
     return NOISY_ADVICE
+
+
+TWO_SPEEDS_MIN_GAP_PCT = 10.0  # a jump between processes' medians this large (and clear of their spread) is flagged
+
+
+def two_speeds(
+    process_ms: Sequence[float], min_gap_pct: float = TWO_SPEEDS_MIN_GAP_PCT
+) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """The processes' median step times split into a fast and a slow group with nothing in between: the largest
+    step between neighbours (sorted) is at least `min_gap_pct` % and three times the spread inside either group.
+    None when they do not split so (or there are fewer than two). On a 2-vCPU VM two-thread steps jump like this
+    while a fixed workload does not move (README, "Timing you can trust"): 1.20 ms in one process, 1.68-1.71 in
+    the next five."""
+    ordered = sorted(process_ms)
+    if len(ordered) < 2 or ordered[0] <= 0:
+        return None
+    gaps = [100.0 * (later / earlier - 1) for earlier, later in itertools.pairwise(ordered)]
+    split = max(range(len(gaps)), key=gaps.__getitem__)
+    fast, slow = tuple(ordered[: split + 1]), tuple(ordered[split + 1 :])
+    spread = max(100.0 * (group[-1] / group[0] - 1) for group in (fast, slow))
+    return (fast, slow) if gaps[split] >= min_gap_pct and gaps[split] >= 3 * spread else None
 
 
 GOVERNOR_PATH = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")

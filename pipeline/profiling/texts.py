@@ -10,7 +10,7 @@ from pipeline.common.tables import NO_NUMBER
 from pipeline.profiling.record import (
     ProfileRecord,
 )
-from pipeline.profiling.statistics import noisy_advice
+from pipeline.profiling.statistics import noisy_advice, two_speeds
 from pipeline.profiling.trace_analysis import (
     KernelStats,
 )
@@ -31,7 +31,24 @@ def measurement_warnings(record: ProfileRecord) -> list[str]:
             + (f"; the machine's speed drift of ±{timing.drift_pct:.1f} % included" if timing.drift_pct else "")
             + ")"
         )
+    groups = two_speeds(record.process_step_times_ms)
+    if groups:
+        fast, slow = groups
+        cause = (
+            f"with {record.conditions.threads} threads on a small VM a step jumps like this while the machine's "
+            'speed does not move (README, "Timing you can trust"); `profile.threads: 1` timed steadily there'
+            if record.combination.device == "cpu" and record.conditions.threads > 1
+            else "the machine's speed changed while timing; rerun on a quiet machine"
+        )
+        warnings.append(
+            f"two speeds: {len(fast)} timing process(es) at {_span(fast)} ms and {len(slow)} at {_span(slow)} ms, "
+            f"{100 * (slow[0] / fast[-1] - 1):.0f} % apart with none between; {cause}"
+        )
     return warnings
+
+
+def _span(values: Sequence[float]) -> str:
+    return f"{values[0]:.3f}" if len(values) == 1 or values[0] == values[-1] else f"{values[0]:.3f}-{values[-1]:.3f}"
 
 
 def timing_summary(record: ProfileRecord) -> str:
