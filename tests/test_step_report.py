@@ -324,6 +324,23 @@ def test_roofline_places_steps_and_operators_under_both_roofs_and_names_which_ar
         "(inference batch 64; 50.0 FLOP/byte)." in text
     )
     assert "| 64 | cpu | inference | `aten::addmm` | 0.50 | 4.00 | 5.0 | 80.0 | memory-bound |" in text
+    assert "Above the" not in text  # every point under its roof
+    # A small matrix product streaming from cache beats the DRAM roof (as `aten::addmm` at batch 1 did on Zen 5):
+    # the report says which points and why, with the bytes each call moves.
+    cached = OperatorRow("aten::addmm", 2.0, 0.1, 0.1, None, None, 20.0, 2.0, 4.0)  # 20 GFLOP/s at 0.5 FLOP/byte
+    text = roofline_markdown(roofline_points([_with_work(make_record(1, "cpu", "inference", 8.0), 32e6, (cached,))]))
+    assert (
+        " Above the memory roof: `aten::addmm` (inference batch 1: 400 % of its roof, 2.0 MB per call on average). "
+        "That roof is DRAM's bandwidth (a STREAM triad over arrays far beyond the caches)" in text
+    )
+    assert "Above the matmul roof" not in text
+    fast = OperatorRow("aten::mkldnn_convolution", 2.0, 0.25, 0.25, None, None, 60.0, 50.0, 1.0)  # 200 GFLOP/s
+    text = roofline_markdown(roofline_points([_with_work(make_record(64, "cpu", "train", 8.0), 32e6, (fast,))]))
+    assert (
+        " Above the matmul roof: `aten::mkldnn_convolution` (train batch 64: 200 % of its roof, 0.5 MB per call on "
+        "average): an operator's rate comes from one traced pass (no interval), the roof from the fastest of 15 "
+        "products." in text
+    )
     assert roofline_markdown([]).startswith("_No roofline")
     roofline_chart(points, tmp_path / "roofline.png")
     with Image.open(tmp_path / "roofline.png") as image:

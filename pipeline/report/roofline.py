@@ -44,6 +44,7 @@ class RooflinePoint:
     achieved: Interval  # GFLOP/s: the step's from its timed interval; an operator's from its traced self time
     peak_gflops_per_s: float  # the device's matmul roof
     bandwidth_gb_per_s: float  # the device's triad roof
+    megabytes: float = 0.0  # read and written: per call for an operator, per step for the whole step
 
     @property
     def ridge(self) -> float:
@@ -77,7 +78,7 @@ def _record_points(record: ProfileRecord) -> list[RooflinePoint]:
     if rate.peak_gflops_per_s <= 0 or rate.bandwidth_gb_per_s <= 0:
         return []  # a record from before the roofs stage, or without its memory roof: nothing to place
 
-    def place(name: str, intensity: float, achieved: Interval) -> RooflinePoint:
+    def place(name: str, intensity: float, achieved: Interval, megabytes: float) -> RooflinePoint:
         return RooflinePoint(
             device=combination.device,
             mode=combination.mode,
@@ -87,20 +88,22 @@ def _record_points(record: ProfileRecord) -> list[RooflinePoint]:
             achieved=achieved,
             peak_gflops_per_s=rate.peak_gflops_per_s,
             bandwidth_gb_per_s=rate.bandwidth_gb_per_s,
+            megabytes=megabytes,
         )
 
     points = []
     step_intensity = rate.intensity_flops_per_byte
     if step_intensity is not None:
         achieved = rate_interval(rate.flops_per_step / 1e6, record.timing.step_interval())  # FLOP/ms / 1e6 = GFLOP/s
-        points.append(place(WHOLE_STEP, step_intensity, achieved))
+        points.append(place(WHOLE_STEP, step_intensity, achieved, rate.bytes_per_step / 1e6))
     for row in record.top_operators:
         intensity = row.intensity_flops_per_byte
         self_ms = row.self_cpu_ms if combination.device == "cpu" else row.self_device_ms
         if intensity is None or row.mflops is None or not self_ms or self_ms <= 0:
             continue
         rate_gflops = row.mflops / self_ms  # MFLOP per ms = GFLOP/s
-        points.append(place(row.operator, intensity, Interval(rate_gflops, rate_gflops, rate_gflops)))
+        per_call = (row.mbytes or 0.0) / row.calls_per_step if row.calls_per_step > 0 else 0.0
+        points.append(place(row.operator, intensity, Interval(rate_gflops, rate_gflops, rate_gflops), per_call))
     return points
 
 
@@ -121,6 +124,7 @@ def roofline_markdown(points: Sequence[RooflinePoint]) -> str:
             f"**{device}**: matmul roof {first.peak_gflops_per_s:,.1f} GFLOP/s, memory roof "
             f"{first.bandwidth_gb_per_s:,.1f} GB/s; they meet at **{first.ridge:.1f} FLOP/byte**. "
             + _bound_sentence(placed)
+            + _above_sentence(placed)
             + "\n"
         )
     rows = [
@@ -170,6 +174,38 @@ def _bound_sentence(points: Sequence[RooflinePoint]) -> str:
         side = "left of the ridge" if bound == "memory-bound" else "right of it"
         parts.append(f"{bound.capitalize()} ({side}): {'; '.join(described)}.")
     return " ".join(parts)
+
+
+def _above_sentence(points: Sequence[RooflinePoint]) -> str:
+    """What a point above its roof means: under the memory roof, data a cache holds (the roof is DRAM's triad);
+    under the matmul roof, an operator's one traced pass (no interval) against the fastest measured product."""
+    above = sorted(
+        (point for point in points if point.roof_pct > 100.0),
+        key=lambda p: (p.bound, p.name != WHOLE_STEP, p.name, p.mode, p.batch_size),
+    )
+    if not above:
+        return ""
+
+    def label(point: RooflinePoint) -> str:
+        name = WHOLE_STEP if point.name == WHOLE_STEP else f"`{point.name}`"
+        amount = f"{point.megabytes:.1f} MB per {'step' if point.name == WHOLE_STEP else 'call on average'}"
+        return f"{name} ({point.where}: {point.roof_pct:.0f} % of its roof, {amount})"
+
+    memory = [label(point) for point in above if point.bound == "memory-bound"]
+    compute = [label(point) for point in above if point.bound == "compute-bound"]
+    parts = []
+    if memory:
+        parts.append(
+            f" Above the memory roof: {'; '.join(memory)}. That roof is DRAM's bandwidth (a STREAM triad over arrays "
+            "far beyond the caches); data small enough to stay in a cache between calls stream faster than that, so "
+            "for these the cache, not DRAM, sets the limit."
+        )
+    if compute:
+        parts.append(
+            f" Above the matmul roof: {'; '.join(compute)}: an operator's rate comes from one traced pass (no "
+            "interval), the roof from the fastest of 15 products."
+        )
+    return "".join(parts)
 
 
 def roofline_chart(points: Sequence[RooflinePoint], target: Path) -> None:
