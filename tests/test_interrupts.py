@@ -124,7 +124,7 @@ def test_the_stress_summary_gives_each_path_its_stops_median_and_range() -> None
 
 def test_ci_stops_at_one_moment_per_commit_and_consecutive_commits_cover_all_ten() -> None:
     """`make test-stress-sample` (.ci/run): $LAB_STRESS_MOMENTS narrows the stress tests to the moments it names,
-    and the moment CI picks from the commit's hash walks through all ten as the hash's first 8 digits do."""
+    and the moment CI picks from the commit count walks through all ten, one commit at a time."""
     import pytest
 
     from tests.helpers.stress import ALL_MOMENTS, chosen_moments, moment_for
@@ -133,5 +133,6 @@ def test_ci_stops_at_one_moment_per_commit_and_consecutive_commits_cover_all_ten
     assert chosen_moments("training, commit") == ("training", "commit")
     with pytest.raises(pytest.UsageError, match=r"names no moment \['trainig'\]; the moments: start-up, imported"):
         chosen_moments("training,trainig")
-    assert [moment_for(f"{value:08x}" + "0" * 32) for value in range(10)] == list(ALL_MOMENTS)
-    assert moment_for("b1e2c3d4" + "f" * 32) == ALL_MOMENTS[0xB1E2C3D4 % 10]
+    assert [moment_for(count) for count in range(120, 130)] == list(ALL_MOMENTS)
+    assert sorted(moment_for(count) for count in range(57, 67)) == sorted(ALL_MOMENTS)  # any ten in a row
+    assert moment_for(130) == moment_for(120) == ALL_MOMENTS[0]

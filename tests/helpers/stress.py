@@ -46,9 +46,10 @@ def chosen_moments(value: str) -> tuple[str, ...]:
     return chosen
 
 
-def moment_for(commit: str) -> str:
-    """CI's sample: one moment per commit, from its hash, so that consecutive commits cover all of them."""
-    return ALL_MOMENTS[int(commit[:8], 16) % len(ALL_MOMENTS)]
+def moment_for(commits: int) -> str:
+    """CI's sample: one moment per commit, from the number of commits up to it (`git rev-list --count HEAD`), so
+    that any ten consecutive commits cover all of them."""
+    return ALL_MOMENTS[commits % len(ALL_MOMENTS)]
 
 
 MOMENTS = chosen_moments(os.environ.get("LAB_STRESS_MOMENTS", ""))
