@@ -16,9 +16,10 @@ largest difference between repeats, and which condition of issue 21 the row meet
 - `MISS`: the stated intervals do not hold on a rerun.
 
 Before each timing process and after the last it also times the drift probe's workload for `--probe-s` seconds
-(in this process, never beside a worker) and prints its range per run: a step that jumps while the probe stays
-put moved on its own (on a Zen 5 VM, two-thread steps jumped 40 % between processes while the probe stayed
-within ±5 %, README "Timing you can trust"); one that moves with the probe followed the machine. `--probe-s 0`
+(in this process, on `profile.threads` threads, never beside a worker) and prints its range per run: a step that
+jumps while the probe stays put moved on its own (on a Zen 5 VM, two-thread steps jumped 40 % while the probe
+stayed within ±5 %: their memory-bound layers, README "Timing you can trust"); one that moves with the probe
+followed the machine. `--probe-s 0`
 leaves it out.
 
 It also counts the ordered pairs (i, j) whose run j lies inside run i's interval over all rows, the calibration
@@ -111,6 +112,8 @@ def main() -> None:
         f"device {args.device}; load average at start {' '.join(f'{value:.2f}' for value in os.getloadavg())}",
         flush=True,
     )
+    if config.threads:
+        torch.set_num_threads(config.threads)  # the probe runs as the timing processes do
     started = time.perf_counter()
     drift, source = machine_drift(args.device, config, fingerprint)
     print(f"speed drift ±{drift.half_width_pct:.1f} % ({source}: {drift.method})", flush=True)

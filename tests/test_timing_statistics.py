@@ -321,7 +321,7 @@ def test_a_two_speed_combination_is_warned_about_with_its_groups_and_what_to_try
         "two speeds: 1 timing process(es) at 1.197 ms and 5 at 1.676-1.711 ms, 40 % apart with none between; with "
         f"{record.conditions.threads} threads on a small VM"
     )
-    assert warning.endswith("`profile.threads: 1` timed steadily there")
+    assert warning.endswith("`profile.threads: 1`, the default, timed steadily there")
     steady = dataclasses.replace(record, process_step_times_ms=(1.191, 1.194, 1.255, 1.190, 1.216, 1.208))
     assert not [text for text in measurement_warnings(steady) if text.startswith("two speeds")]
     one_thread = dataclasses.replace(record, conditions=dataclasses.replace(record.conditions, threads=1))

@@ -36,7 +36,8 @@ def measurement_warnings(record: ProfileRecord) -> list[str]:
         fast, slow = groups
         cause = (
             f"with {record.conditions.threads} threads on a small VM a step jumps like this while the machine's "
-            'speed does not move (README, "Timing you can trust"); `profile.threads: 1` timed steadily there'
+            'speed does not move: its memory-bound layers slow 3-5x in phases (README, "Timing you can trust"); '
+            "`profile.threads: 1`, the default, timed steadily there"
             if record.combination.device == "cpu" and record.conditions.threads > 1
             else "the machine's speed changed while timing; rerun on a quiet machine"
         )
@@ -66,7 +67,8 @@ def timing_summary(record: ProfileRecord) -> str:
         f"{timing.step_time_ms_ci_low:.3f}-{timing.step_time_ms_ci_high:.3f} ms, ±{timing.step_time_ci_pct:.1f} %, "
         f"{source}; {timing.steps_measured} steps in {timing.blocks_measured} blocks); "
         f"{timing.per_sample_ms:.4f} ms per sample; "
-        f"{timing.throughput_samples_per_s:.0f} samples/s. Measured with {conditions.threads} threads on "
+        f"{timing.throughput_samples_per_s:.0f} samples/s. Measured with {conditions.threads} "
+        f"thread{'s' if conditions.threads != 1 else ''} on "
         f"{conditions.cores} cores, load average {conditions.load_average_before:.2f} before and "
         f"{conditions.load_average_after:.2f} after, CPU governor {conditions.cpu_governor}."
     )
