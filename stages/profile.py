@@ -7,16 +7,21 @@ DVC's command line holds no matrix value (see pipeline/profiling/matrix.py); eve
 params.yaml as usual.
 """
 
+import contextlib
+import subprocess
 import sys
 
 from tqdm import tqdm
 
 from pipeline.common.outputs import AtomicOutputs
-from pipeline.common.paths import DATA_ROOT, HARDWARE_ROOFS, MODEL_CHECKPOINT, profile_outputs
+from pipeline.common.paths import DATA_ROOT, HARDWARE_ROOFS, MODEL_CHECKPOINT, ProfileOutputs, profile_outputs
 from pipeline.common.stage_runner import run_stage
 from pipeline.params.loading import load_params
-from pipeline.profiling.artifacts import log_profile, write_profile_outputs
+from pipeline.params.schema import Params
+from pipeline.profiling.artifacts import ProfileTexts, log_profile, write_profile_outputs
 from pipeline.profiling.matrix import stage_combination
+from pipeline.profiling.processes import worker_server
+from pipeline.profiling.record import Combination, ProfileRecord
 from pipeline.profiling.run import prepare_profile, run_parameters, run_profile
 from pipeline.profiling.texts import measurement_warnings
 from pipeline.tracking.tags import DATA_DIGEST_TAG, MODEL_DIGEST_TAG, hardware_tags
@@ -26,6 +31,25 @@ from pipeline.tracking.tracker import open_tracker
 def main() -> None:
     params = load_params()
     combination = stage_combination(params.profile, sys.argv[1:])
+    config = params.profile
+    with contextlib.ExitStack() as stack:
+        # The timing processes' server first: it imports torch (1.7-3 s) on the other core while this process
+        # loads the model, counts FLOPs and opens its MLflow run, and it forks no timing process before
+        # run_profile asks (README, "Timing you can trust").
+        server = (
+            stack.enter_context(worker_server(training=combination.mode != "inference"))
+            if config.processes > 1
+            else None
+        )
+        record, texts, paths = _profile(params, combination, server)
+    print(texts.console(record, paths))
+    for warning in measurement_warnings(record):
+        print(f"Warning: {warning}.", file=sys.stderr)
+
+
+def _profile(
+    params: Params, combination: Combination, server: subprocess.Popen[str] | None
+) -> tuple[ProfileRecord, ProfileTexts, ProfileOutputs]:
     config = params.profile
     setup = prepare_profile(combination, config, MODEL_CHECKPOINT, DATA_ROOT, HARDWARE_ROOFS)
     paths = profile_outputs(combination.name)
@@ -44,13 +68,16 @@ def main() -> None:
         tracker.link_training(setup.model_digest)
         with tqdm(total=setup.processes, desc="timing processes", unit="process", disable=setup.processes < 2) as bar:
             record = run_profile(
-                setup, config.top_k, outputs.staged(paths.trace), config.allocator_whatif_s, lambda _: bar.update()
+                setup,
+                config.top_k,
+                outputs.staged(paths.trace),
+                config.allocator_whatif_s,
+                lambda _: bar.update(),
+                server,
             )
         texts = write_profile_outputs(outputs, paths, record)
         log_profile(tracker, outputs, paths, record, texts)
-    print(texts.console(record, paths))
-    for warning in measurement_warnings(record):
-        print(f"Warning: {warning}.", file=sys.stderr)
+    return record, texts, paths
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def test_a_rerun_lands_inside_the_stated_interval(spec: WorkerSpec) -> None:
     share = dataclasses.replace(spec, budget_s=spec.budget_s / PROCESSES)  # as time_in_processes shares it
     results: list[list[WorkerResult]] = [[] for _ in range(RUNS)]
     with contextlib.ExitStack() as stack:
-        servers = [stack.enter_context(worker_server()) for _ in range(RUNS)]
+        servers = [stack.enter_context(worker_server(training=False)) for _ in range(RUNS)]
         for _ in range(PROCESSES):
             for run, server in zip(results, servers, strict=True):
                 run.append(ask(server, share))

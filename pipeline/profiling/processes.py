@@ -58,10 +58,11 @@ def _parse(answer: str, spec: WorkerSpec) -> WorkerResult:
 
 
 @contextlib.contextmanager
-def worker_server() -> Iterator[subprocess.Popen[str]]:
-    """`python -m pipeline.profiling.worker` in a session of its own, killed with its workers on the way out."""
+def worker_server(training: bool = True) -> Iterator[subprocess.Popen[str]]:
+    """`python -m pipeline.profiling.worker` in a session of its own, killed with its workers on the way out.
+    `training=False`: it will time inference steps only, and skips importing what only training reaches."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.profiling.worker"],
+        [sys.executable, "-m", "pipeline.profiling.worker", *([] if training else ["--inference-only"])],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -91,13 +92,21 @@ def ask(server: subprocess.Popen[str], spec: WorkerSpec) -> WorkerResult:
     return _parse(answer, spec)
 
 
-def time_in_processes(spec: WorkerSpec, processes: int, progress: Callable[[int], None] | None = None) -> StepTiming:
-    """Time `spec` in `processes` workers of one new server, each with `spec.budget_s` / `processes` of timing.
+def time_in_processes(
+    spec: WorkerSpec,
+    processes: int,
+    progress: Callable[[int], None] | None = None,
+    server: subprocess.Popen[str] | None = None,
+) -> StepTiming:
+    """Time `spec` in `processes` workers, each with `spec.budget_s` / `processes` of timing, forked from
+    `server` (a `worker_server` the caller started for this combination) or else from a new one.
 
     `progress(i)` is called after worker i (1-based) finished."""
     share = dataclasses.replace(spec, budget_s=spec.budget_s / processes)
     results: list[WorkerResult] = []
-    with worker_server() as server:
+    with contextlib.ExitStack() as stack:
+        if server is None:
+            server = stack.enter_context(worker_server(training=spec.mode != "inference"))
         for index in range(processes):
             results.append(ask(server, share))
             if progress is not None:

@@ -25,6 +25,7 @@ import gzip
 import json
 import math
 import resource
+import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -391,19 +392,25 @@ def run_profile(
     trace_path: Path,
     allocator_whatif_s: float = 0.0,
     progress: Callable[[int], None] | None = None,
+    server: subprocess.Popen[str] | None = None,
 ) -> ProfileRecord:
     """Time and trace the combination, against the device's roofs; the record keeps the `top_k`
     most expensive operators and kernels.
 
-    On a CPU, with `allocator_whatif_s` > 0 and glibc's allocator still at its defaults, the step is first
-    measured with those defaults (`measure_allocator_whatif`); then the allocator is tuned
-    (pipeline.common.allocator) and everything else runs tuned, as in every other torch stage."""
+    With `processes` > 1 the step is first timed in fresh processes (pipeline.profiling.processes), forked from
+    `server` where the stage started one early (`worker_server`: it imports torch while the stage loads its
+    inputs) or else from a new one. Then, on a CPU, with `allocator_whatif_s` > 0 and glibc's allocator still
+    at its defaults, this process measures the step with those defaults (`measure_allocator_whatif`); then the
+    allocator is tuned (pipeline.common.allocator) and everything else runs tuned, as in every other torch
+    stage. The timing processes tune their own allocator."""
+    step_timing = (
+        time_in_processes(setup.worker, setup.processes, progress, server)
+        if setup.worker and setup.processes > 1
+        else None
+    )
     defaults = glibc_defaults() if setup.device.type == "cpu" and allocator_whatif_s > 0 else None
     default_run = measure_allocator_whatif(setup, allocator_whatif_s, defaults) if defaults else None
     settings = dataclasses.replace(setup.settings, allocator=tune_allocator().description)
-    step_timing = (
-        time_in_processes(setup.worker, setup.processes, progress) if setup.worker and setup.processes > 1 else None
-    )
     result = profile_combination(
         setup.combination,
         setup.step,

@@ -1,6 +1,7 @@
 """The timing processes of a profile combination: the unit the stage repeats (pipeline.profiling.processes).
 
-    python -m pipeline.profiling.worker   # what the profile stage starts once: specs in, one JSON line out each
+    python -m pipeline.profiling.worker [--inference-only]   # what the profile stage starts once: specs in,
+                                                             # one JSON line out each
 
 A fresh process has its own heap, page placement, oneDNN kernel choices and thread pool, and two processes
 running the same step settle at speeds up to 60 % apart on a 2-core VM (issue 21), while the blocks inside
@@ -118,9 +119,12 @@ def _child(spec: WorkerSpec, output: int) -> None:
     os._exit(code)  # no atexit handlers, no buffers of the server flushed twice
 
 
-def serve() -> None:
-    """Read one spec per line; answer each with a line of JSON measured in a freshly forked child."""
-    import torch._dynamo  # noqa: F401  # reached lazily by the optimizer step: imported once here, not per child
+def serve(training: bool = True) -> None:
+    """Read one spec per line; answer each with a line of JSON measured in a freshly forked child. `training`:
+    some spec will time a training step, whose optimizer reaches torch._dynamo (1.3-1.5 s to import): imported
+    once here, not per child. An inference step never imports it, so a server for inference only skips it."""
+    if training:
+        import torch._dynamo  # noqa: F401
 
     for line in sys.stdin:
         spec = WorkerSpec(**json.loads(line))
@@ -141,7 +145,7 @@ def serve() -> None:
 def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        serve()
+        serve(training="--inference-only" not in sys.argv[1:])
     except KeyboardInterrupt:
         sys.exit(130)
 
