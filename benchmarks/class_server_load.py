@@ -49,12 +49,26 @@ class ClientRecord:
     latencies_s: list[float] = field(default_factory=list)
 
 
-def _server(backend: str, folder: Path, port: int, admin: tuple[str, str]) -> None:
-    """init + start a class server with `backend` in `folder` (a subprocess each, as an instructor types them)."""
+def _server(backend: str, folder: Path, port: int, admin: tuple[str, str], workers: int) -> None:
+    """init + start a class server with `backend` and `workers` MLflow processes in `folder` (a subprocess each,
+    as an instructor types them)."""
     environment = {**os.environ, "MLFLOW_AUTH_ADMIN_PASSWORD": admin[1]}
     base = [sys.executable, "-m", "pipeline.server", "--dir", str(folder)]
     for command in (
-        [*base, "init", "--backend", backend, "--port", str(port), "--pg-port", str(port + 1), "--admin", admin[0]],
+        [
+            *base,
+            "init",
+            "--backend",
+            backend,
+            "--port",
+            str(port),
+            "--pg-port",
+            str(port + 1),
+            "--admin",
+            admin[0],
+            "--workers",
+            str(workers),
+        ],
         [*base, "start"],
     ):
         done = subprocess.run(command, env=environment, capture_output=True, text=True, check=False)
@@ -172,10 +186,10 @@ HEADER = (
 )
 
 
-def measure(backend: str, clients: int, seconds: float, scratch: Path, port: int) -> LoadResult:
+def measure(backend: str, clients: int, seconds: float, scratch: Path, port: int, workers: int = 4) -> LoadResult:
     admin = ("admin", secrets.token_urlsafe(16))
     folder = ServerFolder(scratch / backend)
-    _server(backend, folder.root, port, admin)
+    _server(backend, folder.root, port, admin, workers)
     url = f"http://127.0.0.1:{port}"
     try:
         students = _students(url, admin, clients)
@@ -229,13 +243,21 @@ def main(arguments: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="how long they work (default 60)")
     parser.add_argument("--backends", nargs="+", choices=("postgresql", "sqlite"), default=["postgresql", "sqlite"])
     parser.add_argument("--port", type=int, default=5077, help="first server's port (the next ones follow)")
+    parser.add_argument("--workers", type=int, default=4, help="MLflow server processes (default 4, MLflow's)")
     options = parser.parse_args(arguments)
     results = []
     with tempfile.TemporaryDirectory(prefix="class-load-") as scratch:
         for index, backend in enumerate(options.backends):
             print(f"{backend}: {options.clients} clients for {options.seconds:.0f} s ...", flush=True)
-            results.append(measure(backend, options.clients, options.seconds, Path(scratch), options.port + 2 * index))
-    print(f"\n{options.clients} clients, {options.seconds:.0f} s, {psutil.cpu_count()} CPUs\n\n{HEADER}")
+            results.append(
+                measure(
+                    backend, options.clients, options.seconds, Path(scratch), options.port + 2 * index, options.workers
+                )
+            )
+    print(
+        f"\n{options.clients} clients, {options.seconds:.0f} s, {options.workers} MLflow server processes, "
+        f"{psutil.cpu_count()} CPUs\n\n{HEADER}"
+    )
     for result in results:
         print(result.row())
 

@@ -152,7 +152,17 @@ def test_stability_verdicts_and_pair_counts_from_known_estimates() -> None:
 
 def test_class_server_load_benchmark_runs_clients_and_prints_its_table() -> None:
     """SQLite only here (PostgreSQL refuses the root account CI runs as; tests/test_class_server.py runs it)."""
-    command = [sys.executable, "-m", "benchmarks.class_server_load", "--clients", "2", "--seconds", "2"]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.class_server_load",
+        "--clients",
+        "2",
+        "--seconds",
+        "2",
+        "--workers",
+        "2",
+    ]
     result = run_command([*command, "--backends", "sqlite", "--port", str(closed_port())], REPO_ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     row = re.search(

@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from pipeline.common.stage_runner import EXIT_USER_ERROR
-from tests.helpers.class_server import ADMIN, STUDENTS, ClassServer, running_class_server, scratch_folder
+from tests.helpers.class_server import ADMIN, STUDENTS, WORKERS, ClassServer, running_class_server, scratch_folder
 from tests.helpers.projects import copy_project, use_tiny_params
 
 pytestmark = pytest.mark.slow
@@ -49,6 +49,9 @@ def test_files_are_private_the_server_binds_loopback_and_holds_no_admin_password
     config = (server.folder / "basic_auth.ini").read_text()
     assert "default_permission = NO_PERMISSIONS" in config and ADMIN[1] not in config
     pid = int((server.folder / "mlflow.pid").read_text())
+    assert json.loads((server.folder / "server.json").read_text())["workers"] == WORKERS
+    command_line = psutil.Process(pid).cmdline()
+    assert command_line[command_line.index("--workers") + 1] == str(WORKERS)  # init --workers reaches the server
     port = int(server.url.rsplit(":", 1)[1])
     listening = {c.laddr.ip for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == port}
     assert listening == {"127.0.0.1"}
@@ -156,6 +159,11 @@ def test_init_without_a_password_or_on_an_existing_folder_is_refused_and_creates
     assert refused.returncode == EXIT_USER_ERROR and "Traceback" not in refused.stderr
     assert "MLFLOW_AUTH_ADMIN_PASSWORD" in refused.stderr and "no default" in refused.stderr
     assert not fresh.folder.exists() and not list(fresh.folder.parent.iterdir())
+    for workers in ("0", "two"):
+        bad = fresh.command("init", "--workers", workers, env={"MLFLOW_AUTH_ADMIN_PASSWORD": "a-long-password-1"})
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr  # argparse's usage error
+        assert f"argument --workers: '{workers}' is not a number of processes from 1 to 64" in bad.stderr
+        assert not fresh.folder.exists()
     again = server.command("init", env={"MLFLOW_AUTH_ADMIN_PASSWORD": "another-long-password"})
     assert again.returncode == EXIT_USER_ERROR and "already exists and is not empty" in again.stderr
     assert "Traceback" not in again.stderr

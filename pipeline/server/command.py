@@ -70,6 +70,7 @@ class Settings:
     registered_model: str
     allowed_hosts: str  # mlflow server --allowed-hosts ('' = MLflow's default: localhost only)
     backend: str = "postgresql"  # or "sqlite": files in the folder (one machine, few writers; the load benchmark)
+    workers: int = 4  # mlflow server --workers (MLflow's default); each is a process that imports MLflow
 
     @property
     def url(self) -> str:
@@ -144,6 +145,11 @@ def main(arguments: Sequence[str]) -> None:
         "--backend", choices=("postgresql", "sqlite"), default="postgresql",
         help="where runs and accounts live (default postgresql; sqlite: files, for comparison)",
     )  # fmt: skip
+    init_parser.add_argument(
+        "--workers", type=_workers, default=4,
+        help="MLflow server processes (default 4, MLflow's; fewer start faster and hold less memory on a small "
+        "machine, more serve a bigger class)",
+    )  # fmt: skip
     commands.add_parser("start", help="start PostgreSQL and the MLflow server")
     commands.add_parser("stop", help="stop the MLflow server and PostgreSQL")
     commands.add_parser("status", help="say what runs")
@@ -161,6 +167,13 @@ def main(arguments: Sequence[str]) -> None:
     actions[options.command]()
 
 
+def _workers(text: str) -> int:
+    """--workers: a whole number from 1 to 64 (argparse prints this message, names the option and exits 2)."""
+    if not text.isdigit() or not 1 <= int(text) <= 64:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of processes from 1 to 64")
+    return int(text)
+
+
 def init(folder: ServerFolder, options: argparse.Namespace) -> None:
     if options.backend == "postgresql":
         require_not_root()
@@ -173,7 +186,7 @@ def init(folder: ServerFolder, options: argparse.Namespace) -> None:
     tracking = load_params().tracking
     settings = Settings(options.host, options.port, options.pg_port, options.admin, current_user(),
                         tracking.experiment, tracking.registered_model, options.allowed_hosts,
-                        options.backend)  # fmt: skip
+                        options.backend, options.workers)  # fmt: skip
     partial = folder.root.with_name(f".{folder.root.name}.partial-{os.getpid()}")
     staged = ServerFolder(partial)
     try:
@@ -286,7 +299,7 @@ def start(folder: ServerFolder) -> None:
             sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth",
             "--backend-store-uri", folder.store_uri(settings, "mlflow"),
             "--artifacts-destination", str(folder.artifacts),
-            "--host", settings.host, "--port", str(settings.port),
+            "--host", settings.host, "--port", str(settings.port), "--workers", str(settings.workers),
         ]  # fmt: skip
         if settings.allowed_hosts:
             command += ["--allowed-hosts", settings.allowed_hosts]

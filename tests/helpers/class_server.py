@@ -29,6 +29,9 @@ INSTALL = "apt-get install -y postgresql (Debian/Ubuntu: PostgreSQL's initdb and
 ADMIN = ("admin", f"admin-{secrets.token_urlsafe(12)}")
 STUDENTS = {name: f"{name}-{secrets.token_urlsafe(12)}" for name in ("alice", "bob")}
 COMMAND_LIMIT_S = 180
+# Two MLflow server processes, not MLflow's four: still more than one (a login cached by one worker and not the
+# other is part of what the tests check), at half the start-up cost on two cores.
+WORKERS = 2
 
 
 def postgres_missing() -> str | None:
@@ -92,7 +95,7 @@ def running_class_server() -> Iterator[ClassServer]:
     server = ClassServer(scratch / "server", f"http://127.0.0.1:{port}", account)
     try:
         init = server.command(
-            "init", "--port", str(port), "--pg-port", str(pg_port), "--admin", ADMIN[0],
+            "init", "--port", str(port), "--pg-port", str(pg_port), "--admin", ADMIN[0], "--workers", str(WORKERS),
             env={"MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN[1]},
         )  # fmt: skip
         assert init.returncode == 0, init.stderr + init.stdout
