@@ -141,3 +141,39 @@ def test_importing_the_timer_prints_nothing() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stderr == "" and result.stdout == ""
+
+
+# What a timing server imports, then what one step of each mode reaches (pipeline.profiling.worker): an
+# inference-only server skips torch._dynamo (1.3-1.5 s) because an inference step never imports it.
+_SERVER_THEN_STEP = """
+import sys
+import torch
+from pipeline.model.network import LabNet
+from pipeline.profiling.worker import make_step, serve
+from tests.helpers.data import LAB_MODEL
+serve(training=sys.argv[1] == "train")  # stdin is empty: imports, then no spec
+after_server = "torch._dynamo" in sys.modules
+images, labels = torch.zeros(4, 1, 28, 28), torch.zeros(4, dtype=torch.int64)
+step = make_step(LabNet(LAB_MODEL), sys.argv[1], images, labels, 1.0)
+for _ in range(3):
+    step()
+print(after_server, "torch._dynamo" in sys.modules)
+"""
+
+
+@pytest.mark.slow  # starts processes that import torch: seconds, so `make test` only
+@pytest.mark.parametrize(("mode", "expected"), [("inference", "False False"), ("train", "True True")])
+def test_an_inference_server_and_step_never_import_dynamo_and_a_training_server_imports_it_first(
+    mode: str, expected: str
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _SERVER_THEN_STEP, mode],
+        check=False,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split("\n")[-2] == expected, result.stdout
