@@ -27,7 +27,7 @@ COMBINATION_PARAMS = ("batch_size", "device", "mode")
 # Run params that do not change what is measured: the machine's own thread count (0 = one per core
 # gives 2 on a laptop, 16 on a server), how long the timing may run, how tight it aims and in how many
 # processes (they set the width of the interval, which the report shows), how many steps are traced for the
-# operator table, and how long the allocator what-if runs (before the measurement). The allocator itself is the
+# operator table, and how long the allocator what-if runs (beside the measurement). The allocator itself is the
 # machine's environment, like its `hardware.*`: its description names each machine's glibc version.
 NOT_SETTINGS = frozenset(
     {

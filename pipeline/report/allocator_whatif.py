@@ -1,7 +1,8 @@
 """The allocator what-if as report text: the same step with glibc malloc's defaults and tuned, per CPU combination.
 
-Each CPU profile stage first times its step with glibc's defaults, then tunes the allocator and measures as
-usual (pipeline.profiling.run, pipeline.common.allocator); the record keeps both. The lesson: the same
+Each CPU profile stage also times its step in its own process with glibc's defaults, then tunes that process's
+allocator and traces as usual; its timing processes tune theirs (pipeline.profiling.run, pipeline.common.allocator).
+The record keeps both. The lesson: the same
 model and the same operators, one allocator setting apart, and the operator table charges the page faults
 to whichever operator allocates. Torch-free.
 """
@@ -58,11 +59,11 @@ def allocator_markdown(records: Sequence[ProfileRecord]) -> str:
     tuned_allocators = sorted({record.settings.allocator for record, _ in measured})
     return "\n".join(
         [
-            "Every CPU profile stage first times its step with glibc malloc's defaults "
-            f"({'; '.join(allocators)}), then tunes the allocator ({'; '.join(tuned_allocators)}) and measures "
-            "everything else, tables included, tuned. With the defaults, buffers above the mmap threshold are "
-            "mapped and unmapped every step, so each step faults its memory in again page by page; the operator "
-            "that allocates is charged for it.\n",
+            "Every CPU profile stage also times its step with glibc malloc's defaults "
+            f"({'; '.join(allocators)}); everything else, the timing processes and the tables included, runs with "
+            f"the tuned allocator ({'; '.join(tuned_allocators)}). With the defaults, buffers above the mmap "
+            "threshold are mapped and unmapped every step, so each step faults its memory in again page by page; "
+            "the operator that allocates is charged for it.\n",
             *markdown_table(columns, rows),
             "",
         ]
