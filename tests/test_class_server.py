@@ -57,7 +57,10 @@ def test_files_are_private_the_server_binds_loopback_and_holds_no_admin_password
     assert listening == {"127.0.0.1"}
     pg_port = json.loads((server.folder / "server.json").read_text())["pg_port"]
     assert not [c for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == pg_port]
-    for process in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+    tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    # MLflow's GenAI job runner stays off (pipeline/server/command.py): only the server and its workers run.
+    assert not [process.cmdline() for process in tree if "huey" in " ".join(process.cmdline())]
+    for process in tree:
         assert "MLFLOW_AUTH_ADMIN_PASSWORD" not in process.environ(), process.cmdline()
         assert not any(ADMIN[1] in part for part in process.cmdline())
     status = server.command("status")

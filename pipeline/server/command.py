@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
 DEFAULT_FOLDER = Path("~/mnist-lab-server")
 ADMIN_PASSWORD_VARIABLE = "MLFLOW_AUTH_ADMIN_PASSWORD"  # MLflow's own name for it
+JOB_EXECUTION_VARIABLE = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"  # MLflow's switch for its GenAI job runner
 STUDENT_PASSWORD_VARIABLE = "LAB_STUDENT_PASSWORD"
 AUTH_FUNCTION = "pipeline.server.auth:authenticate_request"
 START_LIMIT_S = 120.0
@@ -309,6 +310,9 @@ def start(folder: ServerFolder) -> None:
             MLFLOW_FLASK_SERVER_SECRET_KEY=folder.secret_key.read_text().strip(),
             PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])),
         )
+        # MLflow 3's job runner (huey consumers: more Python processes, for GenAI evaluation jobs) stays off unless
+        # the instructor's environment switches it on: the lab logs runs, metrics and models and uses no jobs.
+        environment.setdefault(JOB_EXECUTION_VARIABLE, "false")
         with folder.log.open("a") as log:
             process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment,
