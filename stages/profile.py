@@ -8,7 +8,6 @@ params.yaml as usual.
 """
 
 import contextlib
-import subprocess
 import sys
 
 from tqdm import tqdm
@@ -20,7 +19,7 @@ from pipeline.params.loading import load_params
 from pipeline.params.schema import Params
 from pipeline.profiling.artifacts import ProfileTexts, log_profile, write_profile_outputs
 from pipeline.profiling.matrix import stage_combination
-from pipeline.profiling.processes import worker_server
+from pipeline.profiling.processes import WorkerServer, forked_worker_server
 from pipeline.profiling.record import Combination, ProfileRecord
 from pipeline.profiling.run import prepare_profile, run_parameters, run_profile
 from pipeline.profiling.texts import measurement_warnings
@@ -33,11 +32,11 @@ def main() -> None:
     combination = stage_combination(params.profile, sys.argv[1:])
     config = params.profile
     with contextlib.ExitStack() as stack:
-        # The timing processes' server first: it imports torch (1.7-3 s) on the other core while this process
-        # loads the model, counts FLOPs and opens its MLflow run, and it forks no timing process before
-        # run_profile asks (README, "Timing you can trust").
+        # The timing processes' server first, forked before this process runs any tensor code: it starts from
+        # the clean state of a fresh server without importing torch again, and it forks no timing process
+        # before run_profile asks (README, "Timing you can trust").
         server = (
-            stack.enter_context(worker_server(training=combination.mode != "inference"))
+            stack.enter_context(forked_worker_server(training=combination.mode != "inference"))
             if config.processes > 1
             else None
         )
@@ -48,7 +47,7 @@ def main() -> None:
 
 
 def _profile(
-    params: Params, combination: Combination, server: subprocess.Popen[str] | None
+    params: Params, combination: Combination, server: WorkerServer | None
 ) -> tuple[ProfileRecord, ProfileTexts, ProfileOutputs]:
     config = params.profile
     setup = prepare_profile(combination, config, MODEL_CHECKPOINT, DATA_ROOT, HARDWARE_ROOFS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import gzip
@@ -16,6 +17,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import torch
 from mlflow import MlflowClient
@@ -40,7 +42,7 @@ from tests.helpers.data import LAB_MODEL
 from tests.helpers.projects import (
     clone_project,
     default_sigint,
-    processes_running,
+    processes_in,
     read_params,
     stage_environment,
     write_params,
@@ -546,9 +548,19 @@ def test_kineto_noise_is_kept_out_of_the_console_but_real_errors_are_not() -> No
         assert noise not in filtered, filtered
 
 
-def _timing_workers(project: Path) -> list[int]:
-    """The worker server and the timing processes forked from it that work in `project`."""
-    return processes_running(project, b"pipeline.profiling.worker")
+def _timing_workers(stage: subprocess.Popen[str]) -> list[int]:
+    """The stage's timing server and the timing processes forked from it, while the stage runs."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return [child.pid for child in psutil.Process(stage.pid).children(recursive=True)]
+    return []
+
+
+def _running(pid: int) -> bool:
+    """Not ended (a killed process that nothing has reaped yet is a zombie: ended)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.mark.slow
@@ -571,7 +583,7 @@ def test_a_signal_while_timing_processes_run_leaves_no_worker_behind(
         preexec_fn=default_sigint,
     )
     deadline = time.monotonic() + 120
-    while len(_timing_workers(project)) < 2:  # the server, and a timing process forked from it
+    while len(workers := _timing_workers(stage)) < 2:  # the server, and a timing process forked from it
         assert stage.poll() is None and time.monotonic() < deadline, "no timing process started"
         time.sleep(0.1)
     stage.send_signal(signum)
@@ -579,8 +591,8 @@ def test_a_signal_while_timing_processes_run_leaves_no_worker_behind(
     assert stage.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[signum], stderr[-2000:]
     assert "no outputs were written" in stderr and "Traceback" not in stderr, stderr[-2000:]
     deadline = time.monotonic() + 10
-    while _timing_workers(project):
-        assert time.monotonic() < deadline, f"timing workers left running: {_timing_workers(project)}"
+    while alive := [pid for pid in {*workers, *processes_in(project)} if _running(pid)]:
+        assert time.monotonic() < deadline, f"timing workers left running: {alive}"
         time.sleep(0.1)
     # The stage's earlier output (the tiny params' 1 s budget) is still the one in place.
     kept = json.loads((project / "profiles/16-cpu-train/profile.json").read_text())

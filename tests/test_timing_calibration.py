@@ -1,11 +1,13 @@
 """Calibration of the stated step-time interval: does a rerun land inside it? (issue 21, item 3)
 
-One combination is timed RUNS times as the profile stage times it (pipeline.profiling.processes): each run has
-a worker server of its own, as each `dvc repro` starts a new stage, and PROCESSES forked timing processes, with
-a small budget. For every ordered pair of runs (i, j) the test asks whether run j's estimate lies inside run
-i's 95 % interval. An independent replicate falls inside a true 95 % interval about 83-90 % of the time (its
-own estimate wanders too); at least 75 % of the pairs must. With 3 processes and 16 runs, a correct interval
-fails that by chance in about 1 % of test runs (simulated with lognormal process speeds); 8 runs: 5 %.
+One combination is timed RUNS times as the profile stage times it (pipeline.profiling.processes): each run has a
+worker server of its own, as each `dvc repro` starts a new stage, and PROCESSES forked timing processes, with a
+small budget. The servers are started afresh here (this process has run tensor code); the stage forks its own
+from a fresh process, the same clean state (the last test). For every ordered pair of runs (i, j) the test asks
+whether run j's estimate lies inside run i's 95 % interval. An independent replicate falls inside a true 95 %
+interval about 83-90 % of the time (its own estimate wanders too); at least 75 % of the pairs must. With 3
+processes and 16 runs, a correct interval fails that by chance in about 1 % of test runs (simulated with
+lognormal process speeds); 8 runs: 5 %.
 
 The runs' processes are interleaved (process 1 of every run, then process 2 of every run, ...), so that all
 runs see the same machine: the suite's other worker starts and stops work beside this test, and an interval
@@ -18,6 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,6 +37,7 @@ from pipeline.profiling.statistics import estimate_step_time
 from pipeline.profiling.worker import WorkerSpec
 from tests.helpers.data import LAB_MODEL
 from tests.helpers.projects import REPO_PARAMS
+from tests.helpers.repo import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -91,3 +97,52 @@ def test_a_rerun_lands_inside_the_stated_interval(spec: WorkerSpec) -> None:
     assert all(len(run.process_medians_ms) == PROCESSES for run in runs), message
     assert inside >= MIN_INSIDE * len(pairs), message
     print(message)
+
+
+# The profile stage's way (stages/profile.py): a fresh process that has imported the stage's modules and run no
+# tensor code forks its timing server (pipeline.profiling.processes.forked_worker_server).
+_FORKED_SERVER = """
+import json, os, sys
+import psutil
+import stages.profile  # what the stage has imported when it forks
+from pipeline.profiling.processes import ask, forked_worker_server
+from pipeline.profiling.worker import WorkerSpec
+spec = WorkerSpec(**json.loads(sys.argv[1]))
+held = open(sys.argv[2], "w")  # a descriptor of the caller's, as the stage's log or lock would be
+with forked_worker_server(training=spec.mode == "train") as server:
+    process = psutil.Process(server.pid)
+    first, second = ask(server, spec), ask(server, spec)
+    report = {
+        "own_session": os.getsid(server.pid) == server.pid,
+        "parent": process.ppid() == os.getpid(),
+        "files": [file.path for file in process.open_files()],
+        "descriptors": sorted(int(fd) for fd in os.listdir(f"/proc/{server.pid}/fd")),
+        "blocks": [len(first.blocks), len(second.blocks)],
+    }
+report["gone"] = not psutil.pid_exists(server.pid)
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.parametrize("mode", ["inference", "train"])
+def test_a_forked_server_times_in_its_own_session_and_holds_none_of_the_callers_files(
+    spec: WorkerSpec, tmp_path: Path, mode: str
+) -> None:
+    share = dataclasses.replace(spec, mode=mode, budget_s=0.2)
+    held = tmp_path / "held.log"
+    result = subprocess.run(
+        [sys.executable, "-c", _FORKED_SERVER, share.to_json(), str(held)],
+        check=False,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["own_session"] and report["parent"], report  # a Ctrl-C in the terminal never reaches it
+    assert str(held) not in report["files"] and report["descriptors"] == [0, 1, 2], report
+    assert all(blocks > 0 for blocks in report["blocks"]), report  # two timing processes answered
+    assert report["gone"], report  # ended with the context, its timing processes before it
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]

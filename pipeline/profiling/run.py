@@ -25,7 +25,6 @@ import gzip
 import json
 import math
 import resource
-import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from pipeline.data.tensors import MEMORY_FORMAT, normalize_images
 from pipeline.model.checkpoint import checkpoint_digest, load_checkpoint
 from pipeline.model.summary import summarize
 from pipeline.params.schema import ProfileConfig
-from pipeline.profiling.processes import time_in_processes
+from pipeline.profiling.processes import WorkerServer, time_in_processes
 from pipeline.profiling.record import (
     PROFILE_PRECISION,
     AllocatorWhatIf,
@@ -392,14 +391,14 @@ def run_profile(
     trace_path: Path,
     allocator_whatif_s: float = 0.0,
     progress: Callable[[int], None] | None = None,
-    server: subprocess.Popen[str] | None = None,
+    server: WorkerServer | None = None,
 ) -> ProfileRecord:
     """Time and trace the combination, against the device's roofs; the record keeps the `top_k`
     most expensive operators and kernels.
 
     With `processes` > 1 the step is first timed in fresh processes (pipeline.profiling.processes), forked from
-    `server` where the stage started one early (`worker_server`: it imports torch while the stage loads its
-    inputs) or else from a new one. Then, on a CPU, with `allocator_whatif_s` > 0 and glibc's allocator still
+    `server` where the stage started one early (`forked_worker_server`, before any tensor code) or else from a
+    new one. Then, on a CPU, with `allocator_whatif_s` > 0 and glibc's allocator still
     at its defaults, this process measures the step with those defaults (`measure_allocator_whatif`); then the
     allocator is tuned (pipeline.common.allocator) and everything else runs tuned, as in every other torch
     stage. The timing processes tune their own allocator."""

@@ -1,21 +1,23 @@
 """The timing processes of a profile combination: the unit the stage repeats (pipeline.profiling.processes).
 
-    python -m pipeline.profiling.worker [--inference-only]   # what the profile stage starts once: specs in,
-                                                             # one JSON line out each
+    python -m pipeline.profiling.worker [--inference-only]   # the server afresh: specs in, one JSON line out
+                                                             # each (the profile stage forks the same server)
 
 A fresh process has its own heap, page placement, oneDNN kernel choices and thread pool, and two processes
 running the same step settle at speeds up to 60 % apart on a 2-core VM (issue 21), while the blocks inside
 one process agree to ±2 %. So each combination is timed in several processes, and the uncertainty the stage
 states comes from the spread between them.
 
-Starting Python with torch costs 4-10 s on a 2-core VM (torch, then torch._dynamo, which the optimizer step
-and the checkpoint's loader reach), more than the timing itself. So the stage starts this module once: it
-imports everything and runs no tensor code (no thread pool, no allocation by torch), then forks one child
-per spec read from stdin. Each child is a new process from that clean state: it tunes the allocator as every
-torch stage does, builds the step from the checkpoint and the first test images, warms it up, times it
-(pipeline.profiling.timing) for its share of the budget and exits; the server prints its blocks as one JSON
-line. Children share the server's library layout and hash seed; a new stage run has a new server, and the
-calibration test (tests/test_timing_calibration.py) checks that intervals hold across stage runs.
+Starting Python with torch costs 4-10 s on a 2-core VM (torch, then torch._dynamo, which the optimizer step and
+the checkpoint's loader reach), more than the timing itself. So one server per stage imports everything and runs
+no tensor code (no thread pool, no allocation by torch), then forks one child per spec read from stdin: the
+profile stage forks the server from itself before its own tensor code
+(pipeline.profiling.processes.forked_worker_server); a caller that has run tensor code starts this module. Each
+child is a new process from that clean state: it tunes the allocator as every torch stage does, builds the step
+from the checkpoint and the first test images, warms it up, times it (pipeline.profiling.timing) for its share of
+the budget and exits; the server prints its blocks as one JSON line. Children share the server's library layout
+and hash seed; a new stage run has a new server, and the calibration test (tests/test_timing_calibration.py)
+checks that intervals hold across stage runs.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 import torch.nn.functional as F
@@ -119,14 +121,16 @@ def _child(spec: WorkerSpec, output: int) -> None:
     os._exit(code)  # no atexit handlers, no buffers of the server flushed twice
 
 
-def serve(training: bool = True) -> None:
-    """Read one spec per line; answer each with a line of JSON measured in a freshly forked child. `training`:
-    some spec will time a training step, whose optimizer reaches torch._dynamo (1.3-1.5 s to import): imported
-    once here, not per child. An inference step never imports it, so a server for inference only skips it."""
+def serve(training: bool = True, specs: TextIO | None = None, answers: TextIO | None = None) -> None:
+    """Read one spec per line (from `specs`, else stdin); answer each with a line of JSON (to `answers`, else
+    stdout) measured in a freshly forked child. `training`: some spec will time a training step, whose optimizer
+    reaches torch._dynamo (1.3-1.5 s to import): imported once here, not per child. An inference step never
+    imports it, so a server for inference only skips it."""
     if training:
         import torch._dynamo  # noqa: F401
 
-    for line in sys.stdin:
+    specs, answers = specs or sys.stdin, answers or sys.stdout
+    for line in specs:
         spec = WorkerSpec(**json.loads(line))
         read_end, write_end = os.pipe()
         pid = os.fork()
@@ -139,7 +143,8 @@ def serve(training: bool = True) -> None:
         _, status = os.waitpid(pid, 0)
         if not answer:
             answer = json.dumps({"error": f"the timing process ended without an answer (wait status {status})"})
-        print(answer, flush=True)
+        answers.write(answer + "\n")
+        answers.flush()
 
 
 def main() -> None:
