@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ast
+import os
 import random
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -177,3 +180,43 @@ def test_an_inference_server_and_step_never_import_dynamo_and_a_training_server_
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split("\n")[-2] == expected, result.stdout
+
+
+# Every `torch.cuda.is_available()` a process makes before it forks timing processes, with the check it used: CUDA's
+# driver does not survive a fork once `cudaGetDeviceCount` initialised it; PyTorch's NVML count leaves it alone.
+_AVAILABILITY_CHECKS = """
+import os, runpy, sys
+import torch
+checks = []
+real = torch.cuda.is_available
+def spy():
+    checks.append(os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"))
+    return real()
+torch.cuda.is_available = spy
+if sys.argv[1] == "stage":
+    import stages.profile  # what the profile stage imports before it forks its server
+    import torch._dynamo  # forked_worker_server(training=True) imports it before the fork
+else:
+    runpy.run_module("pipeline.profiling.worker", run_name="__main__")  # the server afresh; stdin is empty
+print(checks)
+"""
+
+
+@pytest.mark.slow  # starts processes that import torch: seconds, so `make test` only
+@pytest.mark.parametrize("process", ["stage", "server"])
+def test_no_process_that_forks_timing_processes_initialises_cuda_to_ask_for_a_gpu(process: str, tmp_path: Path) -> None:
+    environment = {**os.environ, "CUDA_HOME": str(tmp_path)}  # a toolkit found: torch.utils.benchmark then asks
+    environment.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
+    result = subprocess.run(
+        [sys.executable, "-c", _AVAILABILITY_CHECKS, process],
+        check=False,
+        cwd=REPO_ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    checks = ast.literal_eval(result.stdout.splitlines()[-1])
+    assert checks and set(checks) == {"1"}, checks  # asked, and every time through NVML

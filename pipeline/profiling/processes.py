@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Protocol
 
+import torch
+
 from pipeline.common.errors import PipelineError
 from pipeline.profiling.statistics import Block, MeasurementConditions, estimate_over_processes
 from pipeline.profiling.timing import StepTiming
@@ -120,8 +122,10 @@ def forked_worker_server(training: bool = True) -> Iterator[WorkerServer]:
     process forked from it start from the clean state a fresh `python -m pipeline.profiling.worker` has: no
     thread pool, no allocation, glibc malloc's defaults. The profile stage calls it first thing. `training`:
     torch._dynamo is imported here before the fork (this process needs it too: FLOP counting, the trace)."""
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        raise RuntimeError("forked_worker_server: CUDA is initialised here, and a forked child could not use it")
     if training:
-        import torch._dynamo  # noqa: F401
+        import torch._dynamo as _dynamo  # noqa: F401
     spec_read, spec_write = os.pipe()
     answer_read, answer_write = os.pipe()
     for stream in (sys.stdout, sys.stderr):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import statistics
 import time
 import timeit
@@ -51,6 +52,11 @@ from pipeline.profiling.statistics import (
 # torch.utils.benchmark imports torch.utils.cpp_extension (for Timer's C++ mode, unused here), and that
 # import logs "No CUDA runtime is found, using CUDA_HOME=..." on machines with a CUDA toolkit but no GPU:
 # a note about compiling C++ extensions, which nothing here does. Quieted for the import only.
+# That import also asks torch.cuda.is_available() wherever a CUDA toolkit is installed, and the default check
+# initialises CUDA's driver (cudaGetDeviceCount), which does not survive a fork. The profile stage and its timing
+# server fork the processes that time a CUDA step (pipeline.profiling.processes), so this process asks PyTorch's
+# fork-safe check, which counts devices through NVML; the variable is read at each check.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 _EXTENSION_LOG = logging.getLogger("torch.utils.cpp_extension")
 _previous_level = _EXTENSION_LOG.level
 _EXTENSION_LOG.setLevel(logging.ERROR)
