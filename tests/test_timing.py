@@ -6,8 +6,6 @@ import ast
 import os
 import random
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +14,7 @@ import pytest
 import torch
 
 from pipeline.profiling.timing import MIN_BLOCKS, device_clock, time_steps
-from tests.helpers.repo import REPO_ROOT
+from tests.helpers.repo import run_python
 
 CPU = torch.device("cpu")
 
@@ -134,14 +132,7 @@ def test_device_clock_waits_for_queued_gpu_work() -> None:
 @pytest.mark.slow  # starts a process that imports torch or MLflow: seconds, so `make test` only
 def test_importing_the_timer_prints_nothing() -> None:
     """torch.utils.benchmark imports cpp_extension, which logs about CUDA_HOME on toolkit-without-GPU machines."""
-    result = subprocess.run(
-        [sys.executable, "-c", "import pipeline.profiling.timing"],
-        check=False,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_python("import pipeline.profiling.timing")
     assert result.returncode == 0, result.stderr
     assert result.stderr == "" and result.stdout == ""
 
@@ -169,15 +160,7 @@ print(after_server, "torch._dynamo" in sys.modules)
 def test_an_inference_server_and_step_never_import_dynamo_and_a_training_server_imports_it_first(
     mode: str, expected: str
 ) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", _SERVER_THEN_STEP, mode],
-        check=False,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=300,
-    )
+    result = run_python(_SERVER_THEN_STEP, mode)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split("\n")[-2] == expected, result.stdout
 
@@ -207,16 +190,7 @@ print(checks)
 def test_no_process_that_forks_timing_processes_initialises_cuda_to_ask_for_a_gpu(process: str, tmp_path: Path) -> None:
     environment = {**os.environ, "CUDA_HOME": str(tmp_path)}  # a toolkit found: torch.utils.benchmark then asks
     environment.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
-    result = subprocess.run(
-        [sys.executable, "-c", _AVAILABILITY_CHECKS, process],
-        check=False,
-        cwd=REPO_ROOT,
-        env=environment,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=300,
-    )
+    result = run_python(_AVAILABILITY_CHECKS, process, env=environment)
     assert result.returncode == 0, result.stderr[-3000:]
     checks = ast.literal_eval(result.stdout.splitlines()[-1])
     assert checks and set(checks) == {"1"}, checks  # asked, and every time through NVML

@@ -21,8 +21,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -37,7 +35,7 @@ from pipeline.profiling.statistics import estimate_step_time
 from pipeline.profiling.worker import WorkerSpec
 from tests.helpers.data import LAB_MODEL
 from tests.helpers.projects import REPO_PARAMS
-from tests.helpers.repo import REPO_ROOT
+from tests.helpers.repo import run_python
 
 pytestmark = pytest.mark.slow
 
@@ -130,15 +128,7 @@ def test_a_forked_server_times_in_its_own_session_and_holds_none_of_the_callers_
 ) -> None:
     share = dataclasses.replace(spec, mode=mode, budget_s=0.2)
     held = tmp_path / "held.log"
-    result = subprocess.run(
-        [sys.executable, "-c", _FORKED_SERVER, share.to_json(), str(held)],
-        check=False,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=300,
-    )
+    result = run_python(_FORKED_SERVER, share.to_json(), str(held))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.splitlines()[-1])
     assert report["own_session"] and report["parent"], report  # a Ctrl-C in the terminal never reaches it

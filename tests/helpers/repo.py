@@ -1,9 +1,12 @@
-"""Where the project is, as the tests see it: its root, its params.yaml and the interpreter's bin folder."""
+"""Where the project is, as the tests see it: its root, its params.yaml and the interpreter's bin folder; and a
+Python snippet run there in a fresh interpreter."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,3 +19,18 @@ REPO_PARAMS: dict[str, Any] = yaml.safe_load((REPO_ROOT / "params.yaml").read_te
 SHARED_REFERENCE = Path(
     os.environ.get("GPU_REFERENCE") or REPO_ROOT.parent / "shared" / "gpu-reference" / "h100-2026-11-22"
 ).resolve()
+
+
+def run_python(script: str, *arguments: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -c script arguments` in a fresh interpreter from the repository root: stdin empty, output captured,
+    at most 5 minutes."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *arguments],
+        check=False,
+        cwd=REPO_ROOT,
+        env=None if env is None else dict(env),
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
