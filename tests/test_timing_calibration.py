@@ -136,3 +136,33 @@ def test_a_forked_server_times_in_its_own_session_and_holds_none_of_the_callers_
     assert all(blocks > 0 for blocks in report["blocks"]), report  # two timing processes answered
     assert report["gone"], report  # ended with the context, its timing processes before it
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+# The NVIDIA driver's descriptors stay open in the forked server: NVML's state, inherited from the stage, uses them
+# (pipeline.profiling.processes.DRIVER_DEVICES). A file under tmp_path stands in for /dev/nvidiactl.
+_FORKED_SERVER_DRIVER = """
+import json, os, sys
+import stages.profile  # what the stage has imported when it forks
+from pipeline.profiling import processes
+from pipeline.profiling.worker import WorkerSpec
+spec = WorkerSpec(**json.loads(sys.argv[1]))
+processes.DRIVER_DEVICES = sys.argv[2]
+driver = os.open(sys.argv[2] + "ctl", os.O_RDWR | os.O_CREAT)
+held = open(sys.argv[3], "w")
+with processes.forked_worker_server(training=False) as server:
+    blocks = len(processes.ask(server, spec).blocks)  # the server is serving: its descriptors are settled
+    targets = {int(fd): os.readlink(f"/proc/{server.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{server.pid}/fd")}
+print(json.dumps({"driver": driver, "targets": targets, "blocks": blocks}))
+"""
+
+
+def test_a_forked_server_keeps_the_nvidia_drivers_descriptors_and_no_other(spec: WorkerSpec, tmp_path: Path) -> None:
+    share = dataclasses.replace(spec, mode="inference", budget_s=0.2)
+    driver, held = tmp_path / "dev-nvidia", tmp_path / "held.log"
+    result = run_python(_FORKED_SERVER_DRIVER, share.to_json(), str(driver), str(held))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    targets = {int(fd): path for fd, path in report["targets"].items()}
+    assert targets.get(report["driver"]) == f"{driver}ctl", report
+    assert sorted(targets) == [0, 1, 2, report["driver"]] and str(held) not in targets.values(), report
+    assert report["blocks"] > 0, report

@@ -32,6 +32,12 @@ from pipeline.profiling.statistics import Block, MeasurementConditions, estimate
 from pipeline.profiling.timing import StepTiming
 from pipeline.profiling.worker import WorkerSpec, serve
 
+# The NVIDIA driver's device files. NVML opens them in the profile stage before it forks its timing server (the
+# fork-safe CUDA check of pipeline.profiling.timing) and keeps its state in memory the server inherits: the
+# server keeps them open, or in every timing process `torch.cuda.is_available()` turns False and the first
+# `torch.cuda.synchronize` fails ("invalid argument to exchangeDevice", seen on an H200).
+DRIVER_DEVICES = "/dev/nvidia"
+
 
 @dataclass(frozen=True)
 class WorkerResult:
@@ -150,13 +156,14 @@ def forked_worker_server(training: bool = True) -> Iterator[WorkerServer]:
 
 def _serve_forked(spec_read: int, answer_write: int) -> None:
     """In the forked server: a session of its own, the pipes as stdin and stdout, no other descriptor of the
-    stage's (as `subprocess`'s close_fds), the exits of `python -m pipeline.profiling.worker`; never returns."""
+    stage's (as `subprocess`'s close_fds) but the NVIDIA driver's, the exits of `python -m
+    pipeline.profiling.worker`; never returns."""
     code = 1
     try:
         os.setsid()
         os.dup2(spec_read, 0)
         os.dup2(answer_write, 1)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        _close_all_but(_descriptors_open_on(DRIVER_DEVICES))
         signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
         with open(0, closefd=False) as specs, open(1, "w", closefd=False) as answers:
             serve(training=False, specs=specs, answers=answers)  # what training needs is imported already
@@ -167,6 +174,26 @@ def _serve_forked(spec_read: int, answer_write: int) -> None:
         traceback.print_exc()
     finally:
         os._exit(code)  # none of the stage's atexit handlers or buffers
+
+
+def _descriptors_open_on(prefix: str) -> set[int]:
+    """This process's descriptors open on a path that starts with `prefix`."""
+    found = set()
+    with contextlib.suppress(OSError):  # no /proc (not Linux): no NVML state to keep either
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{name}").startswith(prefix):
+                    found.add(int(name))
+    return found
+
+
+def _close_all_but(keep: set[int]) -> None:
+    """Close every descriptor from 3 up except those in `keep`."""
+    low = 3
+    for descriptor in sorted(d for d in keep if d >= low):
+        os.closerange(low, descriptor)
+        low = descriptor + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
 
 
 def ask(server: WorkerServer, spec: WorkerSpec) -> WorkerResult:
@@ -189,7 +216,8 @@ def time_in_processes(
     server: WorkerServer | None = None,
 ) -> StepTiming:
     """Time `spec` in `processes` workers, each with `spec.budget_s` / `processes` of timing, forked from
-    `server` (a `worker_server` the caller started for this combination) or else from a new one.
+    `server` (a `forked_worker_server` or `worker_server` the caller started for this combination) or else from
+    a new `worker_server`.
 
     `progress(i)` is called after worker i (1-based) finished."""
     share = dataclasses.replace(spec, budget_s=spec.budget_s / processes)
