@@ -1,13 +1,13 @@
 """Training speed as a user gets it: this pipeline's loop vs the pytorch/examples MNIST recipe, each in fresh processes.
 
     python -m benchmarks.train_speed [--samples 60000] [--test-samples 10000] [--repeats 3] [--device cpu|cuda]
-                                     [--no-stage]
+                                     [--epochs 1] [--no-stage]
 
-Every variant trains one epoch over the first `--samples` training images in a process of its own, started
-for that one run, as every DVC stage is (a warm process that has trained before runs faster: glibc has raised
-its thresholds; pipeline.common.allocator). One repeat runs each variant once, in a rotated order, so that the
-variants of one repeat share a window of the machine's time; a ratio is taken within a repeat (paired), and the
-table gives the median over repeats with the min-max spread. Variants (CPU):
+Every variant trains `--epochs` epochs (default 1) over the first `--samples` training images in a process of its
+own, started for that one run, as every DVC stage is (a warm process that has trained before runs faster: glibc
+has raised its thresholds; pipeline.common.allocator). One repeat runs each variant once, in a rotated order, so
+that the variants of one repeat share a window of the machine's time; a ratio is taken within a repeat (paired),
+and the table gives the median over repeats with the min-max spread. Variants (CPU):
 
 - `reference`: pytorch/examples mnist/main.py's way of feeding batches (torchvision dataset, ToTensor +
   Normalize per item, DataLoader with shuffle; on CUDA `num_workers=1, pin_memory=True`), same network
@@ -16,12 +16,18 @@ table gives the median over repeats with the min-max spread. Variants (CPU):
   as the stage tunes it; the reference keeps glibc's defaults, as its users get them), no tracking;
   `pipeline fp32` where that resolves to another precision;
 - `pipeline+tracking`: the same loop logging to MLflow + TensorBoard in a throw-away store;
-- `train stage`: `python -m stages.train` itself in a scratch copy of the project (epochs 1, the same
-  samples), its images/s read from the `metrics/train_speed.json` it writes (`--no-stage` skips it).
+- `train stage`: `python -m stages.train` itself in a scratch copy of the project (the same epochs and
+  samples), its images/s read from the `metrics/train_speed.json` it writes, or with `--epochs` > 1 from the
+  `train/epoch_seconds` it logs to its MLflow store (`--no-stage` skips it).
 
-The table also gives the minor page faults during the timed epoch (`benchmarks.allocator` compares allocators).
-On CUDA: eager and CUDA-graph-replayed (`train.execution`), each in fp32 and bf16, and the graph with
-tracking. Needs `dvc repro download` (or MNIST in data/) first. Writes nothing in the project.
+With one epoch, images/s is that epoch's, as the stage reports it. With `--epochs` N > 1 it is over epochs 2..N
+(steady state): the first pays one-off costs, which on a GPU are most of a short epoch (the warm-up steps, the
+graph capture, the first use of cuBLAS and cuDNN: a one-epoch run of `cuda_graph bf16` gave 68,569 images/s on
+an NVIDIA H200 where the stage, which pays them in its precision measurement before it times an epoch, gave
+121,683-128,428). On CUDA use `--epochs 3`. The table also gives the minor page faults per epoch, over all
+epochs trained (`benchmarks.allocator` compares allocators). On CUDA: eager and CUDA-graph-replayed
+(`train.execution`), each in fp32 and bf16, and the graph with tracking. Needs `dvc repro download` (or MNIST in
+data/) first. Writes nothing in the project.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import yaml
@@ -51,10 +57,17 @@ EPOCH_SECONDS_LIMIT = 3600  # one worker; a hung one must not hang the benchmark
 TEST_IMAGES = 10_000  # MNIST's test set
 
 
+def steady_speed(samples: int, epoch_seconds: Sequence[float]) -> float:
+    """Images per second of `samples`-image epochs: the only epoch's, or over all epochs after the first."""
+    timed = epoch_seconds[1:] if len(epoch_seconds) > 1 else epoch_seconds
+    return samples * len(timed) / sum(timed)
+
+
 def reference_epoch(
-    config: TrainConfig, samples: int, seed: int, device_name: str, test_samples: int
+    config: TrainConfig, samples: int, seed: int, device_name: str, test_samples: int, epochs: int = 1
 ) -> tuple[float, float, float]:
-    """pytorch/examples mnist: (images per second, test accuracy, minor page faults while training)."""
+    """pytorch/examples mnist, `epochs` epochs: (images per second (`steady_speed`), test accuracy after the
+    last epoch, minor page faults per epoch while training)."""
     import torch
     import torch.nn.functional as F
     from torch.utils.data import DataLoader, Subset
@@ -76,26 +89,30 @@ def reference_epoch(
     test_loader = DataLoader(test_set, batch_size=1000, num_workers=int(on_gpu), pin_memory=on_gpu)
     model = LabNet(config.model).to(device)
     optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=config.gamma)  # the example's
     model.train()
     faults = minor_faults()
-    started = time.perf_counter()
-    for batch_index, (data, target) in enumerate(train_loader):
-        optimizer.zero_grad()
-        loss = F.nll_loss(model(data.to(device)), target.to(device))
-        loss.backward()  # type: ignore[no-untyped-call]
-        optimizer.step()
-        if batch_index % 10 == 0:
-            loss.item()  # the example prints the loss every 10 batches: keep its sync
-    if on_gpu:
-        torch.cuda.synchronize(device)  # queued GPU work belongs to the epoch
-    seconds = time.perf_counter() - started
+    seconds: list[float] = []
+    for _ in range(epochs):
+        started = time.perf_counter()
+        for batch_index, (data, target) in enumerate(train_loader):
+            optimizer.zero_grad()
+            loss = F.nll_loss(model(data.to(device)), target.to(device))
+            loss.backward()  # type: ignore[no-untyped-call]
+            optimizer.step()
+            if batch_index % 10 == 0:
+                loss.item()  # the example prints the loss every 10 batches: keep its sync
+        if on_gpu:
+            torch.cuda.synchronize(device)  # queued GPU work belongs to the epoch
+        seconds.append(time.perf_counter() - started)
+        scheduler.step()
     faults = minor_faults() - faults
     model.eval()
     correct = 0
     with torch.no_grad():
         for data, target in test_loader:
             correct += int((model(data.to(device)).argmax(dim=1) == target.to(device)).sum().item())
-    return samples / seconds, correct / len(test_set), faults
+    return steady_speed(samples, seconds), correct / len(test_set), faults / epochs
 
 
 def pipeline_epoch(
@@ -107,12 +124,13 @@ def pipeline_epoch(
     execution: str,
     tracked: bool,
     test_samples: int,
+    epochs: int = 1,
 ) -> tuple[float, float, float]:
-    """This pipeline's loop, one epoch: (images per second as the stage reports it, test accuracy, minor page
-    faults during `train_model`, its per-epoch test pass included).
+    """This pipeline's loop, `epochs` epochs: (images per second (`steady_speed` of the stage's own epoch
+    seconds, `TrainingResult.epoch_seconds`), test accuracy after the last epoch, minor page faults per epoch
+    during `train_model`, its per-epoch test pass included).
 
-    The seconds are the train stage's own (`TrainingResult.train_seconds`): with cuda_graph they include the
-    eager warm-up steps and the capture, paid once per run.
+    With cuda_graph the first epoch's seconds include the eager warm-up steps and the capture, paid once per run.
     """
     from pipeline.data.mnist import load_split
     from pipeline.data.tensors import first_samples, to_device_data
@@ -123,7 +141,7 @@ def pipeline_epoch(
 
     device = select_device(device_name, param="--device")
     precision = select_precision(precision, device)
-    config = dataclasses.replace(config, epochs=1, train_samples=samples, seed=seed)
+    config = dataclasses.replace(config, epochs=epochs, train_samples=samples, seed=seed)
     pin_runtime(device, precision, config.threads, config.seed)
     train = to_device_data(*first_samples(*load_split(DATA_ROOT, "train"), samples), device)
     test = to_device_data(*first_samples(*load_split(DATA_ROOT, "test"), test_samples), device)
@@ -139,12 +157,14 @@ def pipeline_epoch(
                     config, train, test, device, precision, tracker, progress=False, execution=execution
                 )
     faults = minor_faults() - faults
-    # The epoch's own test pass (fp32, pipeline.training.loop.evaluate), as the stage records it.
-    return result.images_per_second, result.epochs[-1].test_accuracy, faults
+    # The last epoch's own test pass (fp32, pipeline.training.loop.evaluate), as the stage records it.
+    return steady_speed(samples, result.epoch_seconds), result.epochs[-1].test_accuracy, faults / epochs
 
 
-def stage_epoch(samples: int, seed: int, device_name: str) -> tuple[float, float, float]:
-    """`python -m stages.train` in a scratch copy of the project (its own MLflow store): what `dvc repro` runs."""
+def stage_epoch(samples: int, seed: int, device_name: str, epochs: int = 1) -> tuple[float, float, float]:
+    """`python -m stages.train` in a scratch copy of the project (its own MLflow store): what `dvc repro` runs.
+    Images/s: the `metrics/train_speed.json` it writes, or with `epochs` > 1 `steady_speed` of the
+    `train/epoch_seconds` it logged to MLflow."""
     project = Path.cwd()
     with tempfile.TemporaryDirectory() as scratch:
         copy = Path(scratch)
@@ -153,7 +173,7 @@ def stage_epoch(samples: int, seed: int, device_name: str) -> tuple[float, float
         (copy / DATA_ROOT).mkdir()
         (copy / DATA_ROOT / "MNIST").symlink_to((project / DATA_ROOT / "MNIST").resolve())
         params = yaml.safe_load((project / "params.yaml").read_text())
-        params["train"].update(epochs=1, train_samples=samples, seed=seed, device=device_name)
+        params["train"].update(epochs=epochs, train_samples=samples, seed=seed, device=device_name)
         (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         environment = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{copy}/mlflow.db"}
         command = [sys.executable, "-m", "stages.train"]
@@ -164,29 +184,44 @@ def stage_epoch(samples: int, seed: int, device_name: str) -> tuple[float, float
         faults = resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt - faults
         if result.returncode != 0:
             raise SystemExit(f"`python -m stages.train` failed:\n{result.stderr[-3000:]}")
-        speed = json.loads((copy / TRAIN_SPEED).read_text())
+        speed = float(json.loads((copy / TRAIN_SPEED).read_text())["images_per_second"])
+        if epochs > 1:
+            speed = steady_speed(samples, logged_epoch_seconds(environment["MLFLOW_TRACKING_URI"]))
         quality = json.loads((copy / "metrics" / "train.json").read_text())
-    # The whole stage's faults (imports, data, tracking): more than the loop's alone.
-    return float(speed["images_per_second"]), float(quality["test_accuracy"]), float(faults)
+    # The whole stage's faults (imports, data, tracking), per epoch: more than the loop's alone.
+    return speed, float(quality["test_accuracy"]), faults / epochs
 
 
-def worker(variant: str, samples: int, seed: int, device_name: str, test_samples: int) -> tuple[float, float, float]:
-    """One run of `variant`, in this (fresh) process: (images/s, test accuracy, minor page faults). The train
-    stage variant tests on the whole test set, as the stage does."""
+def logged_epoch_seconds(tracking_uri: str) -> list[float]:
+    """`train/epoch_seconds` of the one train run in the MLflow store at `tracking_uri`, in epoch order."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    experiments = [experiment.experiment_id for experiment in client.search_experiments()]
+    (run,) = client.search_runs(experiments, filter_string="tags.stage = 'train'")
+    history = client.get_metric_history(run.info.run_id, "train/epoch_seconds")
+    return [metric.value for metric in sorted(history, key=lambda metric: metric.step)]
+
+
+def worker(
+    variant: str, samples: int, seed: int, device_name: str, test_samples: int, epochs: int = 1
+) -> tuple[float, float, float]:
+    """One run of `variant`, in this (fresh) process: (images/s, test accuracy, minor page faults per epoch).
+    The train stage variant tests on the whole test set, as the stage does."""
     config = load_params().train
     if variant == "reference":
         return reference_epoch(
-            config, samples, seed, device_name, test_samples
+            config, samples, seed, device_name, test_samples, epochs
         )  # glibc's defaults, as its users get them
     tune_allocator()  # as every torch stage does (pipeline.common.allocator); $LAB_ALLOCATOR=default undoes it
     if variant == "train stage":
-        return stage_epoch(samples, seed, device_name)
+        return stage_epoch(samples, seed, device_name, epochs)
     # "pipeline", "pipeline+tracking", "pipeline fp32", "<execution> <precision>", "... +tracking"
     tracked = variant.endswith("+tracking")
     words = variant.removesuffix("+tracking").split()
     execution = words[0] if words[0] in ("eager", "cuda_graph") else "eager"
     precision = words[1] if len(words) > 1 else config.precision
-    return pipeline_epoch(config, samples, seed, device_name, precision, execution, tracked, test_samples)
+    return pipeline_epoch(config, samples, seed, device_name, precision, execution, tracked, test_samples, epochs)
 
 
 def run_worker(
@@ -196,10 +231,12 @@ def run_worker(
     device_name: str,
     environment: Mapping[str, str] | None = None,
     test_samples: int = TEST_IMAGES,
+    epochs: int = 1,
 ) -> tuple[float, float, float]:
     """`variant` in a fresh process (with `environment` added to this one's); what `worker` returned."""
     command = [sys.executable, "-m", "benchmarks.train_speed", "--worker", variant]
     command += ["--samples", str(samples), "--test-samples", str(test_samples), "--seed", str(seed)]
+    command += ["--epochs", str(epochs)]
     command += ["--device", device_name]
     result = subprocess.run(
         command,
@@ -213,6 +250,18 @@ def run_worker(
         raise SystemExit(f"variant {variant!r} failed:\n{result.stderr[-3000:]}")
     speed, accuracy, faults = json.loads(result.stdout.strip().splitlines()[-1])
     return float(speed), float(accuracy), float(faults)
+
+
+def _epochs(text: str) -> int:
+    """--epochs: a whole number from 1 to 100 (argparse prints this message, names the option and exits 2)."""
+    if not text.isdigit() or not 1 <= int(text) <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of epochs from 1 to 100")
+    return int(text)
+
+
+def timed_epochs(epochs: int) -> str:
+    """Which epochs the images/s column is over, in words."""
+    return "of the one epoch" if epochs == 1 else f"over epochs 2-{epochs} (the first pays one-off costs)"
 
 
 def add_test_samples_option(parser: argparse.ArgumentParser) -> None:
@@ -233,7 +282,7 @@ def minor_faults() -> int:
 class Run:
     images_per_second: float
     accuracy: float
-    page_faults: float  # minor page faults during the timed epoch (train stage: the whole process)
+    page_faults: float  # minor page faults per epoch while training (train stage: the whole process, per epoch)
 
 
 def run_variants(
@@ -263,7 +312,7 @@ def ratios(results: dict[str, list[Run]], name: str, reference: str) -> list[flo
 def table(results: dict[str, list[Run]], reference: str) -> str:
     lines = [
         f"| variant | images/s median (min-max) | vs {reference}: median (min-max) | test accuracy median (min-max) "
-        "| page faults, millions (min-max) |",
+        "| page faults per epoch, millions (min-max) |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
     for name, runs in results.items():
@@ -298,18 +347,25 @@ def main(arguments: list[str] | None = None) -> None:
         "--repeats", type=int, default=3, help="fresh processes per variant; seeds train.seed + 0, 1, ..."
     )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to train (default: cpu)")
+    parser.add_argument(
+        "--epochs",
+        type=_epochs,
+        default=1,
+        help="epochs per run (default 1); above 1, images/s is over the epochs after the first (use 3 on CUDA)",
+    )
     add_test_samples_option(parser)
     parser.add_argument("--no-stage", action="store_true", help="leave out the `python -m stages.train` variant")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(arguments)
     if args.worker:
-        print(json.dumps(worker(args.worker, args.samples, args.seed, args.device, args.test_samples)))
+        print(json.dumps(worker(args.worker, args.samples, args.seed, args.device, args.test_samples, args.epochs)))
         return
     config = load_params().train
     variants, headline = variants_for(config, args.device, not args.no_stage)
     print(
-        f"{args.samples} images, {args.repeats} repeat(s) of {len(variants)} variants, each in a fresh process; "
+        f"{args.samples} images x {args.epochs} epoch(s), images/s {timed_epochs(args.epochs)}; "
+        f"{args.repeats} repeat(s) of {len(variants)} variants, each in a fresh process; "
         f"train.precision={config.precision}, train.threads={config.threads or 'one per core'}; device {args.device}",
         flush=True,
     )
@@ -318,7 +374,9 @@ def main(arguments: list[str] | None = None) -> None:
         variants,
         args.repeats,
         config.seed,
-        lambda name, seed: run_worker(name, args.samples, seed, args.device, test_samples=args.test_samples),
+        lambda name, seed: run_worker(
+            name, args.samples, seed, args.device, test_samples=args.test_samples, epochs=args.epochs
+        ),
     )
     print()
     print(table(results, "reference"))

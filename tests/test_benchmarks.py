@@ -37,9 +37,12 @@ def test_train_speed_times_every_variant_in_fresh_processes_and_prints_its_table
         "500",
         "--repeats",
         "1",
+        "--epochs",
+        "2",  # the steady-state path: images/s over epoch 2, the stage's read back from its MLflow store
     ]
     result = run_command(command, trained, stage_environment(mnist_mirror))
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "256 images x 2 epoch(s), images/s over epochs 2-2 (the first pays one-off costs)" in result.stdout
     rows = {
         match["name"]: match
         for match in re.finditer(
@@ -58,6 +61,15 @@ def test_train_speed_times_every_variant_in_fresh_processes_and_prints_its_table
     assert result.stdout.count("repeat ") == 1
     assert re.search(r"pipeline vs reference: [\d.]+x \(min-max [\d.]+-[\d.]+x over 1 paired repeats\)", result.stdout)
     assert re.search(r"tracking costs [+-][\d.]+ % of the loop's time", result.stdout)
+
+
+@pytest.mark.parametrize("epochs", ["0", "101", "two"])
+def test_train_speed_refuses_a_number_of_epochs_it_cannot_run(trained: Path, mnist_mirror: Path, epochs: str) -> None:
+    result = run_command(
+        [sys.executable, "-m", "benchmarks.train_speed", "--epochs", epochs], trained, stage_environment(mnist_mirror)
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"argument --epochs: '{epochs}' is not a number of epochs from 1 to 100" in result.stderr
 
 
 def test_allocator_benchmark_runs_every_variant_in_its_own_environment(trained: Path, mnist_mirror: Path) -> None:
