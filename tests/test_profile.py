@@ -334,11 +334,17 @@ def test_every_cpu_combination_times_its_step_with_glibc_defaults_first_then_tun
             in (folder / "top_operators.md").read_text()
         )
         faults[name] = (whatif["page_faults_per_step"], whatif["tuned_page_faults_per_step"])
-    # Structure, not speed: with the defaults a batch-64 training step maps its large buffers anew and faults
-    # them in again (thousands of pages); tuned, they stay on the heap. Not zero tuned: on a loaded machine the
-    # kernel reclaims idle heap pages (this VM runs DAMON reclaim), and one run faulted 922 per step against 8,141.
-    default, tuned = faults["64-cpu-train"]
-    assert default > 1000 and tuned < default / 5, faults
+    # Structure, not speed: with the defaults a training step maps its large buffers anew and faults them in again
+    # (thousands of pages a step); tuned, they stay on the heap. How many in one process varies: glibc raises its
+    # mmap threshold to the largest block freed so far and trims the heap top only when the free space there passes
+    # twice that, so a small block that lands above the step's buffers can stop the refaulting for good. The
+    # batch-64 what-if of this tiny project faulted 2,529-11,804 times a step in 11 runs on one Zen 5, and 2.6 in
+    # one CI run whose batch 1 and 16 faulted ~2,500. Not zero tuned either: on a loaded machine the kernel
+    # reclaims idle heap pages (this VM runs DAMON reclaim: 462 a step seen, 922 against 8,141 once). So the claim
+    # is made over the three training combinations together.
+    train = [faults[name] for name in COMBINATIONS if name.endswith("-train")]
+    default, tuned = sum(pair[0] for pair in train), sum(pair[1] for pair in train)
+    assert len(train) == 3 and default > 1000 and tuned < default / 5, faults
 
 
 @pytest.mark.slow
