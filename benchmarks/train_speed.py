@@ -184,9 +184,10 @@ def stage_epoch(samples: int, seed: int, device_name: str, epochs: int = 1) -> t
         faults = resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt - faults
         if result.returncode != 0:
             raise SystemExit(f"`python -m stages.train` failed:\n{result.stderr[-3000:]}")
-        speed = float(json.loads((copy / TRAIN_SPEED).read_text())["images_per_second"])
         if epochs > 1:
             speed = steady_speed(samples, logged_epoch_seconds(environment["MLFLOW_TRACKING_URI"]))
+        else:
+            speed = float(json.loads((copy / TRAIN_SPEED).read_text())["images_per_second"])
         quality = json.loads((copy / "metrics" / "train.json").read_text())
     # The whole stage's faults (imports, data, tracking), per epoch: more than the loop's alone.
     return speed, float(quality["test_accuracy"]), faults / epochs

@@ -12,7 +12,6 @@ import hashlib
 import json
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ from tests.helpers.projects import (
     stage_environment,
     write_params,
 )
-from tests.helpers.repo import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT, run_python
 
 ALIAS_BOMB = "".join(
     f"{name}: &{name} [{', '.join([f'*{previous}'] * 9) if previous else ', '.join(['lol'] * 9)}]\n"
@@ -221,8 +220,8 @@ def test_validate_stage_imports_no_torch_or_mlflow() -> None:
         "import sys, stages.validate, pipeline.params.validation; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'mlflow', 'numpy'}))"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == "[]"
+    result = run_python(code)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
 
 
 def test_profile_item_comes_from_dvc_stage_name_never_from_a_command_line(repo_params: dict[str, Any]) -> None:

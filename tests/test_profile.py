@@ -48,7 +48,7 @@ from tests.helpers.projects import (
     write_params,
 )
 from tests.helpers.records import make_record
-from tests.helpers.repo import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT, run_python
 from tests.helpers.servers import running_tensorboard
 
 CPU = torch.device("cpu")
@@ -540,9 +540,7 @@ _TRACED_TRAINING_STEP = (
 def test_kineto_noise_is_kept_out_of_the_console_but_real_errors_are_not() -> None:
     def stderr_of(block: str) -> str:
         probe = _TRACED_TRAINING_STEP.format(block=block)
-        result = subprocess.run(
-            [sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, check=False
-        )
+        result = run_python(probe)
         assert result.returncode == 0, result.stderr
         return result.stderr
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +34,7 @@ from pipeline.report.step_analysis import step_facts, step_sentences
 from pipeline.tracking.store import ui_url
 from tests.helpers.projects import clone_project, read_params, write_params
 from tests.helpers.records import make_record, write_two_profiles
-from tests.helpers.repo import REPO_ROOT
+from tests.helpers.repo import REPO_ROOT, run_python
 
 
 def test_analysis_states_scaling_dominant_operators_and_gpu_speedup() -> None:
@@ -317,7 +315,7 @@ def test_report_says_when_training_ran_on_a_busy_machine(
 def test_report_stage_imports_no_torch() -> None:
     """The report only reads records: importing torch would cost every report run ~4 s."""
     probe = "import sys, stages.report, pipeline.tracking.tracker; assert 'torch' not in sys.modules, 'torch imported'"
-    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    result = run_python(probe)
     assert result.returncode == 0, result.stderr
 
 
