@@ -13,10 +13,20 @@ export PATH := $(BIN):$(PATH)
 
 install: $(INSTALLED)
 
+# uv (pinned in requirements.txt, installed by pip first) resolves and installs the same pins 6-7x faster than pip;
+# where uv cannot run, pip installs them. Either way the line `install: ... by uv|pip` says which one ran.
+UV_PIN = $(shell grep -m1 '^uv==' requirements.txt)
+
 $(INSTALLED): requirements.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet pip==$(PIP_VERSION)
-	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check pip==$(PIP_VERSION) $(UV_PIN)
+	@if $(BIN)/uv pip install --quiet --python $(BIN)/python -r requirements.txt; then \
+	  echo "install: requirements.txt installed by uv ($$($(BIN)/uv --version))"; \
+	else \
+	  echo "install: uv could not install requirements.txt; installing with pip instead" >&2; \
+	  $(BIN)/python -m pip install --quiet -r requirements.txt \
+	    && echo "install: requirements.txt installed by pip ($$($(BIN)/python -m pip --version | cut -d' ' -f1-2))"; \
+	fi
 	@touch $@
 
 repro: install

@@ -1,0 +1,46 @@
+"""The environment `make install` builds is exactly requirements.txt, whichever installer (uv or pip) ran."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import sys
+from pathlib import Path
+
+from tests.helpers.repo import REPO_ROOT
+
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$")
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _pins(requirements: Path) -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for line in requirements.read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        match = _PIN.match(line.strip())
+        assert match, f"requirements.txt: {line!r} is not a `name==version` pin"
+        pins[_canonical(match.group(1))] = match.group(2)
+    return pins
+
+
+def test_the_installed_environment_is_exactly_the_pinned_requirements() -> None:
+    pins = _pins(REPO_ROOT / "requirements.txt")
+    assert "uv" in pins and "torch" in pins  # the installer itself is pinned like everything else
+    installed = {
+        _canonical(dist.metadata["Name"]): dist.version
+        for dist in importlib.metadata.distributions(path=[p for p in sys.path if p.endswith("site-packages")])
+    }
+    installed.pop("pip", None)  # Makefile pins pip apart (PIP_VERSION): it installs the installer
+    wrong = {name: (version, installed.get(name)) for name, version in pins.items() if installed.get(name) != version}
+    extra = sorted(set(installed) - set(pins))
+    assert not wrong, f"installed versions differ from requirements.txt (pinned, installed): {wrong}"
+    assert not extra, f"installed but not pinned in requirements.txt: {extra}"
+
+
+def test_requirements_record_no_index_address() -> None:
+    text = (REPO_ROOT / "requirements.txt").read_text()
+    assert not re.search(r"https?://|--index-url|--extra-index-url|--find-links", text)
