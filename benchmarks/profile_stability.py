@@ -1,40 +1,29 @@
-"""Stability of the profile stage's step timing: every combination measured several times, as reruns of the stage.
+"""Stability of the profile stage's timing: the device's combinations timed several times, as reruns of the stage.
 
-    python -m benchmarks.profile_stability [--repeats 3] [--goal-pct 5] [--device cpu]
+    python -m benchmarks.profile_stability [--repeats 2] [--goal-pct 5] [--ratio-goal-pct 3] [--device cpu]
 
-Each repeat of a combination is timed exactly as the profile stage times it (pipeline.profiling.processes):
-a new worker server, `profile.processes` fresh timing processes sharing `profile.time_budget_s`, the stage's
-threads, warm-up and `ci_target_pct`. All combinations run once before any runs again, so the repeats of one
-combination are minutes apart, as two `dvc repro`s would be. Prints per combination each estimate with its
-stated 95 % CI (the processes' spread widened by the machine's speed drift, as the stage states it: read from
-`hardware/roofs.json` when it was measured on this machine, else probed here for `profile.drift_probe_s`), the
-largest difference between repeats, and which condition of issue 21 the row meets:
+Each repeat times every batch size x mode of the device exactly as the `profile@<device>` stage does
+(pipeline.profiling.processes): a new worker server, `profile.processes` fresh processes that each time all
+combinations interleaved, round by round in random order, sharing `profile.time_budget_s` per combination, with the
+stage's threads, warm-up and `ci_target_pct`. The repeats run one after the other, as two `dvc repro -f` would.
 
-- `agree`: the repeats agree within `--goal-pct` (the goal); else
-- `inside`: every repeat's estimate lies inside every other repeat's stated interval (the interval is honest
-  about a difference it cannot resolve); else
-- `MISS`: the stated intervals do not hold on a rerun.
+It prints, per repeat, each combination's step time with its 95 % CI and the processes' medians, and each paired
+ratio with its 95 % CI; then two tables:
 
-Before each timing process and after the last it also times the drift probe's workload for `--probe-s` seconds
-(in this process, on `profile.threads` threads, never beside a worker) and prints its range per run: a step that
-jumps while the probe stays put moved on its own (on a Zen 5 VM, two-thread steps jumped 40 % while the probe
-stayed within ±5 %: their memory-bound layers, README "Timing you can trust"); one that moves with the probe
-followed the machine. `--probe-s 0`
-leaves it out.
+- per combination: each repeat's step time, the largest difference between repeats and which condition holds:
+  `agree` (within `--goal-pct`), `inside` (every repeat inside every other repeat's interval) or `MISS`;
+- per ratio: each repeat's value with its CI, whether every CI is within `--ratio-goal-pct`, and whether each later
+  repeat's value lies inside the first repeat's interval.
 
-It also counts the ordered pairs (i, j) whose run j lies inside run i's interval over all rows, the calibration
-test's measure: with honest 95 % intervals about 85 % of pairs are inside (simulated: six processes, the drift
-known), and a row of 3 repeats has all six pairs inside only about 65 % of the time, so `MISS` rows are expected
-on any machine whose repeats do not agree within the goal.
-
-Exits 0 when every row is `agree` or `inside`, 1 otherwise. Needs models/model.pt and data/MNIST (after
-`dvc repro train`). Writes nothing: no profiles, no MLflow runs.
+A closing line counts the later repeats' ratios inside the first repeat's intervals (the goal: at least 90 %) and
+the ratios whose CI is within `--ratio-goal-pct` in every repeat. Exits 1 when a combination row is `MISS` or
+fewer than 90 % of the later ratios lie inside, else 0. Needs models/model.pt and data/MNIST (after `dvc repro
+train`). Writes nothing: no profiles, no MLflow runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 import time
@@ -43,14 +32,13 @@ import torch
 
 from pipeline.common.errors import PipelineError
 from pipeline.common.machine import cpu_model, machine_fingerprint
-from pipeline.common.paths import DATA_ROOT, HARDWARE_ROOFS, MODEL_CHECKPOINT
+from pipeline.common.paths import DATA_ROOT, MODEL_CHECKPOINT
 from pipeline.params.loading import load_params
-from pipeline.params.schema import ProfileConfig
-from pipeline.profiling.peak import speed_drift
 from pipeline.profiling.processes import time_in_processes
-from pipeline.profiling.roofs import SpeedDrift, read_roofs
-from pipeline.profiling.statistics import StepEstimate, available_cores, with_drift
+from pipeline.profiling.statistics import PairedRatio, StepEstimate, available_cores, paired_ratio
 from pipeline.profiling.worker import WorkerSpec
+
+INSIDE_GOAL = 0.90  # share of a rerun's ratios that must lie inside the first run's intervals
 
 
 def verdict(estimates: list[StepEstimate], goal_pct: float) -> tuple[str, float]:
@@ -74,122 +62,113 @@ def pairs_inside(estimates: list[StepEstimate]) -> tuple[int, int]:
     return sum(a.ci_low_ms <= b.median_ms <= a.ci_high_ms for a, b in pairs), len(pairs)
 
 
-def machine_drift(device: str, config: ProfileConfig, fingerprint: dict[str, str]) -> tuple[SpeedDrift, str]:
-    """The speed drift the profile stage would include: the roofs stage's, if measured on this machine, else probed."""
-    if HARDWARE_ROOFS.exists():
-        try:
-            roofs = read_roofs(HARDWARE_ROOFS)
-        except PipelineError:
-            roofs = None
-        measured = roofs.for_device(device) if roofs is not None and roofs.fingerprint == fingerprint else None
-        if measured is not None:
-            return measured.speed_drift, f"from {HARDWARE_ROOFS}"
-    return speed_drift(torch.device(device), config.drift_probe_s), "probed now"
-
-
-def _probe(device: torch.device, seconds: float, into: list[float], _: int = 0) -> None:
-    """The drift probe's workload for `seconds` (one window): its median ms appended to `into` (0 s: nothing)."""
-    if seconds > 0:
-        into.extend(speed_drift(device, seconds, windows=1).window_medians_ms)
+def later_inside_first(ratios: list[PairedRatio]) -> tuple[int, int]:
+    """Repeats after the first whose ratio lies inside the first repeat's interval, and how many there are."""
+    first, later = ratios[0], ratios[1:]
+    return sum(first.low <= ratio.value <= first.high for ratio in later), len(later)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2, choices=range(2, 21), metavar="2-20")
     parser.add_argument("--goal-pct", type=float, default=5.0, help="largest rerun difference counted as agreement")
+    parser.add_argument("--ratio-goal-pct", type=float, default=3.0, help="widest paired-ratio CI counted as narrow")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--probe-s", type=float, default=0.3, help="drift probe before each process (0: none)")
     args = parser.parse_args()
     if not MODEL_CHECKPOINT.exists() or not (DATA_ROOT / "MNIST").exists():
         raise SystemExit(f"{MODEL_CHECKPOINT} or {DATA_ROOT / 'MNIST'} is missing: run `dvc repro train` first.")
     config = load_params().profile
     fingerprint = machine_fingerprint()
-    combinations = [(batch, mode) for batch in config.batch_sizes for mode in config.modes]
+    items = tuple((batch, mode) for batch in config.batch_sizes for mode in config.modes)
+    names = [f"{batch}-{args.device}-{mode}" for batch, mode in items]
     print(
         f"machine: {cpu_model()} ({fingerprint['cpu_family_model']}; {fingerprint['cpu_features']}), "
         f"{available_cores()} cores; profile.threads {config.threads or 'one per core'}, processes "
-        f"{config.processes}, ci_target_pct {config.ci_target_pct:g}, time_budget_s {config.time_budget_s:g}; "
-        f"device {args.device}; load average at start {' '.join(f'{value:.2f}' for value in os.getloadavg())}",
+        f"{config.processes}, ci_target_pct {config.ci_target_pct:g}, time_budget_s {config.time_budget_s:g} per "
+        f"combination; device {args.device}; load average at start {' '.join(f'{v:.2f}' for v in os.getloadavg())}",
         flush=True,
     )
     if config.threads:
-        torch.set_num_threads(config.threads)  # the probe runs as the timing processes do
+        torch.set_num_threads(config.threads)
+    spec = WorkerSpec(
+        checkpoint=str(MODEL_CHECKPOINT.resolve()),
+        data_root=str(DATA_ROOT.resolve()),
+        device=args.device,
+        items=items,
+        threads=config.threads,
+        warmup_steps=config.warmup_steps,
+        ci_target_pct=config.ci_target_pct,
+        budget_s=config.time_budget_s * len(items),
+    )
+    pairs = [(a, b) for a in range(len(items)) for b in range(len(items)) if _compared(items[a], items[b])]
     started = time.perf_counter()
-    drift, source = machine_drift(args.device, config, fingerprint)
-    print(f"speed drift ±{drift.half_width_pct:.1f} % ({source}: {drift.method})", flush=True)
-    runs: dict[tuple[int, str], list[StepEstimate]] = {combination: [] for combination in combinations}
-    busy: dict[tuple[int, str], bool] = {}
-    all_probes: list[float] = []
+    estimates: dict[str, list[StepEstimate]] = {name: [] for name in names}
+    ratios: dict[tuple[int, int], list[PairedRatio]] = {pair: [] for pair in pairs}
     for repeat in range(args.repeats):
-        for batch, mode in combinations:
-            spec = WorkerSpec(
-                checkpoint=str(MODEL_CHECKPOINT.resolve()),
-                data_root=str(DATA_ROOT.resolve()),
-                batch_size=batch,
-                device=args.device,
-                mode=mode,
-                threads=config.threads,
-                warmup_steps=config.warmup_steps,
-                ci_target_pct=config.ci_target_pct,
-                budget_s=config.time_budget_s,
-            )
-            probes: list[float] = []
-            probe = functools.partial(_probe, torch.device(args.device), args.probe_s, probes)
-            try:
-                probe()
-                timing = time_in_processes(spec, config.processes, progress=probe)
-            except PipelineError as error:
-                raise SystemExit(f"{batch}-{args.device}-{mode}: {error}") from None
-            estimate, conditions = with_drift(timing.estimate, drift.half_width_pct), timing.conditions
-            runs[(batch, mode)].append(estimate)
-            all_probes.extend(probes)
-            busy[(batch, mode)] = busy.get((batch, mode), False) or conditions.busy
+        try:
+            timing = time_in_processes(spec, config.processes)
+        except PipelineError as error:
+            raise SystemExit(f"repeat {repeat + 1}: {error}") from None
+        for name, step in zip(names, timing.timings, strict=True):
+            estimate = step.estimate
+            estimates[name].append(estimate)
             print(
-                f"  run {repeat + 1} {batch}-{args.device}-{mode}: {estimate.median_ms:.3f} ms "
-                f"[{estimate.ci_low_ms:.3f}, {estimate.ci_high_ms:.3f}] ±{estimate.ci_half_width_pct:.1f} % from "
-                f"{estimate.processes} processes ({', '.join(f'{ms:.3f}' for ms in timing.process_medians_ms)}), "
-                f"load {conditions.load_average_before:.2f}->{conditions.load_average_after:.2f}"
-                f"{f'; probe {min(probes):.3f}-{max(probes):.3f} ms' if probes else ''}"
-                f"{' BUSY' if conditions.busy else ''}",
+                f"  run {repeat + 1} {name}: {estimate.median_ms:.3f} ms [{estimate.ci_low_ms:.3f}, "
+                f"{estimate.ci_high_ms:.3f}] ±{estimate.ci_half_width_pct:.1f} % from {estimate.processes} processes "
+                f"({', '.join(f'{ms:.3f}' for ms in step.process_medians_ms)})"
+                f"{' BUSY' if step.conditions.busy else ''}",
                 flush=True,
             )
-
+        for a, b in pairs:
+            blocks_a = [process[a] for process in timing.process_blocks]
+            blocks_b = [process[b] for process in timing.process_blocks]
+            scale = items[b][0] / items[a][0]  # per sample between batch sizes; 1 between modes
+            measured = paired_ratio(blocks_a, blocks_b, scale)
+            ratios[(a, b)].append(measured)
+            print(
+                f"  run {repeat + 1} {names[a]} / {names[b]}: {measured.value:.4f} "
+                f"[{measured.low:.4f}, {measured.high:.4f}] ±{measured.half_width_pct:.1f} %",
+                flush=True,
+            )
     print()
-    header = "| combination | " + " | ".join(f"run {r + 1} ms (CI ±%)" for r in range(args.repeats))
-    print(header + " | largest difference % | holds | busy |")
-    print("| --- |" + " ---: |" * args.repeats + " ---: | --- | --- |")
-    misses, kinds = [], {"agree": 0, "inside": 0, "MISS": 0}
-    inside_pairs = all_pairs = 0
-    for (batch, mode_name), estimates in runs.items():
-        kind, difference = verdict(estimates, args.goal_pct)
-        inside, pairs = pairs_inside(estimates)
-        inside_pairs, all_pairs = inside_pairs + inside, all_pairs + pairs
-        kinds[kind] += 1
-        was_busy = busy[(batch, mode_name)]
-        name = f"{batch}-{args.device}-{mode_name}"
-        cells = " | ".join(f"{estimate.median_ms:.3f} (±{estimate.ci_half_width_pct:.1f})" for estimate in estimates)
-        print(f"| {name} | {cells} | {difference:.1f} | {kind} | {'yes' if was_busy else 'no'} |")
+    print("| combination | " + " | ".join(f"run {r + 1} ms (CI ±%)" for r in range(args.repeats)))
+    print("| --- |" + " ---: |" * args.repeats + " largest difference % | holds |")
+    misses = []
+    for name, repeats in estimates.items():
+        kind, difference = verdict(repeats, args.goal_pct)
+        cells = " | ".join(f"{estimate.median_ms:.3f} (±{estimate.ci_half_width_pct:.1f})" for estimate in repeats)
+        print(f"| {name} | {cells} | {difference:.1f} | {kind} |")
         if kind == "MISS":
-            misses.append(f"{name} ({difference:.1f} %{', machine busy' if was_busy else ''})")
+            misses.append(name)
+    print()
+    print("| ratio | " + " | ".join(f"run {r + 1} (95 % CI)" for r in range(args.repeats)) + " | narrow | inside |")
+    print("| --- |" + " ---: |" * args.repeats + " --- | --- |")
+    inside_total = later_total = narrow_rows = 0
+    for (a, b), measured_ratios in ratios.items():
+        inside, later = later_inside_first(measured_ratios)
+        inside_total, later_total = inside_total + inside, later_total + later
+        narrow = all(ratio.half_width_pct <= args.ratio_goal_pct for ratio in measured_ratios)
+        narrow_rows += narrow
+        cells = " | ".join(f"{ratio.value:.4f} ({ratio.low:.4f}-{ratio.high:.4f})" for ratio in measured_ratios)
+        print(f"| {names[a]} / {names[b]} | {cells} | {'yes' if narrow else 'no'} | {inside} of {later} |")
+    share = inside_total / later_total if later_total else 1.0
     print()
     print(
-        f"{kinds['agree']} of {len(runs)} combinations agree within {args.goal_pct:g} %, {kinds['inside']} more "
-        f"fall inside each other's intervals, {kinds['MISS']} miss"
-        + (f": {', '.join(misses)}" if misses else "")
-        + f". Ordered pairs (i, j) with run j inside run i's interval: {inside_pairs} of {all_pairs} "
-        f"({100 * inside_pairs / max(all_pairs, 1):.0f} %; honest 95 % intervals give about 85 %, and then a row of "
-        "3 repeats is all inside only about 2 times in 3)"
-        + (
-            f". The probe's workload took {min(all_probes):.3f}-{max(all_probes):.3f} ms over all runs "
-            f"({100 * (max(all_probes) / min(all_probes) - 1):.0f} % apart)"
-            if all_probes
-            else ""
-        )
-        + f". {time.perf_counter() - started:.0f} s; load average at end "
+        f"{len(estimates) - len(misses)} of {len(estimates)} combinations agree or lie inside each other's intervals"
+        + (f"; MISS: {', '.join(misses)}" if misses else "")
+        + f". Later runs' ratios inside the first run's 95 % CI: {inside_total} of {later_total} ({share:.0%}; goal "
+        f"{INSIDE_GOAL:.0%}). Ratios with every CI within ±{args.ratio_goal_pct:g} %: {narrow_rows} of {len(ratios)}."
+        f" {time.perf_counter() - started:.0f} s; load average at end "
         + " ".join(f"{value:.2f}" for value in os.getloadavg())
         + "."
     )
-    sys.exit(1 if misses else 0)
+    sys.exit(1 if misses or share < INSIDE_GOAL else 0)
+
+
+def _compared(first: tuple[int, str], second: tuple[int, str]) -> bool:
+    """The ratios the report states: a larger batch over a smaller one of the same mode; train over inference."""
+    (batch_a, mode_a), (batch_b, mode_b) = first, second
+    return (mode_a == mode_b and batch_a > batch_b) or (batch_a == batch_b and mode_a == "train" != mode_b)
 
 
 if __name__ == "__main__":

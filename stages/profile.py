@@ -1,7 +1,7 @@
-"""DVC stage `profile@<batch>-<device>-<mode>`: time and profile one combination of the matrix.
+"""DVC stage `profile@<device>`: time every batch size x mode of one device paired, and profile each.
 
-    python -m stages.profile                         # under DVC: the combination is the stage's name
-    python -m stages.profile BATCH_SIZE DEVICE MODE  # a direct run
+    python -m stages.profile          # under DVC: the device is the stage's name
+    python -m stages.profile DEVICE   # a direct run
 
 DVC's command line holds no matrix value (see pipeline/profiling/matrix.py); every other setting comes from
 params.yaml as usual.
@@ -13,70 +13,52 @@ import sys
 from tqdm import tqdm
 
 from pipeline.common.outputs import AtomicOutputs
-from pipeline.common.paths import DATA_ROOT, HARDWARE_ROOFS, MODEL_CHECKPOINT, ProfileOutputs, profile_outputs
+from pipeline.common.paths import DATA_ROOT, HARDWARE_ROOFS, MODEL_CHECKPOINT, DeviceProfileOutputs, profile_outputs
 from pipeline.common.stage_runner import run_stage
 from pipeline.params.loading import load_params
-from pipeline.params.schema import Params
-from pipeline.profiling.artifacts import ProfileTexts, log_profile, write_profile_outputs
-from pipeline.profiling.matrix import stage_combination
-from pipeline.profiling.processes import WorkerServer, forked_worker_server
-from pipeline.profiling.record import Combination, ProfileRecord
-from pipeline.profiling.run import prepare_profile, run_parameters, run_profile
+from pipeline.profiling.artifacts import log_profile, write_comparison_outputs, write_profile_outputs
+from pipeline.profiling.matrix import stage_device
+from pipeline.profiling.processes import forked_worker_server
+from pipeline.profiling.record import Combination
+from pipeline.profiling.run import prepare_profile, run_description, run_device_profile, timing_spec
 from pipeline.profiling.texts import measurement_warnings
-from pipeline.tracking.tags import DATA_DIGEST_TAG, MODEL_DIGEST_TAG, hardware_tags
-from pipeline.tracking.tracker import open_tracker
 
 
 def main() -> None:
     params = load_params()
-    combination = stage_combination(params.profile, sys.argv[1:])
     config = params.profile
+    device = stage_device(config, sys.argv[1:])
+    wanted = [Combination(batch, device, mode) for batch in config.batch_sizes for mode in config.modes]
     with contextlib.ExitStack() as stack:
         # The timing processes' server first, forked before this process runs any tensor code: it starts from
-        # the clean state of a fresh server without importing torch again, and it forks no timing process
-        # before run_profile asks (README, "Timing you can trust").
-        server = (
-            stack.enter_context(forked_worker_server(training=combination.mode != "inference"))
-            if config.processes > 1
-            else None
-        )
-        record, texts, paths = _profile(params, combination, server)
-    print(texts.console(record, paths))
-    for warning in measurement_warnings(record):
-        print(f"Warning: {warning}.", file=sys.stderr)
-
-
-def _profile(
-    params: Params, combination: Combination, server: WorkerServer | None
-) -> tuple[ProfileRecord, ProfileTexts, ProfileOutputs]:
-    config = params.profile
-    setup = prepare_profile(combination, config, MODEL_CHECKPOINT, DATA_ROOT, HARDWARE_ROOFS)
-    paths = profile_outputs(combination.name)
-
-    with open_tracker("profile", params.tracking, variant=combination.name) as tracker, AtomicOutputs() as outputs:
-        tracker.log_params(run_parameters(setup, config.top_k))
-        tracker.set_tags(
-            {
-                DATA_DIGEST_TAG: setup.data_digest,
-                MODEL_DIGEST_TAG: setup.model_digest,
-                "combination": combination.name,
-                # Tags, as on the train run: they say where it ran; MLflow's Compare lists params to compare.
-                **hardware_tags(setup.hardware),
-            }
-        )
-        tracker.link_training(setup.model_digest)
-        with tqdm(total=setup.processes, desc="timing processes", unit="process", disable=setup.processes < 2) as bar:
-            record = run_profile(
-                setup,
+        # the clean state of a fresh server without importing torch again (pipeline.profiling.processes).
+        training = any(combination.mode != "inference" for combination in wanted)
+        server = stack.enter_context(forked_worker_server(training=training)) if config.processes > 1 else None
+        setups = [prepare_profile(c, config, MODEL_CHECKPOINT, DATA_ROOT, HARDWARE_ROOFS) for c in wanted]
+        spec = timing_spec(setups, config, MODEL_CHECKPOINT, DATA_ROOT)
+        paths = [profile_outputs(c.batch_size, c.device, c.mode) for c in wanted]
+        device_paths = DeviceProfileOutputs(device)
+        with AtomicOutputs() as outputs, tqdm(total=config.processes + len(wanted), unit="pass") as bar:
+            records, comparisons = run_device_profile(
+                setups,
+                spec,
+                config.processes,
                 config.top_k,
-                outputs.staged(paths.trace),
+                [outputs.staged(path.trace) for path in paths],
                 config.allocator_whatif_s,
-                lambda _: bar.update(),
+                lambda what: (bar.set_description(what), bar.update()),
                 server,
             )
-        texts = write_profile_outputs(outputs, paths, record)
-        log_profile(tracker, outputs, paths, record, texts)
-    return record, texts, paths
+            comparison_text = write_comparison_outputs(outputs, device_paths, comparisons)
+            for setup, record, path in zip(setups, records, paths, strict=True):
+                texts = write_profile_outputs(outputs, path, record)
+                log_profile(
+                    params.tracking, run_description(setup, config.top_k), outputs, path, record, texts, comparison_text
+                )
+    print(comparison_text)
+    for record in records:
+        for warning in measurement_warnings(record):
+            print(f"Warning: {record.combination.name}: {warning}.", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -39,10 +39,11 @@ def test_profile_record_round_trips_through_its_json(tmp_path: Path) -> None:
 
 def test_committed_profile_records_match_the_code() -> None:
     """The workspace's profile.json files are read by the report: a renamed field must fail here first."""
-    paths = sorted((REPO_ROOT / "profiles").glob("*/profile.json"))
+    paths = sorted((REPO_ROOT / "profiles").glob("*/*/profile.json"))  # profiles/<device>/<batch>-<mode>/
     assert paths, "no committed profiles: run `dvc repro`"
     for path in paths:
-        combination = parse_combination(path.parent.name.split("-"))
+        batch, mode = path.parent.name.split("-")
+        combination = parse_combination([batch, path.parent.parent.name, mode])
         record = read_record(path, combination)
         assert record.timing.per_sample_ms == pytest.approx(record.timing.step_time_ms_median / combination.batch_size)
 
@@ -50,8 +51,8 @@ def test_committed_profile_records_match_the_code() -> None:
 def test_format_2_records_still_read_with_their_zeros_as_no_number() -> None:
     """Records written before format 3 (the project's H100 records, older workspace profiles) stay readable:
     a 0 MFLOPs (no profiler formula) and a CPU run's 0 GPU ms become None; real numbers stay as they were."""
-    folders = [REPO_ROOT / "profiles", REPO_ROOT / "tests" / "data" / "h100-2026-11-22" / "profiles"]
-    paths = [path for folder in folders for path in sorted(folder.glob("*/profile.json"))]
+    folder = REPO_ROOT / "tests" / "data" / "h100-2026-11-22" / "profiles"  # <batch>-<device>-<mode>/ folders
+    paths = sorted(folder.glob("*/profile.json"))
     old = [(path, raw) for path in paths if (raw := json.loads(path.read_text()))["format"] == 2]
     assert any("cuda" in path.parent.name for path, _ in old)
     for path, raw in old:
@@ -92,7 +93,7 @@ def test_a_record_that_does_not_match_is_refused_with_the_fix(change: Any, messa
     change(raw)
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(raw))
-    with pytest.raises(PipelineError, match="rerun `dvc repro -f profile@16-cpu-train`") as error:
+    with pytest.raises(PipelineError, match="rerun `dvc repro -f profile@cpu`") as error:
         read_record(path, record.combination)
     assert message in str(error.value)
 
@@ -104,10 +105,10 @@ def test_a_record_that_does_not_match_is_refused_with_the_fix(change: Any, messa
         (["0", "cpu", "train"], "`profile.batch_sizes` entry '0'"),
         (["1", "tpu", "train"], "`profile.devices` entry 'tpu' is not one of ['cpu', 'cuda', 'mps']"),
         (["1", "cpu", "eval"], "`profile.modes` entry 'eval' is not one of ['inference', 'train']"),
-        (["1", "cpu"], "expected 3 arguments, got 2"),
+        (["1", "cpu"], "expected 3 parts (batch, device, mode), got 2"),
     ],
 )
-def test_profile_stage_arguments_are_checked_naming_the_param(arguments: list[str], message: str) -> None:
+def test_combination_names_are_checked_naming_the_param(arguments: list[str], message: str) -> None:
     with pytest.raises(PipelineError) as error:
         parse_combination(arguments)
     assert message in str(error.value)
@@ -176,7 +177,8 @@ def stage_code_deps() -> dict[str, tuple[set[str], set[str]]]:
     """Per stage: (its declared deps under pipeline/ and stages/, the import closure of its script)."""
     stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
     result = {}
-    for name, stage in stages.items():
+    for name, definition in stages.items():
+        stage = definition.get("do", definition)  # a `foreach` stage's body is under `do`
         module = stage["cmd"].split()[2]  # python -m stages.<name> ...
         declared = {dep for dep in stage["deps"] if isinstance(dep, str) and dep.startswith(("pipeline/", "stages/"))}
         result[name] = (declared, import_closure(module.replace(".", "/") + ".py"))

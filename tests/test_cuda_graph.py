@@ -26,9 +26,9 @@ from pipeline.data.tensors import first_samples, to_device_data
 from pipeline.model.checkpoint import checkpoint_payload, load_checkpoint, save_checkpoint
 from pipeline.model.network import LabNet
 from pipeline.params.parsing import params_from_mapping
-from pipeline.params.schema import Precision, TrackingConfig, TrainConfig, section_as_dict
+from pipeline.params.schema import Precision, ProfileMode, TrackingConfig, TrainConfig, section_as_dict
 from pipeline.profiling.record import Combination, read_record, write_record
-from pipeline.profiling.run import prepare_profile, run_profile
+from pipeline.profiling.run import prepare_profile, run_device_profile, timing_spec
 from pipeline.profiling.texts import operators_markdown
 from pipeline.tracking.tracker import open_tracker
 from pipeline.training.artifacts import (
@@ -400,15 +400,27 @@ def test_precision_auto_on_cuda_is_measured_and_recorded(graph_train: TrainConfi
         print(choice.reason)
 
 
+MODES: tuple[ProfileMode, ...] = ("inference", "train")
+
+
 @cuda
 def test_profile_of_a_cuda_combination_times_the_graph_replay_too(mnist_root: Path, tmp_path: Path) -> None:
     torch.manual_seed(0)
     checkpoint = tmp_path / "model.pt"
     save_checkpoint(checkpoint_payload(LabNet(LAB_MODEL), {"lr": 1.0}, "digest", {}, {}), checkpoint)
-    config = dataclasses.replace(params_from_mapping(REPO_PARAMS).profile, warmup_steps=3, active_steps=6)
-    for mode in ("inference", "train"):
-        setup = prepare_profile(Combination(16, "cuda", mode), config, checkpoint, mnist_root)
-        record = run_profile(setup, config.top_k, tmp_path / f"{mode}.json.gz")
+    config = dataclasses.replace(
+        params_from_mapping(REPO_PARAMS).profile, warmup_steps=3, active_steps=6, processes=2, time_budget_s=1.0
+    )
+    setups = [prepare_profile(Combination(16, "cuda", mode), config, checkpoint, mnist_root) for mode in MODES]
+    spec = timing_spec(setups, config, checkpoint, mnist_root)
+    traces = [tmp_path / f"{mode}.json.gz" for mode in MODES]
+    records, comparisons = run_device_profile(setups, spec, config.processes, config.top_k, traces)
+    # The paired comparison runs on the GPU too: a training step against an inference step, per step, 2 processes.
+    (per_step,) = comparisons.comparisons
+    assert (per_step.numerator, per_step.per, len(per_step.process_values)) == ("16-cuda-train", "step", 2)
+    assert per_step.value > 1 and len(comparisons.process_speeds) == 2
+    for record in records:
+        assert record.trace_check is not None and record.trace_check.attempts >= 1
         assert len(record.graph_step_times_ms) == 6
         assert all(time > 0 for time in record.graph_step_times_ms)
         metrics = record.graph_metrics()

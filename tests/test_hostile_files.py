@@ -408,7 +408,9 @@ def test_a_timing_process_refuses_a_checkpoint_changed_after_the_stage_loaded_it
     path = tmp_path / "model.pt"
     save_checkpoint(_good_payload(), path)
     _flip_one_bit(path)
-    spec = WorkerSpec(str(path), str(tmp_path / "data"), 1, "cpu", "inference", 1, 1, 2.0, 0.1, tune_allocator=False)
+    spec = WorkerSpec(
+        str(path), str(tmp_path / "data"), "cpu", ((1, "inference"),), 1, 1, 2.0, 0.1, tune_allocator=False
+    )
     with worker_server() as server, pytest.raises(PipelineError) as refused:
         ask(server, spec)
     message = str(refused.value)
@@ -632,16 +634,16 @@ def test_any_stage_removes_what_killed_runs_left_in_every_output_folder(tmp_path
     left = [
         tmp_path / f"data/.MNIST.partial-{dead}-k2j3",
         tmp_path / f"data/.MNIST.old-{dead}-x9",
-        tmp_path / f"profiles/1-cpu-train/.partial-{dead}",
+        tmp_path / f"profiles/cpu/1-train/.partial-{dead}",
         tmp_path / f"models/.partial-{dead}",
         tmp_path / f"graph/.partial-{dead}",
         tmp_path / f"report/figures/.partial-{dead}",
     ]
     kept = [
         tmp_path / f"data/.MNIST.partial-{live_pid}-a1b2",
-        tmp_path / f"profiles/1-cpu-train/.partial-{live_pid}",
+        tmp_path / f"profiles/cpu/1-train/.partial-{live_pid}",
         tmp_path / f"models/.partial-{os.getpid()}",
-        tmp_path / "profiles/1-cpu-train/.hidden",
+        tmp_path / "profiles/cpu/1-train/.hidden",
         tmp_path / "data/MNIST",
     ]
     _leave(left + kept)
@@ -701,7 +703,7 @@ import contextlib, io, json, os, runpy, subprocess, sys
 from pathlib import Path
 
 os.chdir(sys.argv[1])
-os.environ["DVC_STAGE"] = "profile@1-cpu-inference"  # as DVC sets it for the profile stage
+os.environ["DVC_STAGE"] = "profile@cpu"  # as DVC sets it for the profile stage
 report = {}
 
 def as_stage(run):

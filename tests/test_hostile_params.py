@@ -30,8 +30,7 @@ from pipeline.params.memory import check_params_fit_memory, parameter_count
 from pipeline.params.parsing import params_from_mapping
 from pipeline.params.schema import ModelConfig
 from pipeline.params.validation import MARKER_TEXT, check_environment, write_params_checked
-from pipeline.profiling.matrix import stage_combination
-from pipeline.profiling.record import Combination
+from pipeline.profiling.matrix import stage_device
 from tests.helpers.projects import (
     clone_project,
     read_params,
@@ -224,25 +223,25 @@ def test_validate_stage_imports_no_torch_or_mlflow() -> None:
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
 
 
-def test_profile_item_comes_from_dvc_stage_name_never_from_a_command_line(repo_params: dict[str, Any]) -> None:
+def test_profile_device_comes_from_dvc_stage_name_never_from_a_command_line(repo_params: dict[str, Any]) -> None:
     config = params_from_mapping(repo_params).profile
-    assert stage_combination(config, [], {"DVC_STAGE": "profile@16-cpu-train"}) == Combination(16, "cpu", "train")
-    nested = {"DVC_STAGE": "sub/dvc.yaml:profile@1-cpu-inference"}
-    assert stage_combination(config, [], nested) == Combination(1, "cpu", "inference")
-    assert stage_combination(config, ["64", "cuda", "train"], {}) == Combination(64, "cuda", "train")
-    for stage in ("profile@1 cpu inference; touch pwned; #-cpu-inference", "profile@32-cpu-train", "train"):
-        with pytest.raises(PipelineError, match=r"none of the combinations params\.yaml lists"):
-            stage_combination(config, [], {"DVC_STAGE": stage})
-    with pytest.raises(PipelineError, match=r"`profile\.batch_sizes` entry '1\.5' is not a whole number"):
-        stage_combination(config, ["1.5", "cpu", "eval"], {})
-    with pytest.raises(PipelineError, match="no profile combination given"):
-        stage_combination(config, [], {})
+    assert stage_device(config, [], {"DVC_STAGE": "profile@cpu"}) == "cpu"
+    assert stage_device(config, [], {"DVC_STAGE": "sub/dvc.yaml:profile@cpu"}) == "cpu"
+    assert stage_device(config, ["cuda"], {}) == "cuda"  # a direct run names any device; select_device checks it
+    for stage in ("profile@cpu; touch pwned; #", "profile@cuda", "profile@16-cpu-train", "train"):
+        with pytest.raises(PipelineError, match=r"none of the devices params\.yaml lists"):
+            stage_device(config, [], {"DVC_STAGE": stage})
+    with pytest.raises(PipelineError, match=r"usage: python -m stages\.profile DEVICE, with DEVICE one of cpu, cuda"):
+        stage_device(config, ["16", "cpu", "train"], {})
+    with pytest.raises(PipelineError, match="no profile device given"):
+        stage_device(config, [], {})
 
 
 def test_no_stage_command_holds_an_interpolated_value() -> None:
     """DVC runs `cmd` through a shell after interpolating `${...}`: no value may ever get there."""
     stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
-    for name, stage in stages.items():
+    for name, definition in stages.items():
+        stage = definition.get("do", definition)  # a `foreach` stage's body is under `do`
         assert "${" not in str(stage["cmd"]), name
         if name != "validate":
             assert "checks/params.ok" in stage["deps"], f"{name} must depend on the validate stage's output"
@@ -313,7 +312,7 @@ def test_params_values_never_reach_a_shell(guarded: Path, run_in: Any) -> None:
     write_params(guarded, hostile)
     listed = run_in(guarded, "dvc", "stage", "list", "--name-only").stdout.split("\n")
     names = [name for name in listed if name.startswith("profile@") and "pwned" in name]
-    assert len(names) == 7  # DVC accepts these values into stage names: only the cmd must not carry them
+    assert len(names) == 3  # DVC accepts these values into stage names: only the cmd must not carry them
 
     attempts = [
         ["dvc", "repro"],

@@ -167,7 +167,7 @@ def test_loader_logs_the_params_the_profile_stage_logs() -> None:
     import torch
 
     from pipeline.profiling.record import ProfileSettings
-    from pipeline.profiling.run import ProfileSetup, run_parameters
+    from pipeline.profiling.run import ProfileSetup, run_description
 
     record = json.loads((gpu_reference() / "profiles" / "16-cuda-train" / "profile.json").read_text())
     setup = ProfileSetup(
@@ -180,7 +180,7 @@ def test_loader_logs_the_params_the_profile_stage_logs() -> None:
         flops_per_sample=1.0,
         model_digest=MODEL,
     )
-    expected = {key: str(value) for key, value in run_parameters(setup, 10).items()}
+    expected = {key: str(value) for key, value in run_description(setup, 10).params.items()}
     assert profile_run_params(record, 10, 1.0) == expected
 
 

@@ -57,9 +57,8 @@ def spec(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Worker
     return WorkerSpec(
         checkpoint=str(root / "model.pt"),
         data_root=str(root / "data"),
-        batch_size=16,
         device="cpu",
-        mode="inference",
+        items=((16, "inference"),),
         threads=1,
         warmup_steps=5,
         ci_target_pct=2.0,
@@ -75,12 +74,12 @@ def test_a_rerun_lands_inside_the_stated_interval(spec: WorkerSpec) -> None:
         for _ in range(PROCESSES):
             for run, server in zip(results, servers, strict=True):
                 run.append(ask(server, share))
-    runs = [combine(run, spec) for run in results]
+    runs = [combine(run, spec).timings[0] for run in results]
     estimates = [run.estimate for run in runs]
     pairs = [(i, j) for i in range(RUNS) for j in range(RUNS) if i != j]
     inside = sum(estimates[i].ci_low_ms <= estimates[j].median_ms <= estimates[i].ci_high_ms for i, j in pairs)
     # What all blocks of a run would have stated as if from one process (the interval before issue 21).
-    pooled = [estimate_step_time(run.blocks, spec.batch_size, spec.ci_target_pct) for run in runs]
+    pooled = [estimate_step_time(run.blocks, 16, spec.ci_target_pct) for run in runs]
     blocks_only = sum(pooled[i].ci_low_ms <= estimates[j].median_ms <= pooled[i].ci_high_ms for i, j in pairs)
     table = "\n".join(
         f"run {index}: {estimate.median_ms:.4f} ms [{estimate.ci_low_ms:.4f}, {estimate.ci_high_ms:.4f}] from "
@@ -105,9 +104,9 @@ import psutil
 import stages.profile  # what the stage has imported when it forks
 from pipeline.profiling.processes import ask, forked_worker_server
 from pipeline.profiling.worker import WorkerSpec
-spec = WorkerSpec(**json.loads(sys.argv[1]))
+spec = WorkerSpec.from_json(sys.argv[1])
 held = open(sys.argv[2], "w")  # a descriptor of the caller's, as the stage's log or lock would be
-with forked_worker_server(training=spec.mode == "train") as server:
+with forked_worker_server(training=any(mode == "train" for _, mode in spec.items)) as server:
     process = psutil.Process(server.pid)
     first, second = ask(server, spec), ask(server, spec)
     report = {
@@ -115,7 +114,7 @@ with forked_worker_server(training=spec.mode == "train") as server:
         "parent": process.ppid() == os.getpid(),
         "files": [file.path for file in process.open_files()],
         "descriptors": sorted(int(fd) for fd in os.listdir(f"/proc/{server.pid}/fd")),
-        "blocks": [len(first.blocks), len(second.blocks)],
+        "blocks": [len(first.blocks[0]), len(second.blocks[0])],
     }
 report["gone"] = not psutil.pid_exists(server.pid)
 print(json.dumps(report))
@@ -126,7 +125,7 @@ print(json.dumps(report))
 def test_a_forked_server_times_in_its_own_session_and_holds_none_of_the_callers_files(
     spec: WorkerSpec, tmp_path: Path, mode: str
 ) -> None:
-    share = dataclasses.replace(spec, mode=mode, budget_s=0.2)
+    share = dataclasses.replace(spec, items=((16, mode),), budget_s=0.2)
     held = tmp_path / "held.log"
     result = run_python(_FORKED_SERVER, share.to_json(), str(held))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -145,19 +144,19 @@ import json, os, sys
 import stages.profile  # what the stage has imported when it forks
 from pipeline.profiling import processes
 from pipeline.profiling.worker import WorkerSpec
-spec = WorkerSpec(**json.loads(sys.argv[1]))
+spec = WorkerSpec.from_json(sys.argv[1])
 processes.DRIVER_DEVICES = sys.argv[2]
 driver = os.open(sys.argv[2] + "ctl", os.O_RDWR | os.O_CREAT)
 held = open(sys.argv[3], "w")
 with processes.forked_worker_server(training=False) as server:
-    blocks = len(processes.ask(server, spec).blocks)  # the server is serving: its descriptors are settled
+    blocks = len(processes.ask(server, spec).blocks[0])  # the server is serving: its descriptors are settled
     targets = {int(fd): os.readlink(f"/proc/{server.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{server.pid}/fd")}
 print(json.dumps({"driver": driver, "targets": targets, "blocks": blocks}))
 """
 
 
 def test_a_forked_server_keeps_the_nvidia_drivers_descriptors_and_no_other(spec: WorkerSpec, tmp_path: Path) -> None:
-    share = dataclasses.replace(spec, mode="inference", budget_s=0.2)
+    share = dataclasses.replace(spec, budget_s=0.2)
     driver, held = tmp_path / "dev-nvidia", tmp_path / "held.log"
     result = run_python(_FORKED_SERVER_DRIVER, share.to_json(), str(driver), str(held))
     assert result.returncode == 0, result.stderr[-3000:]

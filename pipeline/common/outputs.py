@@ -150,18 +150,18 @@ def _replace_all(staged: dict[Path, Path]) -> None:
         ) from None
 
 
-def sweep_stale_partials(folder: Path) -> list[Path]:
+def sweep_stale_partials(folder: Path, depth: int = 1) -> list[Path]:
     """Remove the temp folders that dead processes left in `folder` and its sub-folders; return them.
 
-    One level of sub-folders is searched too, for outputs like `profiles/<combination>/`; no deeper, so that the
-    cost stays a listing of the folder and of each sub-folder however large the outputs are. Dead means no process
+    `depth` levels of sub-folders are searched too (2 for outputs like `profiles/<device>/<batch>-<mode>/`); no
+    deeper, so that the cost stays a listing of a few folders however large the outputs are. Dead means no process
     has the pid in the name; a reused pid counts as alive (pipeline.common.processes.pid_alive): the folder waits
     for a later sweep.
     """
     if not folder.is_dir():
         return []
     removed = []
-    for candidate in [*folder.glob(".*"), *folder.glob("*/.*")]:
+    for candidate in [path for level in range(depth + 1) for path in folder.glob("*/" * level + ".*")]:
         match = _STALE_NAME.match(candidate.name)
         if match and candidate.is_dir() and not candidate.is_symlink() and not pid_alive(int(match["pid"])):
             shutil.rmtree(candidate, ignore_errors=True)

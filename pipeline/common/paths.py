@@ -23,18 +23,16 @@ SUMMARY_JSON = GRAPH_DIR / "summary.json"
 GRAPH_METRICS = Path("metrics/graph.json")
 HARDWARE_FINGERPRINT = Path("hardware/fingerprint.json")
 HARDWARE_ROOFS = Path("hardware/roofs.json")  # matmul FLOP/s and triad bandwidth, measured once per machine
-PROFILES_DIR = Path("profiles")
+PROFILES_DIR = Path("profiles")  # profiles/<device>/: kept in git (tables, records)
+TRACES_DIR = Path("traces")  # traces/<device>/: in DVC's cache (large)
 
 
 @dataclass(frozen=True)
 class ProfileOutputs:
-    """Files of one profile combination, under profiles/<batch>-<device>-<mode>/ (as in dvc.yaml)."""
+    """Files of one profile combination: profiles/<device>/<batch>-<mode>/ and its trace in traces/<device>/."""
 
     folder: Path
-
-    @property
-    def trace(self) -> Path:
-        return self.folder / "trace.json.gz"  # Chrome/Perfetto trace (both open it gzipped)
+    trace: Path  # Chrome/Perfetto trace (both open it gzipped)
 
     @property
     def table_markdown(self) -> Path:
@@ -69,8 +67,37 @@ class ProfileOutputs:
         return self.folder / "metrics.json"  # DVC metrics: the headline, rounded, the same keys in every combination
 
 
-def profile_outputs(combination_name: str) -> ProfileOutputs:
-    return ProfileOutputs(PROFILES_DIR / combination_name)
+def profile_outputs(batch_size: int, device: str, mode: str) -> ProfileOutputs:
+    return ProfileOutputs(
+        PROFILES_DIR / device / f"{batch_size}-{mode}", TRACES_DIR / device / f"{batch_size}-{mode}.json.gz"
+    )
+
+
+@dataclass(frozen=True)
+class DeviceProfileOutputs:
+    """What the `profile@<device>` stage writes beside its combinations' folders (as in dvc.yaml)."""
+
+    device: str
+
+    @property
+    def folder(self) -> Path:
+        return PROFILES_DIR / self.device
+
+    @property
+    def traces(self) -> Path:
+        return TRACES_DIR / self.device
+
+    @property
+    def comparisons(self) -> Path:
+        return self.folder / "comparisons.json"  # every paired ratio between the device's combinations
+
+    @property
+    def comparisons_markdown(self) -> Path:
+        return self.folder / "comparisons.md"
+
+    @property
+    def metrics(self) -> Path:
+        return Path("metrics") / f"profile_{self.device}.json"  # DVC metrics: the paired ratios, rounded
 
 
 REPORT_DIR = Path("report")
@@ -92,9 +119,11 @@ STAGE_OUTPUT_FOLDERS: dict[str, tuple[Path, ...]] = {
     "train": (MODEL_CHECKPOINT.parent, TRAIN_METRICS.parent, TRAIN_STEPS_PLOT.parent),
     "export_graph": (GRAPH_DIR, GRAPH_METRICS.parent),
     "roofs": (HARDWARE_ROOFS.parent,),
-    "profile": (PROFILES_DIR,),
+    "profile": (PROFILES_DIR, TRACES_DIR, TRAIN_METRICS.parent),
     "report": (REPORT_DIR, PROFILE_COMPARISON_PLOT.parent),
 }
+# Output folders whose outputs sit two levels down (profiles/<device>/<batch>-<mode>/).
+NESTED_OUTPUT_FOLDERS = (PROFILES_DIR,)
 # Each output folder once, data/ included (the download stage's), in the order above.
 ALL_OUTPUT_FOLDERS: tuple[Path, ...] = tuple(
     dict.fromkeys(folder for folders in STAGE_OUTPUT_FOLDERS.values() for folder in folders)

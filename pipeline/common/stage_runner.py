@@ -12,7 +12,7 @@ from pipeline.common.credentials import redact
 from pipeline.common.errors import PipelineError
 from pipeline.common.interrupts import Terminated, deferred_signal, install_handlers, past_commit_point, pause_at
 from pipeline.common.outputs import check_output_folder, sweep_stale_partials, write_error_message
-from pipeline.common.paths import ALL_OUTPUT_FOLDERS, STAGE_OUTPUT_FOLDERS
+from pipeline.common.paths import ALL_OUTPUT_FOLDERS, NESTED_OUTPUT_FOLDERS, STAGE_OUTPUT_FOLDERS
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT: 128 + 2
@@ -101,5 +101,5 @@ def sweep_killed_runs(root: Path = Path(".")) -> list[Path]:
     """
     removed: list[Path] = []
     for folder in ALL_OUTPUT_FOLDERS:
-        removed += sweep_stale_partials(root / folder)
+        removed += sweep_stale_partials(root / folder, depth=2 if folder in NESTED_OUTPUT_FOLDERS else 1)
     return removed

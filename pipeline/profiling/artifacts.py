@@ -1,4 +1,4 @@
-"""What one profile stage writes (tables, record, metrics for DVC) and logs (MLflow, TensorBoard)."""
+"""What the profile stage writes (tables, records, comparisons, metrics for DVC) and logs (MLflow, TensorBoard)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,21 @@ from dataclasses import dataclass
 
 from pipeline.common.numbers import significant
 from pipeline.common.outputs import AtomicOutputs
-from pipeline.common.paths import ProfileOutputs
+from pipeline.common.paths import DeviceProfileOutputs, ProfileOutputs
 from pipeline.common.tables import records_csv
-from pipeline.profiling.record import METRIC_PREFIX, OperatorRow, ProfileRecord, StepAnalysis, write_record
-from pipeline.profiling.texts import kernels_markdown, operators_markdown, timing_summary
+from pipeline.params.schema import TrackingConfig
+from pipeline.profiling.record import (
+    METRIC_PREFIX,
+    DeviceComparisons,
+    OperatorRow,
+    ProfileRecord,
+    StepAnalysis,
+    write_comparisons,
+    write_record,
+)
+from pipeline.profiling.texts import comparisons_markdown, kernels_markdown, operators_markdown, timing_summary
 from pipeline.profiling.trace_analysis import KernelStats
-from pipeline.tracking.tracker import Tracker
+from pipeline.tracking.tracker import open_tracker
 
 
 @dataclass(frozen=True)
@@ -78,29 +87,70 @@ def headline_metrics(record: ProfileRecord) -> dict[str, float | bool]:
     }
 
 
-def log_profile(
-    tracker: Tracker, outputs: AtomicOutputs, paths: ProfileOutputs, record: ProfileRecord, texts: ProfileTexts
-) -> None:
-    tracker.log_summary(profile_metrics(record), prefix=METRIC_PREFIX)
-    tracker.log_curve(f"{METRIC_PREFIX}block_step_time_ms", record.block_times_ms)
-    combination, timing = record.combination, record.timing
-    # TensorBoard's HParams view: the combinations as a table (batch size x device x mode) beside their times.
-    tracker.log_hparams(
+def write_comparison_outputs(
+    outputs: AtomicOutputs, paths: DeviceProfileOutputs, comparisons: DeviceComparisons
+) -> str:
+    """profiles/<device>/comparisons.json and .md, and DVC's metrics of the device (the ratios, rounded)."""
+    text = comparisons_markdown(comparisons)
+    outputs.write_text(paths.comparisons, write_comparisons(comparisons))
+    outputs.write_text(paths.comparisons_markdown, text)
+    outputs.write_json(
+        paths.metrics,
         {
-            "profile.batch_size": combination.batch_size,
-            "profile.device": combination.device,
-            "profile.mode": combination.mode,
-        },
-        {
-            "hparam/step_time_ms_median": timing.step_time_ms_median,
-            "hparam/per_sample_ms": timing.per_sample_ms,
-            "hparam/throughput_samples_per_s": timing.throughput_samples_per_s,
+            f"{c.numerator} / {c.denominator}": {
+                "ratio": significant(c.value, HEADLINE_DIGITS),
+                "ci_pct": significant(100 * max(c.high / c.value - 1, 1 - c.low / c.value), 2),
+            }
+            for c in comparisons.comparisons
         },
     )
-    tracker.log_text("profile/top_operators", texts.operators, "top_operators.md")
-    tracker.log_text("profile/top_kernels", texts.kernels, "top_kernels.md")
-    for path in (paths.table_csv, paths.kernel_table_csv, paths.record, paths.trace):
-        tracker.log_artifact(outputs.staged(path))
+    return text
+
+
+def log_profile(
+    tracking: TrackingConfig,
+    run: RunDescription,
+    outputs: AtomicOutputs,
+    paths: ProfileOutputs,
+    record: ProfileRecord,
+    texts: ProfileTexts,
+    comparisons: str,
+) -> None:
+    """One MLflow run (and TensorBoard folder) per combination, `profile@<batch>-<device>-<mode>`."""
+    combination, timing = record.combination, record.timing
+    with open_tracker("profile", tracking, variant=combination.name) as tracker:
+        tracker.log_params(run.params)
+        tracker.set_tags(run.tags)
+        tracker.link_training(run.model_digest)
+        tracker.log_summary(profile_metrics(record), prefix=METRIC_PREFIX)
+        tracker.log_curve(f"{METRIC_PREFIX}block_step_time_ms", record.block_times_ms)
+        # TensorBoard's HParams view: the combinations as a table (batch size x device x mode) beside their times.
+        tracker.log_hparams(
+            {
+                "profile.batch_size": combination.batch_size,
+                "profile.device": combination.device,
+                "profile.mode": combination.mode,
+            },
+            {
+                "hparam/step_time_ms_median": timing.step_time_ms_median,
+                "hparam/per_sample_ms": timing.per_sample_ms,
+                "hparam/throughput_samples_per_s": timing.throughput_samples_per_s,
+            },
+        )
+        tracker.log_text("profile/top_operators", texts.operators, "top_operators.md")
+        tracker.log_text("profile/top_kernels", texts.kernels, "top_kernels.md")
+        tracker.log_text("profile/comparisons", comparisons, "comparisons.md")
+        for path in (paths.table_csv, paths.kernel_table_csv, paths.record, paths.trace):
+            tracker.log_artifact(outputs.staged(path))
+
+
+@dataclass(frozen=True)
+class RunDescription:
+    """What a combination's MLflow run records besides its results: params, tags, the checkpoint it profiled."""
+
+    params: dict[str, object]
+    tags: dict[str, str]
+    model_digest: str
 
 
 def step_metrics(analysis: StepAnalysis) -> dict[str, float]:

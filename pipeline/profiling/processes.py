@@ -1,10 +1,11 @@
-"""Time one combination in K fresh worker processes, one after the other (pipeline.profiling.worker).
+"""Time a device's combinations in K fresh worker processes, one after the other (pipeline.profiling.worker).
 
 The process is the unit of repetition (as pyperf's worker processes, and Kalibera & Jones's top level):
-each worker is a new process, forked from a clean server that paid the imports once, warmed up and timed
-for its share of the budget; the estimate is the median of the workers' medians and its interval comes from
-their spread (pipeline.profiling.statistics). They run one at a time, never beside each other or the stage's
-own work, so no worker's steps share the cores.
+each worker is a new process, forked from a clean server that paid the imports once, that times every
+combination interleaved for its share of the budget. A combination's estimate is the median of the workers'
+medians, its interval their spread; a ratio between two combinations is taken round by round inside each worker
+and its interval comes from the spread of the workers' ratios (pipeline.profiling.statistics). Workers run one at
+a time, never beside each other or the stage's own work, so no worker's steps share the cores.
 
 A worker that fails stops the stage with its own last lines. The server runs in a session of its own, and
 any way the stage stops (Ctrl-C, SIGTERM, an error) kills that session, workers included.
@@ -28,7 +29,13 @@ from typing import IO, Protocol
 import torch
 
 from pipeline.common.errors import PipelineError
-from pipeline.profiling.statistics import Block, MeasurementConditions, estimate_over_processes
+from pipeline.profiling.statistics import (
+    Block,
+    MeasurementConditions,
+    estimate_over_processes,
+    own_spread_pct,
+    process_speeds,
+)
 from pipeline.profiling.timing import StepTiming
 from pipeline.profiling.worker import WorkerSpec, serve
 
@@ -41,8 +48,7 @@ DRIVER_DEVICES = "/dev/nvidia"
 
 @dataclass(frozen=True)
 class WorkerResult:
-    blocks: tuple[Block, ...]
-    steps_per_block: int
+    blocks: tuple[tuple[Block, ...], ...]  # per item of the spec, one block per round
     seconds: float  # the worker's timing only
     conditions: MeasurementConditions
 
@@ -50,18 +56,14 @@ class WorkerResult:
 def _parse(answer: str, spec: WorkerSpec) -> WorkerResult:
     raw = json.loads(answer)
     if "user_error" in raw:
-        raise PipelineError(
-            f"a timing process of batch {spec.batch_size} ({spec.device}, {spec.mode}): {raw['user_error']}"
-        )
+        raise PipelineError(f"a timing process of {spec.describe()}: {raw['user_error']}")
     if "error" in raw:
         raise PipelineError(
-            f"a timing process of batch {spec.batch_size} ({spec.device}, {spec.mode}) failed; its last lines:\n"
-            f"{str(raw['error']).strip()[-2000:]}"
+            f"a timing process of {spec.describe()} failed; its last lines:\n{str(raw['error']).strip()[-2000:]}"
         )
     timing = raw["timing"]
     return WorkerResult(
-        blocks=tuple(Block(int(steps), float(seconds)) for steps, seconds in timing["blocks"]),
-        steps_per_block=int(timing["steps_per_block"]),
+        blocks=tuple(tuple(Block(int(steps), float(seconds)) for steps, seconds in item) for item in timing["items"]),
         seconds=float(timing["seconds"]),
         conditions=MeasurementConditions(**timing["conditions"]),
     )
@@ -203,44 +205,65 @@ def ask(server: WorkerServer, spec: WorkerSpec) -> WorkerResult:
     answer = server.stdout.readline()
     if not answer:
         raise PipelineError(
-            f"the timing server ended (exit code {server.poll()}) before timing batch {spec.batch_size} "
-            f"({spec.device}, {spec.mode}); its messages are above. Rerun the stage."
+            f"the timing server ended (exit code {server.poll()}) before timing {spec.describe()}; its messages are "
+            "above. Rerun the stage."
         )
     return _parse(answer, spec)
+
+
+@dataclass(frozen=True)
+class PairedTiming:
+    """Every item of a spec timed in the same processes: each item's StepTiming, and each process's blocks in round
+    order (what paired ratios are taken from)."""
+
+    timings: tuple[StepTiming, ...]  # per item of the spec
+    process_blocks: tuple[tuple[tuple[Block, ...], ...], ...]  # [process][item]: that process's blocks of the item
+    speeds: tuple[float, ...]  # per process: the speed factor all its items shared (statistics.process_speeds)
 
 
 def time_in_processes(
     spec: WorkerSpec,
     processes: int,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], object] | None = None,
     server: WorkerServer | None = None,
-) -> StepTiming:
-    """Time `spec` in `processes` workers, each with `spec.budget_s` / `processes` of timing, forked from
-    `server` (a `forked_worker_server` or `worker_server` the caller started for this combination) or else from
-    a new `worker_server`.
+) -> PairedTiming:
+    """Time every item of `spec` in `processes` workers, each with `spec.budget_s` / `processes` of timing and its
+    own round order, forked from `server` (a `forked_worker_server` or `worker_server` the caller started) or else
+    from a new `worker_server`.
 
     `progress(i)` is called after worker i (1-based) finished."""
-    share = dataclasses.replace(spec, budget_s=spec.budget_s / processes)
     results: list[WorkerResult] = []
     with contextlib.ExitStack() as stack:
         if server is None:
-            server = stack.enter_context(worker_server(training=spec.mode != "inference"))
+            server = stack.enter_context(worker_server(training=any(mode != "inference" for _, mode in spec.items)))
         for index in range(processes):
+            share = dataclasses.replace(spec, budget_s=spec.budget_s / processes, seed=spec.seed + index)
             results.append(ask(server, share))
             if progress is not None:
                 progress(index + 1)
     return combine(results, spec)
 
 
-def combine(results: Sequence[WorkerResult], spec: WorkerSpec) -> StepTiming:
-    """The workers' timings as one: the estimate over processes, all blocks in order, the conditions from the
-    first worker's start to the last one's end, and the timing seconds summed (what the budget counts)."""
+def combine(results: Sequence[WorkerResult], spec: WorkerSpec) -> PairedTiming:
+    """The workers' timings as one per item: the estimate over processes, all blocks in order, the conditions from
+    the first worker's start to the last one's end, and the timing seconds summed (what the budget counts)."""
     first, last = results[0].conditions, results[-1].conditions
-    return StepTiming(
-        estimate=estimate_over_processes([result.blocks for result in results], spec.batch_size, spec.ci_target_pct),
-        blocks=tuple(block for result in results for block in result.blocks),
-        conditions=dataclasses.replace(first, load_average_after=last.load_average_after),
-        steps_per_block=max(result.steps_per_block for result in results),
-        seconds=sum(result.seconds for result in results),
-        process_medians_ms=tuple(statistics.median(block.step_ms for block in result.blocks) for result in results),
-    )
+    conditions = dataclasses.replace(first, load_average_after=last.load_average_after)
+    medians = [[statistics.median(block.step_ms for block in item) for item in result.blocks] for result in results]
+    speeds = process_speeds(medians)
+    timings = []
+    for index, (batch_size, _) in enumerate(spec.items):
+        per_process = [result.blocks[index] for result in results]
+        process_ms = [process[index] for process in medians]
+        timings.append(
+            StepTiming(
+                estimate=estimate_over_processes(per_process, batch_size, spec.ci_target_pct),
+                blocks=tuple(block for blocks in per_process for block in blocks),
+                conditions=conditions,
+                steps_per_block=max(block.steps for blocks in per_process for block in blocks),
+                seconds=sum(result.seconds for result in results) / len(spec.items),
+                process_medians_ms=tuple(process_ms),
+                own_ci_pct=own_spread_pct(process_ms, speeds) if len(spec.items) > 1 and len(results) > 1 else None,
+            )
+        )
+    return PairedTiming(tuple(timings), tuple(result.blocks for result in results), speeds)

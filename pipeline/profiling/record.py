@@ -1,4 +1,5 @@
-"""The profile → report contract: what one `profile@<batch>-<device>-<mode>` stage records.
+"""The profile → report contract: what the `profile@<device>` stage records for each combination and for the
+comparisons between them.
 
 Torch-free on purpose: the report stage (and any tool reading `profiles/*/profile.json`) imports it
 without paying for torch. The profile stage writes a `ProfileRecord`; the report reads it back with
@@ -33,11 +34,13 @@ METRIC_PREFIX = "profile/"
 # 3: operator rows say "no number" as null: MFLOPs counted by torch.utils.flop_counter on the operator that
 # runs them (forward and backward), null where none ran; GPU times null on CPU-only runs.
 # 4: the step timed in `profile.processes` fresh processes, each one's median kept; the interval from their spread.
-# 5: the interval includes the machine's speed drift (`Timing.drift_pct`); the bytes the FLOP-carrying operators
-# and the whole step move (`OperatorRow.mbytes`, `FlopRate.bytes_per_step`) and the memory roof, for the roofline.
-RECORD_FORMAT = 5
+# 5: the bytes the FLOP-carrying operators and the whole step move (`OperatorRow.mbytes`,
+# `FlopRate.bytes_per_step`) and the memory roof, for the roofline.
+# 6: all combinations of a device timed interleaved in the same processes; the traced pass checked against the
+# timed interval (`TraceCheck`); the machine's drift no longer inside the interval.
+RECORD_FORMAT = 6
 # Older formats the report still reads (committed records of earlier runs), converted by `_upgrade`.
-READABLE_FORMATS = (2, 3, 4, RECORD_FORMAT)
+READABLE_FORMATS = (2, 3, 4, 5, RECORD_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,12 @@ class Combination:
 
     @property
     def stage_name(self) -> str:
-        """The DVC stage, and the name of its MLflow run."""
+        """The DVC stage that profiles it (one per device)."""
+        return f"profile@{self.device}"
+
+    @property
+    def run_name(self) -> str:
+        """The name of its MLflow run."""
         return f"profile@{self.name}"
 
 
@@ -93,7 +101,10 @@ class Timing:
     """Step-time estimate of the timed pass (no profiler attached; profiling.timing); field names are metric names.
 
     The step time is the median of per-step block means with its 95 % confidence interval
-    (pipeline.profiling.statistics): `noisy` when the interval missed `profile.ci_target_pct`.
+    (pipeline.profiling.statistics). `noisy` when the combination's own spread between processes (`own_ci_pct`: the
+    interval once the speed every combination shared in each process is divided out) missed
+    `profile.ci_target_pct`: a machine that ran a whole process slower moves every row alike, which is said once
+    for the device, not on each row.
     """
 
     step_time_ms_median: float
@@ -113,9 +124,9 @@ class Timing:
     # Fresh processes the step was timed in (profile.processes); from 2 on, the interval is their spread.
     # Format-3 records timed in one process.
     processes: int = 1
-    # The machine's speed drift (95 % half-width, %, measured by the roofs stage) that the interval includes, so
-    # that a rerun minutes later lands inside it; 0: not included (format 4 and older, or profile.drift_probe_s 0).
-    drift_pct: float = 0.0
+    # The interval's half-width (%) with each process's shared speed divided out (format 6); older records: the
+    # interval's own.
+    own_ci_pct: float | None = None
 
     @classmethod
     def from_estimate(
@@ -126,7 +137,9 @@ class Timing:
         timing_s: float,
         peak_memory_mb: float,
         top_operator_share_pct: float,
+        own_ci_pct: float | None = None,
     ) -> Timing:
+        own = estimate.ci_half_width_pct if own_ci_pct is None else own_ci_pct
         return cls(
             step_time_ms_median=estimate.median_ms,
             step_time_ms_iqr=estimate.iqr_ms,
@@ -138,17 +151,17 @@ class Timing:
             steps_per_block=steps_per_block,
             per_sample_ms=estimate.per_sample.value,
             throughput_samples_per_s=estimate.throughput_samples_per_s,
-            noisy=estimate.noisy,
+            noisy=not own <= estimate.ci_target_pct,
             timing_s=timing_s,
             peak_memory_mb=peak_memory_mb,
             top_operator_share_pct=top_operator_share_pct,
             processes=estimate.processes,
-            drift_pct=estimate.drift_pct,
+            own_ci_pct=own,
         )
 
     def as_metrics(self) -> dict[str, float]:
         """Numbers only, under the same names for every combination (MLflow Compare, `dvc metrics diff`)."""
-        return {name: float(value) for name, value in dataclasses.asdict(self).items()}
+        return {name: float(value) for name, value in dataclasses.asdict(self).items() if value is not None}
 
     def step_interval(self) -> Interval:
         return Interval(self.step_time_ms_median, self.step_time_ms_ci_low, self.step_time_ms_ci_high)
@@ -253,6 +266,38 @@ class AllocatorWhatIf:
 
 
 @dataclass(frozen=True)
+class TraceCheck:
+    """Whether the traced pass (the operator table's) ran at the speed the timing measured.
+
+    The profiler's hooks slow every operator a little and a process can settle at its own speed, so a traced step
+    can be far from the timed one; its shares then describe another step. The stage traces up to
+    `attempts` times and keeps the first pass whose step lies inside the timed interval, else the closest."""
+
+    traced_step_ms: float  # median ProfilerStep span of the kept pass
+    timed_low_ms: float  # the timed step's 95 % interval
+    timed_high_ms: float
+    attempts: int  # passes traced
+
+    @property
+    def inside(self) -> bool:
+        return self.timed_low_ms <= self.traced_step_ms <= self.timed_high_ms
+
+    def describe(self) -> str:
+        """One sentence: where the traced step lies against the timed interval."""
+        if self.inside:
+            where = "inside"
+        elif self.traced_step_ms > self.timed_high_ms:
+            where = f"{self.traced_step_ms / self.timed_high_ms - 1:.0%} above"
+        else:
+            where = f"{1 - self.traced_step_ms / self.timed_low_ms:.0%} below"
+        return (
+            f"the traced step took {self.traced_step_ms:.3f} ms, {where} the timed step's 95 % CI "
+            f"({self.timed_low_ms:.3f}-{self.timed_high_ms:.3f} ms; {self.attempts} pass"
+            f"{'es' if self.attempts != 1 else ''} traced)"
+        )
+
+
+@dataclass(frozen=True)
 class ProfileRecord:
     combination: Combination
     hardware: dict[str, str]
@@ -270,6 +315,8 @@ class ProfileRecord:
     allocator_whatif: AllocatorWhatIf | None = None
     # The median step time of each timing process, in the order they ran (format 4; empty before).
     process_step_times_ms: tuple[float, ...] = ()
+    # The operator table's pass against the timed interval (format 6; None before).
+    trace_check: TraceCheck | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -338,6 +385,64 @@ def write_record(record: ProfileRecord) -> str:
     return json.dumps(record.as_dict(), indent=2, sort_keys=True) + "\n"
 
 
+@dataclass(frozen=True)
+class PairedComparison:
+    """One ratio the report states, measured paired: `numerator` / `denominator`, per sample (batch sizes of one
+    mode) or per step (one batch size's two modes), from the same rounds of the same processes."""
+
+    numerator: str  # combination names
+    denominator: str
+    per: str  # "sample" | "step"
+    value: float
+    low: float  # 95 % interval
+    high: float
+    process_values: tuple[float, ...]  # each timing process's ratio, in the order they ran
+
+
+@dataclass(frozen=True)
+class DeviceComparisons:
+    """profiles/<device>/comparisons.json: every paired ratio between the device's combinations."""
+
+    device: str
+    processes: int
+    comparisons: tuple[PairedComparison, ...]
+    # Each timing process's speed, shared by every combination it timed (1 = the median process; 1.1: 10 % slower):
+    # the machine's drift within this run, which every row's interval holds and every paired ratio cancels.
+    process_speeds: tuple[float, ...] = ()
+    format: int = RECORD_FORMAT
+
+    @property
+    def speed_spread_pct(self) -> float:
+        """How far apart the slowest and the fastest process ran, in %."""
+        speeds = self.process_speeds
+        return 100.0 * (max(speeds) / min(speeds) - 1) if speeds and min(speeds) > 0 else 0.0
+
+    def find(self, numerator: str, denominator: str) -> PairedComparison | None:
+        return next((c for c in self.comparisons if c.numerator == numerator and c.denominator == denominator), None)
+
+
+def write_comparisons(comparisons: DeviceComparisons) -> str:
+    return json.dumps(dataclasses.asdict(comparisons), indent=2, sort_keys=True) + "\n"
+
+
+def read_comparisons(path: Path, device: str) -> DeviceComparisons:
+    """Read `comparisons.json`; a missing field or another device's file is a user error naming the fix."""
+    fix = f"rerun `dvc repro -f profile@{device}`."
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise PipelineError(f"{path} is not valid JSON ({error}); {fix}") from None
+    if not isinstance(raw, dict) or raw.get("format") != RECORD_FORMAT:
+        raise PipelineError(f"{path} is not a comparison record of format {RECORD_FORMAT}; {fix}")
+    try:
+        comparisons: DeviceComparisons = build(DeviceComparisons, raw, "", RecordDialect())
+    except RecordMismatch as error:
+        raise PipelineError(f"{path} does not match this pipeline's comparison record ({error}); {fix}") from None
+    if comparisons.device != device:
+        raise PipelineError(f"{path} holds device {comparisons.device}, not {device}; {fix}")
+    return comparisons
+
+
 def read_record(path: Path, combination: Combination) -> ProfileRecord:
     """Read `profile.json`; a missing, foreign or outdated file is a user error naming the fix."""
     fix = f"rerun `dvc repro -f {combination.stage_name}`."
@@ -361,6 +466,9 @@ def _upgrade(raw: dict[str, Any]) -> dict[str, Any]:
 
     Format 2 wrote 0 for "no number": MFLOPs of operators without a profiler formula, GPU times on the CPU.
     """
+    timing = raw.get("timing")
+    if raw.get("format") in (2, 3, 4, 5) and isinstance(timing, dict) and "drift_pct" in timing:
+        raw = {**raw, "timing": {key: value for key, value in timing.items() if key != "drift_pct"}}
     if raw.get("format") != 2:
         return raw
     on_cpu = isinstance(raw.get("combination"), dict) and raw["combination"].get("device") == "cpu"
@@ -406,14 +514,10 @@ class RecordDialect(Dialect):
 
 
 def parse_combination(arguments: list[str]) -> Combination:
-    """The profile stage's command-line item (`BATCH DEVICE MODE`, a direct run) as a Combination.
-
-    A plain check instead of argparse: a bad value gets the same one-paragraph error naming the
-    params.yaml key as every other param mistake, not argparse's usage text.
-    """
-    usage = "usage: python -m stages.profile BATCH_SIZE DEVICE MODE (DVC runs it without them: see profiling/matrix.py)"
+    """A combination's name split at its dashes (`16-cpu-train`: MLflow run names, the folders of runs from before
+    the per-device layout) as a Combination, each part checked, naming the params.yaml key it comes from."""
     if len(arguments) != 3:
-        raise PipelineError(f"expected 3 arguments, got {len(arguments)}; {usage}.")
+        raise PipelineError(f"expected 3 parts (batch, device, mode), got {len(arguments)}: {arguments!r}.")
     batch, device, mode = arguments
     if not batch.isdigit() or int(batch) < 1:
         raise PipelineError(f"`profile.batch_sizes` entry {batch!r} is not a whole number >= 1; fix it in params.yaml.")

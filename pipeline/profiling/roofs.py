@@ -46,8 +46,8 @@ class SpeedDrift:
     On a shared VM the other tenants' load changes over seconds to minutes and slows everything it shares
     caches and cores with, invisible from inside (no steal time, no CPU pressure). A profile stage's timing
     processes run within seconds of each other, so their spread misses that; this probe, measured once per
-    machine by the `roofs` stage, says how much a rerun minutes later can differ, and every profile interval
-    includes it (pipeline.profiling.statistics.with_drift).
+    machine by the `roofs` stage, says how much a rerun minutes later can move every row together. The report
+    states it once, as the machine's; it is in no row's interval and no ratio's (a paired ratio cancels it).
     """
 
     window_s: float  # each window's length

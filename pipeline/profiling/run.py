@@ -1,9 +1,12 @@
-"""Profile one batch size × device × mode: honest step timing, then torch.profiler's operator table.
+"""Profile every batch size × mode of one device: step times and their paired ratios, then torch.profiler's
+operator table of each combination.
 
-Two phases after an untimed warm-up (oneDNN/cuDNN create kernels per input shape, so a cold first
-step can cost 20x a warm one): first the step is timed with no profiler attached (profiler hooks would
-inflate the times) until the median step time is known to `ci_target_pct` or `time_budget_s` runs out
-(pipeline.profiling.timing), then `active_steps` steps are traced by torch.profiler for the Chrome/Perfetto trace.
+First every combination is timed with no profiler attached (profiler hooks would inflate the times), interleaved
+in the same fresh processes (pipeline.profiling.processes): each combination's step time with its interval, and
+each ratio the report states measured paired. Then, in this process, after an untimed warm-up (oneDNN/cuDNN
+create kernels per input shape, so a cold first step can cost 20x a warm one), `active_steps` steps of each
+combination are traced by torch.profiler for the Chrome/Perfetto trace, and the traced step is checked against
+the timed interval (`TraceCheck`).
 The operator table, kernel table and step anatomy are read from that trace (pipeline.profiling.trace_analysis:
 each microsecond counted once, profiler ranges kept apart). One more step runs under
 torch.utils.flop_counter, whose FLOPs per call (convolutions and matrix products, forward and backward)
@@ -22,11 +25,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import gzip
+import itertools
 import json
 import math
+import os
 import resource
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,25 +50,30 @@ from pipeline.data.tensors import MEMORY_FORMAT, normalize_images
 from pipeline.model.checkpoint import checkpoint_digest, load_checkpoint
 from pipeline.model.summary import summarize
 from pipeline.params.schema import ProfileConfig
-from pipeline.profiling.processes import WorkerServer, time_in_processes
+from pipeline.profiling.artifacts import RunDescription
+from pipeline.profiling.processes import PairedTiming, WorkerServer, time_in_processes
 from pipeline.profiling.record import (
     PROFILE_PRECISION,
     AllocatorWhatIf,
     Combination,
+    DeviceComparisons,
     OperatorRow,
     OperatorShare,
+    PairedComparison,
     ProfileRecord,
     ProfileSettings,
     StepAnalysis,
     Timing,
+    TraceCheck,
     flop_rate,
     run_params,
 )
 from pipeline.profiling.roofs import DeviceRoofs, read_roofs
-from pipeline.profiling.statistics import with_drift
+from pipeline.profiling.statistics import Block, PairedRatio, paired_ratio
 from pipeline.profiling.timing import StepTiming, synchronizer, time_steps
 from pipeline.profiling.trace_analysis import CountedCall, OperatorStats, TraceAnalysis, analyse_trace, read_trace
 from pipeline.profiling.worker import WorkerSpec, make_step
+from pipeline.tracking.tags import DATA_DIGEST_TAG, MODEL_DIGEST_TAG, hardware_tags
 from pipeline.training.cuda_graph import make_graphable_step, time_graph_replays
 from pipeline.training.runtime import hardware_description, select_device
 
@@ -79,6 +89,7 @@ class ProfileResult:
     analysis: TraceAnalysis  # what the trace says: operators, ranges, kernels, step anatomy
     page_faults_per_step: float  # minor page faults per step, counted after the timing
     bytes_per_step: float = 0.0  # what every operator of one step reads and writes (StepWork)
+    trace_check: TraceCheck | None = None
 
     def timing(self) -> Timing:
         top = self.operators[0] if self.operators else None
@@ -87,6 +98,9 @@ class ProfileResult:
     def block_times_ms(self) -> tuple[float, ...]:
         """Per-step time of each block, to 5 significant digits (a record of ~1000 blocks stays ~10 kB)."""
         return tuple(float(f"{block.step_ms:.5g}") for block in self.step_timing.blocks)
+
+
+TRACE_ATTEMPTS = 3  # passes traced at most, until one runs at the timed speed
 
 
 def profile_combination(
@@ -102,7 +116,8 @@ def profile_combination(
     step_timing: StepTiming | None = None,
 ) -> ProfileResult:
     """Warm up, time (unless `step_timing` was measured already, in worker processes), then count page faults,
-    trace and count FLOPs in this process."""
+    trace (again, up to TRACE_ATTEMPTS passes, until the traced step lies inside the timed interval) and count
+    FLOPs in this process."""
     sync = synchronizer(device)
     for _ in range(warmup_steps):
         step()
@@ -113,7 +128,7 @@ def profile_combination(
         step_timing = time_steps(step, device, combination.batch_size, ci_target_pct, time_budget_s)
     faults = page_faults_per_step(step, sync, step_timing.estimate.median_ms)
     on_gpu = device.type == "cuda"
-    trace_steps(step, sync, on_gpu, active_steps, trace_path)
+    check = trace_until_timed(step, sync, on_gpu, active_steps, trace_path, step_timing)
     peak = torch.cuda.max_memory_allocated(device) if on_gpu else _peak_cpu_memory(trace_path)
     work = count_step_flops(step)  # after the peak memory is read: the counter's step stays out of it
     sync()
@@ -126,7 +141,37 @@ def profile_combination(
         analysis=analysis,
         page_faults_per_step=faults,
         bytes_per_step=work.bytes_per_step,
+        trace_check=check,
     )
+
+
+def trace_until_timed(
+    step: Callable[[], None],
+    sync: Callable[[], None],
+    on_gpu: bool,
+    steps: int,
+    path: Path,
+    timing: StepTiming,
+    attempts: int = TRACE_ATTEMPTS,
+) -> TraceCheck:
+    """Trace into `path` until the traced step (median ProfilerStep span) lies inside the timed interval, at most
+    `attempts` passes; keep the first pass inside, else the one closest to it (on the log scale)."""
+    low, high = timing.estimate.ci_low_ms, timing.estimate.ci_high_ms
+    best: tuple[float, float] | None = None  # (distance, traced ms)
+    for attempt in range(1, attempts + 1):
+        candidate = path.with_name(f"pass{attempt}-{path.name}")  # same suffix: the export gzips .gz
+        trace_steps(step, sync, on_gpu, steps, candidate)
+        traced = read_trace(candidate).median_step_ms()
+        distance = 0.0 if low <= traced <= high else min(abs(math.log(traced / low)), abs(math.log(traced / high)))
+        if best is None or distance < best[0]:
+            best = (distance, traced)
+            os.replace(candidate, path)
+        else:
+            candidate.unlink()
+        if distance == 0.0:
+            return TraceCheck(traced, low, high, attempt)
+    assert best is not None
+    return TraceCheck(best[1], low, high, attempts)
 
 
 def trace_steps(step: Callable[[], None], sync: Callable[[], None], on_gpu: bool, steps: int, path: Path) -> None:
@@ -266,8 +311,6 @@ class ProfileSetup:
     flops_per_sample: float  # the model's forward FLOPs (inference) or forward + backward FLOPs (train)
     model_digest: str  # SHA-256 of the checkpoint file: which weights were profiled, on any machine
     graph_step: Callable[[], None] | None = None  # cuda: the same step, capturable, on a copy of the model
-    worker: WorkerSpec | None = None  # what each timing process measures (None: time in this process)
-    processes: int = 1
     roofs: DeviceRoofs | None = None  # the device's measured roofs (hardware/roofs.json); None: not measured
 
 
@@ -323,18 +366,6 @@ def prepare_profile(
             if device.type == "cuda"
             else None
         ),
-        worker=WorkerSpec(
-            checkpoint=str(checkpoint_path.resolve()),
-            data_root=str(data_root.resolve()),
-            batch_size=combination.batch_size,
-            device=str(device),
-            mode=combination.mode,
-            threads=torch.get_num_threads(),
-            warmup_steps=config.warmup_steps,
-            ci_target_pct=config.ci_target_pct,
-            budget_s=config.time_budget_s,
-        ),
-        processes=config.processes,
         roofs=_device_roofs(roofs_path, device) if roofs_path else None,
     )
 
@@ -385,31 +416,65 @@ class DefaultAllocatorRun:
         )
 
 
-def run_profile(
-    setup: ProfileSetup,
-    top_k: int,
-    trace_path: Path,
-    allocator_whatif_s: float = 0.0,
-    progress: Callable[[int], None] | None = None,
-    server: WorkerServer | None = None,
-) -> ProfileRecord:
-    """Time and trace the combination, against the device's roofs; the record keeps the `top_k`
-    most expensive operators and kernels.
-
-    With `processes` > 1 the step is first timed in fresh processes (pipeline.profiling.processes), forked from
-    `server` where the stage started one early (`forked_worker_server`, before any tensor code) or else from a
-    new one. Then, on a CPU, with `allocator_whatif_s` > 0 and glibc's allocator still
-    at its defaults, this process measures the step with those defaults (`measure_allocator_whatif`); then the
-    allocator is tuned (pipeline.common.allocator) and everything else runs tuned, as in every other torch
-    stage. The timing processes tune their own allocator."""
-    step_timing = (
-        time_in_processes(setup.worker, setup.processes, progress, server)
-        if setup.worker and setup.processes > 1
-        else None
+def timing_spec(setups: Sequence[ProfileSetup], config: ProfileConfig, checkpoint: Path, data_root: Path) -> WorkerSpec:
+    """What every timing process measures: all of the device's combinations, interleaved; `time_budget_s` per
+    combination, so the processes share the sum."""
+    return WorkerSpec(
+        checkpoint=str(checkpoint.resolve()),
+        data_root=str(data_root.resolve()),
+        device=str(setups[0].device),
+        items=tuple((setup.combination.batch_size, setup.combination.mode) for setup in setups),
+        threads=torch.get_num_threads(),
+        warmup_steps=config.warmup_steps,
+        ci_target_pct=config.ci_target_pct,
+        budget_s=config.time_budget_s * len(setups),
     )
-    defaults = glibc_defaults() if setup.device.type == "cpu" and allocator_whatif_s > 0 else None
-    default_run = measure_allocator_whatif(setup, allocator_whatif_s, defaults) if defaults else None
-    settings = dataclasses.replace(setup.settings, allocator=tune_allocator().description)
+
+
+def run_device_profile(
+    setups: Sequence[ProfileSetup],
+    spec: WorkerSpec,
+    processes: int,
+    top_k: int,
+    trace_paths: Sequence[Path],
+    allocator_whatif_s: float = 0.0,
+    progress: Callable[[str], object] | None = None,
+    server: WorkerServer | None = None,
+) -> tuple[list[ProfileRecord], DeviceComparisons]:
+    """Time every combination of one device paired, then trace each; the records keep the `top_k` most expensive
+    operators and kernels.
+
+    The combinations are first timed interleaved in `processes` fresh processes (pipeline.profiling.processes),
+    forked from `server` where the stage started one early (`forked_worker_server`, before any tensor code) or
+    else from a new one. Then, on a CPU, with `allocator_whatif_s` > 0 and glibc's allocator still at its defaults,
+    this process measures each step with those defaults (`measure_allocator_whatif`); then the allocator is tuned
+    (pipeline.common.allocator) and everything else runs tuned, as in every other torch stage. The timing processes
+    tune their own allocator. `progress(what)` is called after each timing process and each traced combination."""
+    paired = time_in_processes(
+        spec, processes, (lambda i: progress(f"timing process {i}")) if progress else None, server
+    )
+    defaults = glibc_defaults() if setups[0].device.type == "cpu" and allocator_whatif_s > 0 else None
+    default_runs = [
+        measure_allocator_whatif(setup, allocator_whatif_s, defaults) if defaults else None for setup in setups
+    ]
+    allocator = tune_allocator().description
+    records = []
+    for setup, timing, path, default_run in zip(setups, paired.timings, trace_paths, default_runs, strict=True):
+        records.append(_profile_record(setup, timing, path, top_k, allocator, default_run))
+        if progress:
+            progress(f"traced {setup.combination.name}")
+    return records, device_comparisons(setups, paired)
+
+
+def _profile_record(
+    setup: ProfileSetup,
+    step_timing: StepTiming,
+    trace_path: Path,
+    top_k: int,
+    allocator: str,
+    default_run: DefaultAllocatorRun | None,
+) -> ProfileRecord:
+    settings = dataclasses.replace(setup.settings, allocator=allocator)
     result = profile_combination(
         setup.combination,
         setup.step,
@@ -422,9 +487,6 @@ def run_profile(
         step_timing=step_timing,
     )
     roofs = setup.roofs
-    if roofs is not None:  # the interval also holds for a rerun minutes later: the machine's drift included
-        widened = with_drift(result.step_timing.estimate, roofs.speed_drift.half_width_pct)
-        result = dataclasses.replace(result, step_timing=dataclasses.replace(result.step_timing, estimate=widened))
     timing = result.timing()
     analysis = result.analysis
     graph_times: tuple[float, ...] = ()
@@ -457,9 +519,58 @@ def run_profile(
         graph_step_times_ms=graph_times,
         allocator_whatif=default_run.whatif(result.page_faults_per_step, top_k) if default_run else None,
         process_step_times_ms=tuple(float(f"{ms:.5g}") for ms in result.step_timing.process_medians_ms),
+        trace_check=result.trace_check,
     )
 
 
-def run_parameters(setup: ProfileSetup, top_k: int) -> dict[str, object]:
-    """What the MLflow run of one combination records as params."""
-    return run_params(setup.combination, setup.settings, top_k)
+def device_comparisons(setups: Sequence[ProfileSetup], paired: PairedTiming) -> DeviceComparisons:
+    """Every ratio the report states, from the paired blocks: per sample between each two batch sizes of a mode
+    (larger batch over smaller), per step between the two modes of a batch size (train over inference)."""
+    index = {setup.combination: position for position, setup in enumerate(setups)}
+
+    def blocks(combination: Combination) -> list[tuple[Block, ...]]:
+        return [process[index[combination]] for process in paired.process_blocks]
+
+    comparisons = []
+    combinations_ = [setup.combination for setup in setups]
+    for first, second in itertools.combinations(combinations_, 2):
+        if first.mode == second.mode and first.batch_size != second.batch_size:
+            small, large = sorted((first, second), key=lambda c: c.batch_size)
+            found = paired_ratio(blocks(large), blocks(small), small.batch_size / large.batch_size)
+            comparisons.append(_comparison(large, small, "sample", found))
+        elif first.batch_size == second.batch_size and first.mode != second.mode:
+            train, inference = (first, second) if first.mode == "train" else (second, first)
+            comparisons.append(_comparison(train, inference, "step", paired_ratio(blocks(train), blocks(inference))))
+    return DeviceComparisons(
+        device=setups[0].combination.device,
+        processes=len(paired.process_blocks),
+        comparisons=tuple(comparisons),
+        process_speeds=tuple(float(f"{speed:.5g}") for speed in paired.speeds),
+    )
+
+
+def _comparison(numerator: Combination, denominator: Combination, per: str, found: PairedRatio) -> PairedComparison:
+    return PairedComparison(
+        numerator=numerator.name,
+        denominator=denominator.name,
+        per=per,
+        value=found.value,
+        low=found.low,
+        high=found.high,
+        process_values=tuple(float(f"{value:.6g}") for value in found.process_values),
+    )
+
+
+def run_description(setup: ProfileSetup, top_k: int) -> RunDescription:
+    """What the MLflow run of one combination records besides its results."""
+    return RunDescription(
+        params=run_params(setup.combination, setup.settings, top_k),
+        tags={
+            DATA_DIGEST_TAG: setup.data_digest,
+            MODEL_DIGEST_TAG: setup.model_digest,
+            "combination": setup.combination.name,
+            # Tags, as on the train run: they say where it ran; MLflow's Compare lists params to compare.
+            **hardware_tags(setup.hardware),
+        },
+        model_digest=setup.model_digest,
+    )

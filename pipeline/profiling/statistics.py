@@ -1,7 +1,6 @@
 """Step-time estimates with their uncertainty, ratios between them, and the conditions they were measured under.
 
-Torch-free: the report stage and the tests use it without importing torch. (Named `timing_statistics`,
-not `statistics`, so it never shadows the standard library module it builds on.)
+Torch-free: the report stage and the tests use it without importing torch.
 
 The estimate is the **median of per-step block means**. A block is a run of consecutive steps timed
 as one (pipeline.profiling.timing makes each block >= 10 ms), so timer overhead and short jitter average out
@@ -32,18 +31,10 @@ from fractions import Fraction
 from pathlib import Path
 
 CONFIDENCE = 0.95
-NOISY_ADVICE = "noisy: rerun on a quiet machine, or raise `profile.processes` or the budget"
-
-
-def noisy_advice(drift_pct: float, target_pct: float) -> str:
-    """What to do about a noisy row: more processes or budget narrow the processes' spread, but not a machine
-    whose own speed drift (included in the interval) already exceeds the target."""
-    if drift_pct > target_pct:
-        return (
-            f"noisy machine: its speed drifts ±{drift_pct:.1f} % (`hardware/roofs.json`), more than the "
-            f"±{target_pct:g} % target; only a quieter machine narrows the interval"
-        )
-    return NOISY_ADVICE
+PROCESSES_DISAGREE_ADVICE = (
+    "raise `profile.processes` to pin the median down, or rerun on a quiet machine; the paired comparisons "
+    "between combinations hold apart from this"
+)
 
 
 TWO_SPEEDS_MIN_GAP_PCT = 10.0  # a jump between processes' medians this large (and clear of their spread) is flagged
@@ -143,8 +134,6 @@ class StepEstimate:
     blocks: int
     ci_target_pct: float
     processes: int = 1  # fresh processes timed; with more than one, the interval is the spread between them
-    # The machine's speed drift (95 % half-width, %, the roofs stage's probe) that the interval includes; 0: none.
-    drift_pct: float = 0.0
 
     @property
     def interval(self) -> Interval:
@@ -156,7 +145,8 @@ class StepEstimate:
 
     @property
     def noisy(self) -> bool:
-        """The interval missed the target: the budget ran out before the median was pinned down."""
+        """The interval is wider than `ci_target_pct`: with several processes, they disagree by more than the
+        target (each settled at its own speed); in one process, its blocks did before the budget ran out."""
         return not self.ci_half_width_pct <= self.ci_target_pct
 
     @property
@@ -245,7 +235,7 @@ def estimate_over_processes(
     with the interval from the spread between processes (`between_process_interval`).
 
     One process gives that process's own estimate: its interval covers only the spread between its blocks,
-    which a rerun in a new process does not respect (issue 21 measured 23-60 % differences against ±2 %).
+    which a rerun in a new process need not respect.
     """
     if not processes or not all(processes):
         raise ValueError("every process must have timed blocks")
@@ -256,29 +246,6 @@ def estimate_over_processes(
     median = statistics.median(medians)
     low, high = between_process_interval(medians) or (0.0, 2.0 * median)
     return dataclasses.replace(pooled, median_ms=median, ci_low_ms=low, ci_high_ms=high, processes=len(processes))
-
-
-def with_drift(estimate: StepEstimate, drift_pct: float) -> StepEstimate:
-    """The estimate with its interval widened by the machine's speed drift (a 95 % half-width in %).
-
-    The processes of one stage run within seconds of each other, so their spread misses how the machine's
-    speed moves over minutes (issue 21: reruns minutes apart differed by 13-30 % on a 2-vCPU VM whose
-    six-process intervals were ±6-21 %). A rerun's estimate differs by both, independently, so on the log scale
-    (a speed change is a ratio) each side's half-width becomes sqrt(side² + drift²). The median stays.
-    """
-    if drift_pct <= 0:
-        return estimate
-    drift = math.log1p(drift_pct / 100.0)
-    median = estimate.median_ms
-
-    def widened(end: float) -> float:
-        side = abs(math.log(end / median)) if end > 0 else math.inf
-        return math.exp(math.hypot(side, drift))
-
-    low = median / widened(estimate.ci_low_ms) if estimate.ci_low_ms > 0 else 0.0
-    return dataclasses.replace(
-        estimate, ci_low_ms=low, ci_high_ms=median * widened(estimate.ci_high_ms), drift_pct=drift_pct
-    )
 
 
 @dataclass(frozen=True)
@@ -300,6 +267,11 @@ class Ratio:
         """False when the data cannot tell the two apart (the interval contains 1)."""
         return not self.low <= 1.0 <= self.high
 
+    @property
+    def half_width_pct(self) -> float:
+        """The larger side of the interval in % of the value."""
+        return Interval(self.value, self.low, self.high).half_width_pct
+
     def bounds(self) -> str:
         """`2.95-3.30x` (the 95 % interval), or a note that the data bound nothing."""
         if not math.isfinite(self.high):
@@ -311,6 +283,63 @@ class Ratio:
         if not self.measurable:
             return f"no measurable difference ({self.bounds()})"
         return f"{_format_ratio(self.value)}x ({self.bounds()})"
+
+
+def process_speeds(medians: Sequence[Sequence[float]]) -> tuple[float, ...]:
+    """Each process's speed factor, shared by all the items it timed: the median over items of its median over that
+    item's median across processes (`medians[process][item]`; a median, so that one item's own deviation does not
+    pass for the process's). 1.0 each with fewer than two items, where a shared factor cannot be told from an
+    item's own spread."""
+    if not medians or len(medians[0]) < 2:
+        return tuple(1.0 for _ in medians)
+    items = len(medians[0])
+    centres = [statistics.median(process[item] for process in medians) for item in range(items)]
+    return tuple(statistics.median(process[item] / centres[item] for item in range(items)) for process in medians)
+
+
+def own_spread_pct(process_ms: Sequence[float], speeds: Sequence[float]) -> float:
+    """The half-width (%) of the 95 % interval of one item's median once each process's shared speed factor is
+    divided out: what is left is the item's own disagreement between processes (inf when it bounds nothing)."""
+    own = [ms / speed for ms, speed in zip(process_ms, speeds, strict=True)]
+    median = statistics.median(own)
+    low, high = between_process_interval(own) or (0.0, 2.0 * median)
+    return Interval(median, low, high).half_width_pct if len(own) > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class PairedRatio(Ratio):
+    """A ratio measured paired: in each process, round by round (both timed within the same round, in random
+    order), its median over rounds; the value is the median of the processes' ratios, the 95 % interval their
+    spread (`between_process_interval`), as Kalibera & Jones put the interval on the effect itself."""
+
+    process_values: tuple[float, ...] = ()
+
+    @property
+    def every_process(self) -> bool:
+        """Every process saw the same direction (all above 1, or all below)."""
+        values = self.process_values
+        return bool(values) and (all(value > 1 for value in values) or all(value < 1 for value in values))
+
+
+def paired_ratio(
+    numerator: Sequence[Sequence[Block]], denominator: Sequence[Sequence[Block]], scale: float = 1.0
+) -> PairedRatio:
+    """numerator / denominator x `scale` from blocks timed interleaved: per process (one sequence of blocks each,
+    one block per round, the two aligned by round), the median over rounds of the rounds' ratios of per-step
+    times. `scale` turns per-step into per-sample ratios (denominator batch / numerator batch)."""
+    if len(numerator) != len(denominator) or not numerator:
+        raise ValueError("paired ratios need the same processes on both sides")
+    values = []
+    for ours, theirs in zip(numerator, denominator, strict=True):
+        if len(ours) != len(theirs) or not ours:
+            raise ValueError("paired ratios need one block of each side in every round")
+        values.append(scale * statistics.median(a.step_ms / b.step_ms for a, b in zip(ours, theirs, strict=True)))
+    value = statistics.median(values)
+    low, high = between_process_interval(values) or (0.0, math.inf)
+    if len(values) == 1:  # one process: the interval of its rounds' ratios, which a new process need not respect
+        rounds = [scale * a.step_ms / b.step_ms for a, b in zip(numerator[0], denominator[0], strict=True)]
+        low, high = median_interval(rounds) or (0.0, math.inf)
+    return PairedRatio(value, min(low, value), max(high, value), tuple(values))
 
 
 def ratio(numerator: Interval, denominator: Interval) -> Ratio:

@@ -7,45 +7,76 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.common.tables import NO_NUMBER
-from pipeline.profiling.record import (
-    ProfileRecord,
-)
-from pipeline.profiling.statistics import noisy_advice, two_speeds
+from pipeline.profiling.record import DeviceComparisons, PairedComparison, ProfileRecord
+from pipeline.profiling.statistics import MIN_ORDER_STATISTIC_PROCESSES, PROCESSES_DISAGREE_ADVICE, two_speeds
 from pipeline.profiling.trace_analysis import (
     KernelStats,
 )
 
 
 def measurement_warnings(record: ProfileRecord) -> list[str]:
-    """What a reader must know before trusting the timing: a busy machine, a median not pinned down."""
+    """What a reader must know before trusting this row, each from the row's own data: a busy machine, timing
+    processes that disagree, a traced pass that is not the timed step."""
     warnings = []
     busy = record.conditions.warning()
     if busy:
         warnings.append(busy)
-    timing, settings = record.timing, record.settings
-    if timing.noisy:
-        warnings.append(
-            f"{noisy_advice(timing.drift_pct, settings.ci_target_pct)} (the 95 % CI of the median step time is "
-            f"±{timing.step_time_ci_pct:.1f} %, the target `profile.ci_target_pct` ±{settings.ci_target_pct:g} %, "
-            f"after {timing.timing_s:.1f} s of the {settings.time_budget_s:g} s `profile.time_budget_s`"
-            + (f"; the machine's speed drift of ±{timing.drift_pct:.1f} % included" if timing.drift_pct else "")
-            + ")"
-        )
-    groups = two_speeds(record.process_step_times_ms)
+    medians = record.process_step_times_ms
+    if record.timing.noisy:
+        warnings.append(_wide_interval_warning(record))
+    groups = two_speeds(medians)
     if groups:
         fast, slow = groups
         cause = (
-            f"with {record.conditions.threads} threads on a small VM a step jumps like this while the machine's "
-            'speed does not move: its memory-bound layers slow 3-5x in phases (README, "Timing you can trust"); '
-            "`profile.threads: 1`, the default, timed steadily there"
+            f"with {record.conditions.threads} threads on a small VM a step can jump like this while the machine's "
+            "speed does not move (docs/timing.md); `profile.threads: 1`, the default, times steadily"
             if record.combination.device == "cpu" and record.conditions.threads > 1
-            else "the machine's speed changed while timing; rerun on a quiet machine"
+            else "a process settled at another speed (its heap, page placement and kernels are its own)"
         )
         warnings.append(
             f"two speeds: {len(fast)} timing process(es) at {_span(fast)} ms and {len(slow)} at {_span(slow)} ms, "
             f"{100 * (slow[0] / fast[-1] - 1):.0f} % apart with none between; {cause}"
         )
+    check = record.trace_check
+    if check is not None and not check.inside:
+        warnings.append(
+            f"the operator table is not the timed step: {check.describe()}; its shares describe that slower or faster "
+            "step (the profiler's hooks weigh most on short operators)"
+        )
     return warnings
+
+
+def _wide_interval_warning(record: ProfileRecord) -> str:
+    """Why the row's interval missed the target, from its own processes: they disagree beyond the speed all
+    combinations shared in each process, or they are too few for a distribution-free interval (fewer than 6:
+    Student's t with few degrees of freedom is wide)."""
+    timing, target = record.timing, record.settings.ci_target_pct
+    medians = record.process_step_times_ms
+    own = timing.step_time_ci_pct if timing.own_ci_pct is None else timing.own_ci_pct
+    interval = f"the 95 % CI of the median step time is ±{timing.step_time_ci_pct:.1f} %, wider than the ±{target:g} % "
+    if len(medians) < 2:
+        return (
+            f"{interval}`profile.ci_target_pct`: its blocks in one process did not pin it down before "
+            "`profile.time_budget_s` ran out; raise the budget, or `profile.processes` (a rerun need not respect an "
+            "interval from one process)"
+        )
+    spread_pct = 100.0 * (max(medians) / min(medians) - 1) if min(medians) > 0 else float("inf")
+    settled = (
+        f"its {len(medians)} timing processes settled at {min(medians):.3f}-{max(medians):.3f} ms "
+        f"({spread_pct:.1f} % apart)"
+    )
+    if len(medians) < MIN_ORDER_STATISTIC_PROCESSES:
+        return (
+            f"too few processes: {settled}, but from {len(medians)} processes {interval}`profile.ci_target_pct`; "
+            f"`profile.processes: {MIN_ORDER_STATISTIC_PROCESSES}` or more gives a distribution-free interval"
+        )
+    if timing.own_ci_pct is None:
+        return f"processes disagree: {settled}, so {interval}`profile.ci_target_pct`; {PROCESSES_DISAGREE_ADVICE}"
+    return (
+        f"processes disagree: {settled}; with the speed every combination shared in each process divided out, this "
+        f"combination's own spread is still ±{own:.1f} %, wider than the ±{target:g} % `profile.ci_target_pct`; "
+        f"{PROCESSES_DISAGREE_ADVICE}"
+    )
 
 
 def _span(values: Sequence[float]) -> str:
@@ -60,8 +91,6 @@ def timing_summary(record: ProfileRecord) -> str:
         if timing.processes > 1
         else "within one process, which a rerun need not respect"
     )
-    if timing.drift_pct > 0:
-        source += f" and the machine's speed drift (±{timing.drift_pct:.1f} %, `dvc repro roofs`)"
     return (
         f"Step time {timing.step_time_ms_median:.3f} ms median (IQR {timing.step_time_ms_iqr:.3f} ms; 95 % CI "
         f"{timing.step_time_ms_ci_low:.3f}-{timing.step_time_ms_ci_high:.3f} ms, ±{timing.step_time_ci_pct:.1f} %, "
@@ -74,6 +103,71 @@ def timing_summary(record: ProfileRecord) -> str:
     )
 
 
+def trace_sentence(record: ProfileRecord) -> str:
+    """What the table's pass was, against the timed step."""
+    check = record.trace_check
+    if check is None:
+        return "The traced pass was not checked against the timed step (a record from before that check)."
+    if check.inside:
+        return f"The table's pass ran at the timed speed: {check.describe()}."
+    return (
+        f"**The table's pass is not the timed step**: {check.describe()}. Its shares describe the traced step, "
+        "not the timed one."
+    )
+
+
+def comparisons_markdown(comparisons: DeviceComparisons) -> str:
+    """profiles/<device>/comparisons.md: every paired ratio with its interval and what each process saw."""
+    lines = [
+        f"### Paired comparisons: {comparisons.device}",
+        "",
+        f"Each ratio was measured paired: all combinations timed interleaved, round by round in random order, in the "
+        f"same {comparisons.processes} fresh processes; each process's ratio is the median over its rounds, the "
+        "ratio is the median over processes and its 95 % CI their spread. Per sample: the larger batch's time per "
+        "sample over the smaller's (below 1: the larger batch is cheaper per sample). Per step: a training step "
+        "over an inference step at the same batch size.",
+        "",
+        "| ratio | per | value | 95 % CI | ± % | the processes |",
+        "| --- | --- | ---: | ---: | ---: | --- |",
+    ]
+    for comparison in comparisons.comparisons:
+        lines.append(
+            f"| {comparison.numerator} / {comparison.denominator} | {comparison.per} | {comparison.value:.3f} | "
+            f"{comparison.low:.3f}-{comparison.high:.3f} | ±{half_width_pct(comparison):.1f} | "
+            f"{every_process_words(comparison)} |"
+        )
+    lines += ["", process_speed_sentence(comparisons)]
+    return "\n".join(lines) + "\n"
+
+
+def process_speed_sentence(comparisons: DeviceComparisons) -> str:
+    """How far the machine's speed moved between this run's timing processes: said once, for the device."""
+    speeds = comparisons.process_speeds
+    if len(speeds) < 2:
+        return "One timing process: how far the machine's speed moves between processes was not measured."
+    return (
+        f"Between its {len(speeds)} timing processes the {comparisons.device} ran up to "
+        f"{comparisons.speed_spread_pct:.1f} % apart, every combination alike (each process's speed: "
+        f"{', '.join(f'{speed:.3f}' for speed in speeds)}, 1 the median): each row's interval holds that, the paired "
+        "ratios cancel it."
+    )
+
+
+def half_width_pct(comparison: PairedComparison) -> float:
+    if comparison.value <= 0:
+        return float("inf")
+    return 100.0 * max(comparison.high - comparison.value, comparison.value - comparison.low) / comparison.value
+
+
+def every_process_words(comparison: PairedComparison) -> str:
+    values = comparison.process_values
+    if values and all(value > 1 for value in values):
+        return f"above 1 in all {len(values)} processes"
+    if values and all(value < 1 for value in values):
+        return f"below 1 in all {len(values)} processes"
+    return f"{sum(value > 1 for value in values)} of {len(values)} processes above 1"
+
+
 def operators_markdown(record: ProfileRecord) -> str:
     """top_operators.md: the timing summary, the operator table (no GPU column where no GPU was traced,
     NO_NUMBER where there is no number) and what its MFLOPs column holds."""
@@ -84,7 +178,10 @@ def operators_markdown(record: ProfileRecord) -> str:
     lines = [
         f"### Top {len(rows)} operators: batch {combination.batch_size}, {combination.device}, {combination.mode}",
         "",
-        f"{timing_summary(record)} ATen operators ranked by {ranked_by}; times are per step.",
+        f"{timing_summary(record)} ATen operators ranked by {ranked_by}; times are per traced step, and the share "
+        "is of the traced step's operator time.",
+        "",
+        trace_sentence(record),
         "",
         *(f"**Warning:** {warning}.\n" for warning in measurement_warnings(record)),
         f"| # | operator | calls | self CPU ms | total CPU ms | {gpu_header[0]}share % | MFLOPs |",

@@ -31,10 +31,11 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
 import statistics
 import time
 import timeit
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -80,6 +81,8 @@ class StepTiming:
     seconds: float  # wall time spent, probe included
     # The median of each fresh process that timed the step (pipeline.profiling.processes); empty when timed in one.
     process_medians_ms: tuple[float, ...] = ()
+    # The interval's half-width (%) with each process's shared speed divided out; None: timed alone.
+    own_ci_pct: float | None = None
 
     def record(self, peak_memory_mb: float = 0.0, top_operator_share_pct: float = 0.0) -> Timing:
         """The profile record's timing (pipeline.profiling.record): the metric names are its field names."""
@@ -89,6 +92,7 @@ class StepTiming:
             timing_s=self.seconds,
             peak_memory_mb=peak_memory_mb,
             top_operator_share_pct=top_operator_share_pct,
+            own_ci_pct=self.own_ci_pct,
         )
 
 
@@ -184,5 +188,62 @@ def time_steps(
         blocks=tuple(blocks),
         conditions=measurement_conditions(load_before, threads),
         steps_per_block=max(block.steps for block in blocks),
+        seconds=time.perf_counter() - started,
+    )
+
+
+@dataclass(frozen=True)
+class InterleavedTiming:
+    blocks: tuple[tuple[Block, ...], ...]  # per step, one block per round, in round order
+    conditions: MeasurementConditions
+    seconds: float  # wall time spent, probes included
+
+
+def time_interleaved(
+    steps: Sequence[Callable[[], None]],
+    device: torch.device,
+    ci_target_pct: float,
+    time_budget_s: float,
+    order: random.Random,
+    min_block_s: float = MIN_BLOCK_S,
+    clock: Callable[[], float] | None = None,
+) -> InterleavedTiming:
+    """Time `steps` (warmed up) in rounds: each round times one block of every step, in an order drawn from
+    `order`, so that a change of the machine's speed lands on all of them within one round.
+
+    Each step's block is sized by its own probe to at least `min_block_s`. Rounds go on until every step's median
+    is known to `ci_target_pct` within this process (after at least MIN_BLOCKS rounds), or the next round would not
+    fit in `time_budget_s`. Blocks run timeit's compiled loop on the device clock; the caller has set the thread count.
+    """
+    threads = torch.get_num_threads()
+    load_before = load_average()
+    started = time.perf_counter()
+    clock = clock or device_clock(device)
+    timers = []
+    for step in steps:
+        names = {"step": step}
+        probe = Timer("step()", globals=names, timer=clock, num_threads=threads).blocked_autorange(min_run_time=PROBE_S)
+        steps_per_block = _steps_for(min_block_s, min(probe.times))
+        # The standard library's timeit.Timer, which torch's Timer wraps: its timeit() adds no warm-up runs.
+        block = timeit.Timer(f"for _ in range({steps_per_block}):\n    step()", timer=clock, globals=names)
+        timers.append((block, steps_per_block))
+    deadline = started + time_budget_s
+    blocks: list[list[Block]] = [[] for _ in steps]
+    round_s = 0.0
+    while True:
+        round_started = time.perf_counter()
+        if blocks[0] and deadline - round_started < round_s:
+            break
+        for index in order.sample(range(len(steps)), len(steps)):
+            timer, steps_per_block = timers[index]
+            blocks[index].append(Block(steps_per_block, timer.timeit(1)))
+        round_s = time.perf_counter() - round_started
+        if len(blocks[0]) >= MIN_BLOCKS and not any(
+            estimate_step_time(step_blocks, 1, ci_target_pct).noisy for step_blocks in blocks
+        ):
+            break
+    return InterleavedTiming(
+        blocks=tuple(tuple(step_blocks) for step_blocks in blocks),
+        conditions=measurement_conditions(load_before, threads),
         seconds=time.perf_counter() - started,
     )

@@ -77,6 +77,10 @@ class Trace:
     def step_count(self) -> int:
         return len(self.steps)
 
+    def median_step_ms(self) -> float:
+        """The median ProfilerStep span: the traced step's wall time."""
+        return statistics.median(step.duration_us for step in self.steps) / 1000
+
 
 @dataclass(frozen=True)
 class OperatorStats:
@@ -486,7 +490,7 @@ def _anatomy(
     span_total = sum(step.duration_us for step in trace.steps) or 1.0
     steps = trace.step_count
     busy_pct = 100.0 * busy_total / span_total
-    step_ms = statistics.median(step.duration_us for step in trace.steps) / 1000
+    step_ms = trace.median_step_ms()
     launches = len(device_events) / steps if on_gpu else 0.0
     mean_launch = statistics.fmean(event.duration_us for event in device_events) if on_gpu and device_events else 0.0
     # Only calls that started device work: cudaDeviceSynchronize & co. are waiting, not launching.

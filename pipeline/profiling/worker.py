@@ -1,30 +1,33 @@
-"""The timing processes of a profile combination: the unit the stage repeats (pipeline.profiling.processes).
+"""The timing processes of a profile stage: the unit the stage repeats (pipeline.profiling.processes).
 
     python -m pipeline.profiling.worker [--inference-only]   # the server afresh: specs in, one JSON line out
                                                              # each (the profile stage forks the same server)
 
-A fresh process has its own heap, page placement, oneDNN kernel choices and thread pool, and two processes
-running the same step settle at speeds up to 60 % apart on a 2-core VM (issue 21), while the blocks inside
-one process agree to ±2 %. So each combination is timed in several processes, and the uncertainty the stage
-states comes from the spread between them.
+A fresh process has its own heap, page placement, oneDNN kernel choices and thread pool: two processes running
+the same step can settle at different speeds while the blocks inside one process agree closely
+(docs/timing.md). So the step times come from several processes, and their uncertainty from the spread between
+them. Inside each process every combination of the device is timed interleaved, round by round in a random
+order, so that the ratios between combinations are measured paired.
 
-Starting Python with torch costs 4-10 s on a 2-core VM (torch, then torch._dynamo, which the optimizer step and
+Starting Python with torch takes seconds on a small VM (torch, then torch._dynamo, which the optimizer step and
 the checkpoint's loader reach), more than the timing itself. So one server per stage imports everything and runs
 no tensor code (no thread pool, no allocation by torch), then forks one child per spec read from stdin: the
 profile stage forks the server from itself before its own tensor code
 (pipeline.profiling.processes.forked_worker_server); a caller that has run tensor code starts this module. Each
-child is a new process from that clean state: it tunes the allocator as every torch stage does, builds the step
-from the checkpoint and the first test images, warms it up, times it (pipeline.profiling.timing) for its share of
-the budget and exits; the server prints its blocks as one JSON line. Children share the server's library layout
-and hash seed; a new stage run has a new server, and the calibration test (tests/test_timing_calibration.py)
-checks that intervals hold across stage runs.
+child is a new process from that clean state: it tunes the allocator as every torch stage does, builds each
+step from the checkpoint and the first test images, warms them up, times them (pipeline.profiling.timing) for
+its share of the budget and exits; the server prints the blocks as one JSON line. Children share the server's
+library layout and hash seed; a new stage run has a new server, and the calibration test
+(tests/test_timing_calibration.py) checks that intervals hold across stage runs.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
+import random
 import signal
 import sys
 import traceback
@@ -42,27 +45,43 @@ from pipeline.common.errors import PipelineError
 from pipeline.data.mnist import load_split
 from pipeline.data.tensors import MEMORY_FORMAT, normalize_images
 from pipeline.model.checkpoint import load_checkpoint
-from pipeline.profiling.timing import time_steps
+from pipeline.profiling.timing import time_interleaved
 from pipeline.training.steps import inference_step
 
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What one worker measures, and how (all of it from params.yaml, the checkpoint and the stage)."""
+    """What one worker measures, and how (all of it from params.yaml, the checkpoint and the stage).
+
+    Every item (a batch size and mode on `device`) is timed in the same process, interleaved: each round times one
+    block of every item, in an order drawn afresh from `seed`, so that whatever the machine does in a given second
+    it does to all items alike, and their ratios are measured paired (pipeline.profiling.statistics.paired_ratio).
+    """
 
     checkpoint: str
     data_root: str
-    batch_size: int
     device: str
-    mode: str
+    items: tuple[tuple[int, str], ...]  # (batch size, mode) pairs
     threads: int  # torch intra-op threads; 0 = torch's default
     warmup_steps: int
     ci_target_pct: float
-    budget_s: float  # wall time for the timing itself, after the warm-up
+    budget_s: float  # wall time for the timing itself, after the warm-up (all items together)
+    seed: int = 0  # draws each round's order
     tune_allocator: bool = True
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerSpec:
+        raw = json.loads(text)
+        return cls(**{**raw, "items": tuple((int(batch), str(mode)) for batch, mode in raw["items"])})
+
+    def describe(self) -> str:
+        """`batch 1 and 16 (cpu, inference and train)`: the items, for a message."""
+        batches = ", ".join(dict.fromkeys(str(batch) for batch, _ in self.items))
+        modes = " and ".join(dict.fromkeys(mode for _, mode in self.items))
+        return f"batch {batches} ({self.device}, {modes})"
 
 
 def make_step(model: nn.Module, mode: str, images: torch.Tensor, labels: torch.Tensor, lr: float) -> Callable[[], None]:
@@ -81,22 +100,26 @@ def make_step(model: nn.Module, mode: str, images: torch.Tensor, labels: torch.T
 
 
 def measure(spec: WorkerSpec) -> dict[str, Any]:
-    """Build the step of `spec` in this process, warm it up and time it: the blocks, as plain JSON values."""
+    """Build the step of every item of `spec` in this process (each on its own copy of the model), warm them up and
+    time them interleaved: the blocks of each item, in round order, as plain JSON values."""
     if spec.threads:
         torch.set_num_threads(spec.threads)
     device = torch.device(spec.device)
     checkpoint = load_checkpoint(Path(spec.checkpoint))
-    model = checkpoint.model.to(device).to(memory_format=MEMORY_FORMAT)
     test_images, test_labels = load_split(Path(spec.data_root), "test")
-    images = normalize_images(test_images[: spec.batch_size], device).contiguous(memory_format=MEMORY_FORMAT)
-    labels = torch.from_numpy(test_labels[: spec.batch_size].astype("int64")).to(device)
-    step = make_step(model, spec.mode, images, labels, float(checkpoint.train_params["lr"]))
-    for _ in range(spec.warmup_steps):
-        step()
-    timing = time_steps(step, device, spec.batch_size, spec.ci_target_pct, spec.budget_s)
+    lr = float(checkpoint.train_params["lr"])
+    steps = []
+    for batch_size, mode in spec.items:
+        model = copy.deepcopy(checkpoint.model).to(device).to(memory_format=MEMORY_FORMAT)
+        images = normalize_images(test_images[:batch_size], device).contiguous(memory_format=MEMORY_FORMAT)
+        labels = torch.from_numpy(test_labels[:batch_size].astype("int64")).to(device)
+        steps.append(make_step(model, mode, images, labels, lr))
+    for step in steps:
+        for _ in range(spec.warmup_steps):
+            step()
+    timing = time_interleaved(steps, device, spec.ci_target_pct, spec.budget_s, random.Random(spec.seed))
     return {
-        "blocks": [[block.steps, block.seconds] for block in timing.blocks],
-        "steps_per_block": timing.steps_per_block,
+        "items": [[[block.steps, block.seconds] for block in blocks] for blocks in timing.blocks],
         "seconds": timing.seconds,
         "conditions": dataclasses.asdict(timing.conditions),
     }
@@ -131,7 +154,7 @@ def serve(training: bool = True, specs: TextIO | None = None, answers: TextIO | 
 
     specs, answers = specs or sys.stdin, answers or sys.stdout
     for line in specs:
-        spec = WorkerSpec(**json.loads(line))
+        spec = WorkerSpec.from_json(line)
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:

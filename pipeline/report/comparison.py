@@ -1,5 +1,6 @@
 """The report's comparison of the profiled combinations: one row per combination, its table, the notes on
-measurement quality and the batch-size sentences.
+measurement quality, and the sentences on batch sizes and modes, each read from a paired ratio
+(pipeline.profiling.record.DeviceComparisons).
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeline.profiling.record import Combination, ProfileRecord
-from pipeline.profiling.statistics import Interval, noisy_advice, ratio
+from pipeline.profiling.record import Combination, DeviceComparisons, PairedComparison, ProfileRecord
+from pipeline.profiling.statistics import PROCESSES_DISAGREE_ADVICE, Interval
+from pipeline.profiling.texts import every_process_words, half_width_pct
 
 CONVOLUTION = re.compile(r"conv", re.IGNORECASE)
 
@@ -37,9 +39,9 @@ class ComparisonRow:
     throughput_samples_per_s: float
     throughput_samples_per_s_ci_low: float  # batch size ÷ the step interval's high end (and high from low)
     throughput_samples_per_s_ci_high: float
-    noisy: bool  # the interval missed profile.ci_target_pct
+    noisy: bool  # the processes disagree: the interval is wider than profile.ci_target_pct
     ci_target_pct: float
-    drift_pct: float  # the machine's speed drift included in the interval (95 % half-width, %); 0: not included
+    trace_inside: bool  # the operator table's pass lies inside the timed interval (True where not checked)
     machine_busy: bool  # load average above the cores while timing
     load_average_before: float
     load_average_after: float
@@ -63,7 +65,12 @@ class ComparisonRow:
 
     @property
     def flags(self) -> str:
-        return ", ".join(flag for flag, raised in (("noisy", self.noisy), ("busy", self.machine_busy)) if raised)
+        raised = (
+            ("processes disagree", self.noisy),
+            ("busy", self.machine_busy),
+            ("table not the timed step", not self.trace_inside),
+        )
+        return ", ".join(flag for flag, up in raised if up)
 
 
 # Columns of plots/profile_comparison.csv (what `dvc plots show` draws). Each plotted value `<y>` has its 95 %
@@ -122,7 +129,7 @@ def comparison_rows(profiles: Sequence[ProfileRecord]) -> list[ComparisonRow]:
                 throughput_samples_per_s_ci_high=throughput.high,
                 noisy=timing.noisy,
                 ci_target_pct=record.settings.ci_target_pct,
-                drift_pct=timing.drift_pct,
+                trace_inside=record.trace_check is None or record.trace_check.inside,
                 machine_busy=conditions.busy,
                 load_average_before=conditions.load_average_before,
                 load_average_after=conditions.load_average_after,
@@ -153,27 +160,24 @@ def comparison_markdown(rows: Sequence[ComparisonRow]) -> str:
 
 
 def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
-    """What the comparison table's numbers are, and what its flags mean where any row raised one."""
-    drift = max((row.drift_pct for row in rows), default=0.0)
-    widened = (
-        f", widened by the machine's speed drift (±{drift:.1f} %, measured by the `roofs` stage: how far a rerun "
-        "minutes later can move)"
-        if drift > 0
-        else ""
-    )
+    """What the comparison table's numbers are, and what each raised flag means, for the rows that raised it."""
     notes = [
-        "Step time: each of `profile.processes` fresh processes times blocks of consecutive steps and takes the "
-        "median of their per-step means; the step time is the median over the processes, with the half-width of "
-        f"its 95 % confidence interval from the spread between processes{widened} (a rerun lands inside it, not "
-        "only the next block); IQR is the spread of all blocks."
+        "Step time: each of `profile.processes` fresh processes times every combination of the device interleaved, "
+        "one block of consecutive steps per combination per round, in random order; a row's step time is the "
+        "median over the processes of their medians, its 95 % CI the spread between processes (within this run: "
+        "how far the machine's speed drifts between runs is stated once, under Environment). IQR is the spread of "
+        "all blocks."
     ]
-    noisy = [row for row in rows if row.noisy]
-    if noisy:
-        advice = noisy_advice(max(row.drift_pct for row in noisy), min(row.ci_target_pct for row in noisy))
-        names = ", ".join(f"{row.batch_size}-{row.device}-{row.mode}" for row in noisy)
+
+    def names(flagged: Sequence[ComparisonRow]) -> str:
+        return ", ".join(f"{row.batch_size}-{row.device}-{row.mode}" for row in flagged)
+
+    disagree = [row for row in rows if row.noisy]
+    if disagree:
         notes.append(
-            f"**{advice}** ({names}): the confidence interval missed `profile.ci_target_pct` "
-            "before `profile.time_budget_s` ran out."
+            f"**Processes disagree** ({names(disagree)}): beyond the speed all combinations shared in each timing "
+            f"process, these rows' processes still spread wider than `profile.ci_target_pct` "
+            f"(±{disagree[0].ci_target_pct:g} %; each table gives the numbers); {PROCESSES_DISAGREE_ADVICE}."
         )
     busy = [row for row in rows if row.machine_busy]
     if busy:
@@ -182,126 +186,139 @@ def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
             for row in busy
         )
         notes.append(
-            f"**Warning: busy machine**: the load average exceeded the {busy[0].cores} cores while timing {loads}; "
+            f"**Busy machine**: the load average exceeded the {busy[0].cores} cores while timing {loads}; "
             "those step times are likely inflated and less stable: rerun on a quiet machine."
+        )
+    mismatched = [row for row in rows if not row.trace_inside]
+    if mismatched:
+        notes.append(
+            f"**Table not the timed step** ({names(mismatched)}): none of the traced passes ran inside the timed "
+            "interval (each table says by how much); their operator shares describe the traced step, and the "
+            "analysis does not quote them."
         )
     return notes
 
 
-def comparison_sentences(rows: Sequence[ComparisonRow]) -> list[str]:
-    """Plain sentences drawn from the comparison numbers; every ratio with its 95 % interval."""
+def comparison_sentences(rows: Sequence[ComparisonRow], comparisons: Sequence[DeviceComparisons]) -> list[str]:
+    """Plain sentences, each read from a paired ratio and its 95 % interval: how per-sample time moves with the batch
+    size in each device/mode series, and what a training step costs against an inference step."""
     sentences: list[str] = []
+    by_device = {found.device: found for found in comparisons}
     by_series: dict[tuple[str, str], list[ComparisonRow]] = {}
     for row in rows:
         by_series.setdefault((row.device, row.mode), []).append(row)
     for (device, mode), series in sorted(by_series.items()):
         series.sort(key=lambda row: row.batch_size)
         largest = series[-1]
-        sentences.append(
-            f"**{device} {mode}**: at batch {largest.batch_size} the top operator is `{largest.top_operator}` "
-            f"({largest.top_operator_share_pct:.1f} % of the step) and convolution operators together take "
-            f"{largest.convolution_share_pct:.1f} % of it."
-        )
-        if len(series) > 1:
-            sentences.append(batch_scaling_sentence(series, mode))
+        if largest.trace_inside:
+            sentences.append(
+                f"**{device} {mode}**: at batch {largest.batch_size} the top operator is `{largest.top_operator}` "
+                f"({largest.top_operator_share_pct:.1f} % of the traced step's operator time) and convolution "
+                f"operators together take {largest.convolution_share_pct:.1f} % of it."
+            )
+        found = by_device.get(device)
+        if len(series) > 1 and found is not None:
+            sentences.append(batch_scaling_sentence(series, mode, found))
+    for found in comparisons:
+        sentence = mode_sentence(found)
+        if sentence:
+            sentences.append(sentence)
     return sentences
 
 
-def batch_scaling_sentence(series: Sequence[ComparisonRow], mode: str) -> str:
-    """How per-sample time moves with the batch size in one device/mode series (two or more batch sizes).
+def _direction(comparison: PairedComparison) -> int:
+    """1: measurably above 1, -1: measurably below, 0: the interval holds 1 (the data cannot decide)."""
+    if comparison.low > 1:
+        return 1
+    if comparison.high < 1:
+        return -1
+    return 0
 
-    Monotone (no larger batch measurably dearer per sample than a smaller one, or none measurably cheaper):
-    the smallest against the largest batch. Otherwise the path, each step read from the two intervals, and
-    the cheapest batch against the next cheapest. Every pair of batch sizes counts, not only neighbours:
-    steps too small to measure one by one can add up to a measurable rise, and then "falls from the smallest
-    to the largest" would hide a cheaper batch between them.
-    """
+
+def _ratio_words(comparison: PairedComparison) -> str:
+    return (
+        f"{comparison.value:.3f}x (95 % CI {comparison.low:.3f}-{comparison.high:.3f}x; "
+        f"{every_process_words(comparison)})"
+    )
+
+
+def batch_scaling_sentence(series: Sequence[ComparisonRow], mode: str, comparisons: DeviceComparisons) -> str:
+    """How per-sample time moves from each batch size to the next in one device/mode series, each step read from
+    its paired ratio (larger batch's per-sample time over the smaller's), and which batch is cheapest where the data
+    decide it."""
     ordered = sorted(series, key=lambda row: row.batch_size)
-    pairs = [
-        ratio(earlier.per_sample_interval, later.per_sample_interval)
-        for index, earlier in enumerate(ordered)
-        for later in ordered[index + 1 :]
+    device = ordered[0].device
+    steps = []
+    for smaller, larger in itertools.pairwise(ordered):
+        found = comparisons.find(larger.combination.name, smaller.combination.name)
+        if found is None:
+            continue
+        direction = _direction(found)
+        change = (
+            f"falls to {found.value:.3f}x"
+            if direction < 0
+            else f"rises {found.value:.3f}x"
+            if direction > 0
+            else "shows no measurable difference"
+        )
+        steps.append(
+            f"from batch {smaller.batch_size} to {larger.batch_size} it {change} "
+            f"(95 % CI {found.low:.3f}-{found.high:.3f}x; {every_process_words(found)})"
+        )
+    opening = (
+        f"**{device} {mode}, per-sample time, paired**: "
+        + "; ".join(steps)
+        + f" ({', '.join(f'{row.per_sample_ms:.4f} ms at batch {row.batch_size}' for row in ordered)})."
+    )
+    return opening + _cheapest(ordered, comparisons)
+
+
+def _cheapest(ordered: Sequence[ComparisonRow], comparisons: DeviceComparisons) -> str:
+    """The batch measurably cheaper per sample than every other, or what the data leave tied."""
+    cheapest = min(ordered, key=lambda row: row.per_sample_ms)
+    tied = []
+    for row in ordered:
+        if row is cheapest:
+            continue
+        small, large = sorted((row, cheapest), key=lambda r: r.batch_size)
+        found = comparisons.find(large.combination.name, small.combination.name)
+        if found is None or _direction(found) == 0:
+            tied.append(row.batch_size)
+    if not tied:
+        return f" Batch {cheapest.batch_size} is measurably the cheapest per sample."
+    listed = ", ".join(str(batch) for batch in sorted([cheapest.batch_size, *tied]))
+    return f" The data cannot tell batches {listed} apart per sample: none of them is measurably the cheapest."
+
+
+def mode_sentence(comparisons: DeviceComparisons) -> str:
+    """What a training step costs against an inference step at each batch size (paired, per step)."""
+    per_step = [found for found in comparisons.comparisons if found.per == "step"]
+    if not per_step:
+        return ""
+    parts = []
+    for found in sorted(per_step, key=lambda c: int(c.numerator.split("-", 1)[0])):
+        batch = found.numerator.split("-", 1)[0]
+        parts.append(
+            f"at batch {batch} {_ratio_words(found)}"
+            if _direction(found)
+            else f"at batch {batch} no measurable difference (95 % CI {found.low:.3f}-{found.high:.3f}x)"
+        )
+    return (
+        f"**{comparisons.device}, training step against inference step, paired** (forward, backward and the "
+        f"Adadelta update against a forward in eval mode): " + "; ".join(parts) + "."
+    )
+
+
+def comparisons_table(comparisons: Sequence[DeviceComparisons]) -> str:
+    """Every paired ratio of every device, as the report's table."""
+    lines = [
+        "| ratio | per | value | 95 % CI | ± % | processes |",
+        "| --- | --- | ---: | ---: | ---: | --- |",
     ]
-    falls = any(cheaper.measurable and cheaper.value > 1 for cheaper in pairs)
-    rises = any(cheaper.measurable and cheaper.value < 1 for cheaper in pairs)
-    if falls and rises:
-        return _not_monotone_sentence(ordered)
-    return _smallest_vs_largest_sentence(ordered[0], ordered[-1], mode) + _plateau(ordered)
-
-
-def _plateau(ordered: Sequence[ComparisonRow]) -> str:
-    """Where a falling series levels off: the first batch between the smallest and the largest that the data
-    cannot tell from the largest (a fall from 1 to 64 that was over by 16 reads as such, not as a steady fall)."""
-    largest = ordered[-1]
-    for row in ordered[1:-1]:
-        same = ratio(row.per_sample_interval, largest.per_sample_interval)
-        if not same.measurable and row.per_sample_ms != largest.per_sample_ms:
-            return (
-                f" It levels off from batch {row.batch_size} on: {row.per_sample_ms:.4f} ms there against "
-                f"{largest.per_sample_ms:.4f} ms at batch {largest.batch_size}, {same.describe()}."
+    for found in comparisons:
+        for c in found.comparisons:
+            lines.append(
+                f"| {c.numerator} / {c.denominator} | {c.per} | {c.value:.3f} | {c.low:.3f}-{c.high:.3f} | "
+                f"±{half_width_pct(c):.1f} | {every_process_words(c)} |"
             )
-    return ""
-
-
-def _not_monotone_sentence(ordered: Sequence[ComparisonRow]) -> str:
-    """The per-sample time at each batch size, each step read from the intervals, and the cheapest batch:
-    crowned only where it is measurably cheaper than the next cheapest."""
-    path = [f"{ordered[0].per_sample_ms:.4f} ms at batch {ordered[0].batch_size}"]
-    for earlier, later in itertools.pairwise(ordered):
-        step = ratio(earlier.per_sample_interval, later.per_sample_interval)
-        where = f"{later.per_sample_ms:.4f} ms at batch {later.batch_size}"
-        if not step.measurable:
-            path.append(f"{where} (no measurable change)")
-        else:
-            path.append(f"{'falling' if step.value > 1 else 'rising'} to {where}")
-    by_cost = sorted(ordered, key=lambda row: row.per_sample_ms)
-    cheapest = by_cost[0]
-    # Those the data cannot tell from the cheapest (a wide interval can tie a dearer batch and not a nearer one).
-    tied = [row for row in by_cost if not ratio(row.per_sample_interval, cheapest.per_sample_interval).measurable]
-    opening = f"Per-sample time is not monotone in batch size: {', '.join(path)}"
-    if len(tied) > 1:
-        names = [
-            f"batch {row.batch_size} ({_per_sample_with_interval(row)})"
-            for row in sorted(tied, key=lambda row: row.batch_size)
-        ]
-        listed = f"{', '.join(names[:-1])} and {names[-1]}"
-        between = (
-            f"{ratio(tied[1].per_sample_interval, cheapest.per_sample_interval).describe()} between them"
-            if len(tied) == 2
-            else "none measurably dearer than the lowest"
-        )
-        return f"{opening}; the cheapest are {listed}: {between}, so the data name no single cheapest batch."
-    runner_up = by_cost[1]
-    cheaper = ratio(runner_up.per_sample_interval, cheapest.per_sample_interval)
-    return (
-        f"{opening}; the cheapest is batch {cheapest.batch_size} ({_per_sample_with_interval(cheapest)}), "
-        f"{cheaper.value:.1f}x (95 % CI {cheaper.bounds()}) cheaper than the next cheapest, "
-        f"batch {runner_up.batch_size}."
-    )
-
-
-def _per_sample_with_interval(row: ComparisonRow) -> str:
-    interval = row.per_sample_interval
-    return f"{interval.value:.4f} ms per sample, 95 % CI {interval.low:.4f}-{interval.high:.4f} ms"
-
-
-def _smallest_vs_largest_sentence(smallest: ComparisonRow, largest: ComparisonRow, mode: str) -> str:
-    """Per-sample time from the smallest to the largest batch, with the ratio's 95 % interval."""
-    cheaper = ratio(smallest.per_sample_interval, largest.per_sample_interval)
-    small, large = f"batch {smallest.batch_size}", f"batch {largest.batch_size}"
-    if not cheaper.measurable:
-        return (
-            f"Per-sample time at {small} ({smallest.per_sample_ms:.4f} ms) and at {large} "
-            f"({largest.per_sample_ms:.4f} ms): {cheaper.describe()}."
-        )
-    if cheaper.value < 1:
-        return (
-            f"Per-sample time rises from {smallest.per_sample_ms:.4f} ms at {small} to {largest.per_sample_ms:.4f} ms "
-            f"at {large} ({1 / cheaper.value:.1f}x dearer, 95 % CI {1 / cheaper.high:.2f}-{1 / cheaper.low:.2f}x)."
-        )
-    return (
-        f"Per-sample time falls from {smallest.per_sample_ms:.4f} ms at {small} to {largest.per_sample_ms:.4f} ms at "
-        f"{large} ({cheaper.value:.1f}x cheaper, 95 % CI {cheaper.bounds()}): fixed per-step costs (operator "
-        f"dispatch, {'the optimizer update, ' if mode == 'train' else ''}kernel set-up) are shared by more samples, "
-        f"and at {small} the top operator is `{smallest.top_operator}`."
-    )
+    return "\n".join(lines) + "\n"

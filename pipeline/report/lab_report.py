@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 import statistics
 from collections.abc import Sequence
@@ -20,18 +21,27 @@ from pipeline.common.paths import (
     GRAPH_METRICS,
     GRAPH_SVG,
     HARDWARE_FINGERPRINT,
+    HARDWARE_ROOFS,
     SUMMARY_MARKDOWN,
     TRAIN_EPOCHS_PLOT,
     TRAIN_METRICS,
     TRAIN_SPEED,
     TRAIN_STEPS_PLOT,
+    DeviceProfileOutputs,
     profile_outputs,
 )
 from pipeline.params.schema import Params, ProfileConfig
-from pipeline.profiling.record import ProfileRecord, combinations, read_record
-from pipeline.profiling.texts import kernels_markdown
+from pipeline.profiling.record import DeviceComparisons, ProfileRecord, combinations, read_comparisons, read_record
+from pipeline.profiling.roofs import read_roofs
+from pipeline.profiling.texts import kernels_markdown, process_speed_sentence
 from pipeline.report.allocator_whatif import allocator_markdown, allocator_sentences
-from pipeline.report.comparison import ComparisonRow, comparison_markdown, comparison_rows, comparison_sentences
+from pipeline.report.comparison import (
+    ComparisonRow,
+    comparison_markdown,
+    comparison_rows,
+    comparison_sentences,
+    comparisons_table,
+)
 from pipeline.report.figures import batch_size_plot, cpu_vs_gpu_figure, read_csv, roofline_figure, training_curves
 from pipeline.report.rendering import GRAPH_FIGURE
 from pipeline.report.roofline import RooflinePoint, roofline_chart, roofline_markdown, roofline_points
@@ -56,6 +66,8 @@ class ReportInputs:
     graph_metrics: dict[str, float] | None
     model_summary: str | None
     profiles: list[ProfileRecord]  # in params order
+    comparisons: list[DeviceComparisons] = field(default_factory=list)  # one per profiled device
+    drift: dict[str, float] = field(default_factory=dict)  # per device: the roofs stage's speed drift, ±% (95 %)
     missing: list[str] = field(default_factory=list)  # one sentence per absent input
 
 
@@ -71,11 +83,27 @@ def read_inputs(config: ProfileConfig) -> ReportInputs:
     missing: list[str] = []
     profiles = []
     for combination in combinations(config):
-        path = profile_outputs(combination.name).record
+        path = profile_outputs(combination.batch_size, combination.device, combination.mode).record
         if path.exists():
             profiles.append(read_record(path, combination))
         else:
             missing.append(f"`{path}` is missing: run `dvc repro {combination.stage_name}`.")
+    comparisons = []
+    for device in config.devices:
+        path = DeviceProfileOutputs(device).comparisons
+        if path.exists():
+            comparisons.append(read_comparisons(path, device))
+        else:
+            missing.append(f"`{path}` is missing: run `dvc repro profile@{device}`.")
+    drift = {}
+    if HARDWARE_ROOFS.exists():
+        drift = {
+            roofs.device: roofs.speed_drift.half_width_pct
+            for roofs in read_roofs(HARDWARE_ROOFS).devices
+            if roofs.speed_drift.half_width_pct > 0 and math.isfinite(roofs.speed_drift.half_width_pct)
+        }
+    else:
+        missing.append(f"`{HARDWARE_ROOFS}` is missing: run `dvc repro roofs`.")
     model_summary = SUMMARY_MARKDOWN.read_text() if SUMMARY_MARKDOWN.exists() else None
     if model_summary is None:
         missing.append(f"`{SUMMARY_MARKDOWN}` is missing: run `dvc repro export_graph`.")
@@ -86,7 +114,22 @@ def read_inputs(config: ProfileConfig) -> ReportInputs:
         graph_metrics=read_json(GRAPH_METRICS, "export_graph", missing),
         model_summary=model_summary,
         profiles=profiles,
+        comparisons=comparisons,
+        drift=drift,
         missing=missing,
+    )
+
+
+def drift_sentence(drift: dict[str, float]) -> str:
+    """The machine's drift, said once: a property of the machine, not of any row."""
+    if not drift:
+        return "The machine's speed drift between runs was not measured (`profile.drift_probe_s: 0`).\n"
+    sizes = ", ".join(f"±{value:.1f} % on the {device}" for device, value in sorted(drift.items()))
+    return (
+        f"**A rerun minutes later may move every row together by up to {sizes}** (95 %; the `roofs` stage timed a "
+        "fixed workload for `profile.drift_probe_s`). That drift moves all combinations of a device alike, so the "
+        "paired ratios (section 5) are not affected by it; each row's own interval (section 5) is the spread within "
+        "this run.\n"
     )
 
 
@@ -127,7 +170,10 @@ def report_input_runs(report: Report) -> dict[str, Path]:
     read = {
         "train": TRAIN_SPEED,
         "export_graph": GRAPH_METRICS,
-        **{row.combination.stage_name: profile_outputs(row.combination.name).record for row in report.rows},
+        **{
+            row.combination.run_name: profile_outputs(row.batch_size, row.device, row.mode).record
+            for row in report.rows
+        },
     }
     return {name: path for name, path in read.items() if path.is_file()}
 
@@ -140,7 +186,7 @@ def build_report(params: Params, figures: Path) -> Report:
         f"# {TITLE}\n",
         "Generated by the `report` stage from the pipeline's outputs; every number below is read from them.\n",
         "## 1. Environment\n",
-        environment_markdown(inputs.hardware, inputs.profiles)
+        environment_markdown(inputs.hardware, inputs.profiles) + "\n" + drift_sentence(inputs.drift)
         if inputs.hardware
         else "_Not available (see Missing inputs)._\n",
         "## 2. Model and dataflow graph\n",
@@ -155,7 +201,8 @@ def build_report(params: Params, figures: Path) -> Report:
 
     sections.append("## 4. Top operators (and GPU kernels) per combination\n")
     for record in inputs.profiles:
-        table = profile_outputs(record.combination.name).table_markdown.read_text()
+        combination = record.combination
+        table = profile_outputs(combination.batch_size, combination.device, combination.mode).table_markdown.read_text()
         sections.append(table.replace("### ", "#### ", 1))
         if record.analysis.top_kernels:
             sections.append(kernels_markdown(record).replace("### ", "#### ", 1))
@@ -165,6 +212,15 @@ def build_report(params: Params, figures: Path) -> Report:
     sections.append("## 5. Comparison across batch sizes and devices\n")
     if rows:
         sections.append(comparison_markdown(rows))
+        if inputs.comparisons:
+            sections.append("### Paired ratios\n")
+            sections.append(
+                "All combinations of a device were timed interleaved, round by round in random order, in the same "
+                "fresh processes: each ratio below is the median of the processes' ratios, its 95 % CI their spread "
+                "(per sample: the larger batch over the smaller; per step: train over inference).\n"
+            )
+            sections.append(comparisons_table(inputs.comparisons))
+            sections.append("".join(f"{process_speed_sentence(found)}\n" for found in inputs.comparisons))
         plotted = [dataclasses.asdict(row) for row in rows]
         batch_size_plot(plotted, "per_sample_ms", "per-sample time (ms)", figures / "per_sample_time.png")
         batch_size_plot(plotted, "throughput_samples_per_s", "throughput (samples/s)", figures / "throughput.png")
@@ -177,7 +233,9 @@ def build_report(params: Params, figures: Path) -> Report:
     sections.append(allocator_markdown(inputs.profiles))
 
     sections.append("## 10. Analysis\n")
-    sentences = comparison_sentences(rows) + step_sentences(facts) + allocator_sentences(inputs.profiles)
+    sentences = (
+        comparison_sentences(rows, inputs.comparisons) + step_sentences(facts) + allocator_sentences(inputs.profiles)
+    )
     sections.append("".join(f"- {sentence}\n" for sentence in sentences) if rows else "_No profiles to analyse._\n")
 
     if inputs.missing:

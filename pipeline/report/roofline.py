@@ -28,6 +28,7 @@ from pipeline.report.figures import DPI
 
 matplotlib.use("Agg")  # no display: CI and servers
 
+UNDECIDED = "left of the ridge: not decided"
 WHOLE_STEP = "whole step"
 BATCH_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink")
 
@@ -61,7 +62,10 @@ class RooflinePoint:
 
     @property
     def bound(self) -> str:
-        return "memory-bound" if self.intensity < self.ridge else "compute-bound"
+        """The counted intensity is a lower bound (every byte counted as moved, no cache reuse): at or right of the
+        ridge it proves the point compute-bound; left of it, the true intensity may still lie right of the ridge,
+        so the bound decides nothing."""
+        return UNDECIDED if self.intensity < self.ridge else "compute-bound"
 
     @property
     def where(self) -> str:
@@ -153,10 +157,10 @@ def roofline_markdown(points: Sequence[RooflinePoint]) -> str:
 
 
 def _bound_sentence(points: Sequence[RooflinePoint]) -> str:
-    """`Memory-bound (left of the ridge): ...; compute-bound: ...`, each name with where it sits."""
+    """`Compute-bound (...): ...; left of the ridge, not decided: ...`, each name with where it sits."""
     sides: dict[str, dict[str, list[RooflinePoint]]] = {
-        "memory-bound": defaultdict(list),
         "compute-bound": defaultdict(list),
+        UNDECIDED: defaultdict(list),
     }
     for point in points:
         sides[point.bound][point.name].append(point)
@@ -171,8 +175,17 @@ def _bound_sentence(points: Sequence[RooflinePoint]) -> str:
             span = f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}-{high:.1f}"
             label = WHOLE_STEP if name == WHOLE_STEP else f"`{name}`"
             described.append(f"{label} ({', '.join(p.where for p in placed)}; {span} FLOP/byte)")
-        side = "left of the ridge" if bound == "memory-bound" else "right of it"
-        parts.append(f"{bound.capitalize()} ({side}): {'; '.join(described)}.")
+        if bound == UNDECIDED:
+            parts.append(
+                f"Left of the ridge, not decided by this bound: {'; '.join(described)}. Their counted intensity is a "
+                "lower bound (no cache reuse), so their true intensity may lie right of the ridge: only measured "
+                "DRAM traffic (hardware counters) could show them memory-bound."
+            )
+        else:
+            parts.append(
+                "Compute-bound (right of the ridge even at the lower bound of their intensity): "
+                f"{'; '.join(described)}."
+            )
     return " ".join(parts)
 
 
@@ -191,7 +204,7 @@ def _above_sentence(points: Sequence[RooflinePoint]) -> str:
         amount = f"{point.megabytes:.1f} MB per {'step' if point.name == WHOLE_STEP else 'call on average'}"
         return f"{name} ({point.where}: {point.roof_pct:.0f} % of its roof, {amount})"
 
-    memory = [label(point) for point in above if point.bound == "memory-bound"]
+    memory = [label(point) for point in above if point.bound == UNDECIDED]
     compute = [label(point) for point in above if point.bound == "compute-bound"]
     parts = []
     if memory:

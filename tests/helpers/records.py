@@ -84,21 +84,42 @@ def make_record(
     )
 
 
+def make_comparisons(
+    device: str, ratios: dict[tuple[str, str], tuple[float, float, float, tuple[float, ...]]]
+) -> profile_record.DeviceComparisons:
+    """A device's paired comparisons: (numerator, denominator) -> (value, low, high, each process's value); per
+    sample where the two names' modes agree, per step otherwise."""
+    return profile_record.DeviceComparisons(
+        device=device,
+        processes=max((len(found[3]) for found in ratios.values()), default=0),
+        comparisons=tuple(
+            profile_record.PairedComparison(
+                numerator, denominator, "sample" if numerator.split("-")[2] == denominator.split("-")[2] else "step",
+                value, low, high, processes,
+            )
+            for (numerator, denominator), (value, low, high, processes) in ratios.items()
+        ),
+    )  # fmt: skip
+
+
 def write_two_profiles() -> None:
-    """Profile records and tables of batch 1 and 64 (cpu, inference) in the current folder, as the profile
-    stage writes them: the report's inputs without running the pipeline."""
-    from pipeline.common.paths import profile_outputs
-    from pipeline.profiling.record import write_record
+    """Profile records and tables of batch 1 and 64 (cpu, inference) and their paired comparison in the current
+    folder, as the profile stage writes them: the report's inputs without running the pipeline."""
+    from pipeline.common.paths import DeviceProfileOutputs, profile_outputs
+    from pipeline.profiling.record import write_comparisons, write_record
     from pipeline.profiling.texts import operators_markdown
 
     for record in (
         make_record(1, "cpu", "inference", 0.5, (("aten::mkldnn_convolution", 40.0),)),
         make_record(64, "cpu", "inference", 8.0, (("aten::max_pool2d", 30.0),)),
     ):
-        paths = profile_outputs(record.combination.name)
+        combination = record.combination
+        paths = profile_outputs(combination.batch_size, combination.device, combination.mode)
         paths.folder.mkdir(parents=True)
         paths.record.write_text(write_record(record))
         paths.table_markdown.write_text(operators_markdown(record))
+    ratio = make_comparisons("cpu", {("64-cpu-inference", "1-cpu-inference"): (0.25, 0.24, 0.26, (0.25,) * 6)})
+    DeviceProfileOutputs("cpu").comparisons.write_text(write_comparisons(ratio))
 
 
 def gpu_reference() -> Path:
@@ -112,9 +133,20 @@ def gpu_reference() -> Path:
 
 
 def copy_profiles(source: Path, target: Path) -> Path:
-    """The JSON files of `source`'s profile folders copied under `target` (never write to the shared copy)."""
-    for path in sorted(source.glob("*/*.json")):
-        destination = target / path.parent.name / path.name
+    """The JSON files of `source`'s profile folders copied under `target`, one `<batch>-<device>-<mode>` folder per
+    combination (never write to the shared copy). `source` holds either that layout (the reference runs) or the
+    profile stage's `<device>/<batch>-<mode>/`."""
+    for path in sorted([*source.glob("*/*.json"), *source.glob("*/*/*.json")]):
+        if path.parent.parent == source:
+            name = path.parent.name
+        elif path.parent.parent.parent == source:
+            batch, mode = path.parent.name.split("-")
+            name = f"{batch}-{path.parent.parent.name}-{mode}"
+        else:
+            continue
+        if path.parent.parent == source and path.parent.name in {"cpu", "cuda", "mps"}:
+            continue  # a device's own files (comparisons.json), not a combination's
+        destination = target / name / path.name
         destination.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, destination)
     return target

@@ -1,0 +1,242 @@
+"""What the report says of each kind of evidence: every sentence and flag follows from the numbers it cites.
+
+Table-driven: records and paired comparisons built in memory for each kind of sentence, including the four
+contradictions of the Zen 5 report of 2926700 (a drift flag on every row; a paired rise read as "no measurable
+difference"; an operator table from a pass slower than the timed step; "memory-bound" from a lower bound on
+intensity), and what the report must (and must not) say of each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pipeline.profiling.processes import WorkerResult, combine
+from pipeline.profiling.record import ProfileRecord, TraceCheck
+from pipeline.profiling.statistics import Block, Interval, MeasurementConditions
+from pipeline.profiling.texts import measurement_warnings, operators_markdown, process_speed_sentence
+from pipeline.profiling.worker import WorkerSpec
+from pipeline.report.comparison import (
+    batch_scaling_sentence,
+    comparison_markdown,
+    comparison_rows,
+    comparison_sentences,
+    mode_sentence,
+)
+from pipeline.report.roofline import RooflinePoint, roofline_markdown
+from tests.helpers.records import make_comparisons, make_record
+
+SIX = 6
+
+
+def _inference(per_sample: dict[int, float], ci_pct: float = 1.0) -> list[ProfileRecord]:
+    return [
+        make_record(batch, "cpu", "inference", ms * batch, (("aten::mkldnn_convolution", 40.0),), ci_pct=ci_pct)
+        for batch, ms in per_sample.items()
+    ]
+
+
+BATCH_CASES = [
+    pytest.param(
+        # The Zen 5 case: six processes at batch 64 all above six at batch 16, per sample ~7 % dearer.
+        {1: 1.20, 16: 0.1471, 64: 0.1573},
+        {
+            ("16-cpu-inference", "1-cpu-inference"): (
+                0.1226,
+                0.1210,
+                0.1240,
+                (0.122, 0.123, 0.121, 0.124, 0.122, 0.123),
+            ),
+            ("64-cpu-inference", "16-cpu-inference"): (1.070, 1.055, 1.085, (1.06, 1.07, 1.08, 1.07, 1.06, 1.08)),
+            ("64-cpu-inference", "1-cpu-inference"): (0.131, 0.129, 0.133, (0.13, 0.131, 0.132, 0.13, 0.131, 0.133)),
+        },
+        [
+            "from batch 1 to 16 it falls to 0.123x (95 % CI 0.121-0.124x; below 1 in all 6 processes)",
+            "from batch 16 to 64 it rises 1.070x (95 % CI 1.055-1.085x; above 1 in all 6 processes)",
+            "Batch 16 is measurably the cheapest per sample.",
+        ],
+        ["no measurable", "levels off", "fixed per-step costs"],
+        id="paired-rise-16-to-64",
+    ),
+    pytest.param(
+        {1: 1.20, 16: 0.150, 64: 0.151},
+        {
+            ("16-cpu-inference", "1-cpu-inference"): (0.125, 0.123, 0.127, (0.125,) * SIX),
+            ("64-cpu-inference", "16-cpu-inference"): (1.004, 0.990, 1.020, (0.99, 1.01, 1.0, 1.02, 0.995, 1.005)),
+            ("64-cpu-inference", "1-cpu-inference"): (0.126, 0.124, 0.128, (0.126,) * SIX),
+        },
+        [
+            "from batch 16 to 64 it shows no measurable difference (95 % CI 0.990-1.020x; 3 of 6 processes above 1)",
+            "The data cannot tell batches 16, 64 apart per sample: none of them is measurably the cheapest.",
+        ],
+        ["measurably the cheapest per sample.", "rises"],
+        id="tie-cannot-decide",
+    ),
+    pytest.param(
+        {1: 1.20, 16: 0.30, 64: 0.15},
+        {
+            ("16-cpu-inference", "1-cpu-inference"): (0.25, 0.24, 0.26, (0.25,) * SIX),
+            ("64-cpu-inference", "16-cpu-inference"): (0.50, 0.49, 0.51, (0.5,) * SIX),
+            ("64-cpu-inference", "1-cpu-inference"): (0.125, 0.12, 0.13, (0.125,) * SIX),
+        },
+        ["from batch 16 to 64 it falls to 0.500x", "Batch 64 is measurably the cheapest per sample."],
+        ["rises", "cannot tell"],
+        id="monotone-fall",
+    ),
+]
+
+
+@pytest.mark.parametrize(("per_sample", "ratios", "says", "never"), BATCH_CASES)
+def test_batch_sentences_follow_the_paired_ratios(
+    per_sample: dict[int, float],
+    ratios: dict[tuple[str, str], tuple[float, float, float, tuple[float, ...]]],
+    says: list[str],
+    never: list[str],
+) -> None:
+    rows = comparison_rows(_inference(per_sample))
+    sentence = batch_scaling_sentence(rows, "inference", make_comparisons("cpu", ratios))
+    for words in says:
+        assert words in sentence, sentence
+    for words in never:
+        assert words not in sentence, sentence
+
+
+def test_train_against_inference_is_a_paired_per_step_ratio() -> None:
+    found = make_comparisons(
+        "cpu",
+        {
+            ("1-cpu-train", "1-cpu-inference"): (6.3, 6.1, 6.5, (6.2, 6.3, 6.4, 6.3, 6.1, 6.5)),
+            ("64-cpu-train", "64-cpu-inference"): (1.02, 0.97, 1.06, (0.98, 1.0, 1.03, 1.05, 1.02, 0.99)),
+        },
+    )
+    sentence = mode_sentence(found)
+    assert sentence.startswith("**cpu, training step against inference step, paired**")
+    assert "at batch 1 6.300x (95 % CI 6.100-6.500x; above 1 in all 6 processes)" in sentence
+    assert "at batch 64 no measurable difference (95 % CI 0.970-1.060x)" in sentence
+
+
+def _with_trace(record: ProfileRecord, traced_ms: float) -> ProfileRecord:
+    timing = record.timing
+    check = TraceCheck(traced_ms, timing.step_time_ms_ci_low, timing.step_time_ms_ci_high, attempts=3)
+    return dataclasses.replace(record, trace_check=check)
+
+
+FLAG_CASES = [
+    # (what the row's own data show, the flag in the table, a phrase of the warning; None: no warning at all)
+    pytest.param(dict(ci_pct=1.5), "", None, id="processes-agree-no-flag-whatever-the-drift"),
+    pytest.param(dict(ci_pct=6.0), "processes disagree", "processes disagree: its 6 timing processes", id="disagree"),
+    pytest.param(dict(ci_pct=1.5, traced=13.65), "table not the timed step", "the operator table is not", id="trace"),
+    pytest.param(dict(ci_pct=1.5, load=3.0), "busy", "the machine was busy while measuring", id="busy"),
+]
+
+
+@pytest.mark.parametrize(("evidence", "flag", "warning"), FLAG_CASES)
+def test_a_row_is_flagged_only_for_what_its_own_data_show(
+    evidence: dict[str, float], flag: str, warning: str | None
+) -> None:
+    record = make_record(
+        64,
+        "cpu",
+        "inference",
+        10.07,
+        (("aten::clamp_min", 26.7),),
+        ci_pct=evidence["ci_pct"],
+        load=evidence.get("load", 0.5),
+    )
+    record = dataclasses.replace(record, process_step_times_ms=(9.6, 9.9, 10.0, 10.1, 10.3, 10.6))
+    if "traced" in evidence:
+        record = _with_trace(record, evidence["traced"])
+    (row,) = comparison_rows([record])
+    assert row.flags == flag
+    warnings = measurement_warnings(record)
+    if warning is None:
+        assert warnings == []
+        assert len(comparison_markdown([row]).split("\n\n")) == 2  # the table and what its numbers are: no flag note
+    else:
+        assert len(warnings) == 1 and warning in warnings[0], warnings
+
+
+def test_two_agreeing_processes_are_flagged_as_too_few_not_as_disagreeing() -> None:
+    record = dataclasses.replace(
+        make_record(1, "cpu", "inference", 0.56, ci_pct=17.9), process_step_times_ms=(0.553, 0.567)
+    )
+    (warning,) = measurement_warnings(record)
+    assert warning.startswith("too few processes: its 2 timing processes settled at 0.553-0.567 ms (2.5 % apart)")
+    assert "`profile.processes: 6` or more" in warning
+
+
+def test_an_operator_table_off_the_timed_step_says_so_and_is_not_quoted() -> None:
+    """64-cpu-inference of the Zen 5 report: traced 13.65 ms against a timed 10.07 ms (CI 9.61-10.58)."""
+    record = make_record(64, "cpu", "inference", 10.07, (("aten::clamp_min", 26.7),), ci_pct=5.0)
+    record = dataclasses.replace(
+        record, timing=dataclasses.replace(record.timing, step_time_ms_ci_low=9.61, step_time_ms_ci_high=10.58)
+    )
+    off = _with_trace(record, 13.65)
+    table = operators_markdown(off)
+    assert (
+        "**The table's pass is not the timed step**: the traced step took 13.650 ms, 29% above the timed step's 95 % "
+        "CI (9.610-10.580 ms; 3 passes traced)" in table
+    )
+    assert "share is of the traced step's operator time" in table
+    sentences = comparison_sentences(comparison_rows([off]), [])
+    assert not any("aten::clamp_min" in sentence for sentence in sentences)
+    inside = _with_trace(record, 10.2)
+    assert "The table's pass ran at the timed speed: the traced step took 10.200 ms, inside" in operators_markdown(
+        inside
+    )
+    assert any("aten::clamp_min" in sentence for sentence in comparison_sentences(comparison_rows([inside]), []))
+
+
+def _point(name: str, intensity: float, achieved: float) -> RooflinePoint:
+    return RooflinePoint("cpu", "inference", 64, name, intensity, Interval(achieved, achieved, achieved), 200.0, 40.0)
+
+
+def test_a_lower_bound_on_intensity_proves_compute_bound_and_never_memory_bound() -> None:
+    """Ridge 5 FLOP/byte. Left of it the counted (lower-bound) intensity decides nothing; right of it, compute-bound."""
+    left, right = _point("aten::addmm", 2.0, 177.2), _point("aten::mkldnn_convolution", 9.0, 150.0)
+    assert left.bound != "memory-bound" and right.bound == "compute-bound"
+    text = roofline_markdown([left, right])
+    assert "memory-bound" not in text.lower().replace("could show them memory-bound", "")
+    assert "Left of the ridge, not decided by this bound: `aten::addmm`" in text
+    assert (
+        "Compute-bound (right of the ridge even at the lower bound of their intensity): `aten::mkldnn_convolution`"
+        in text
+    )
+    assert "only measured DRAM traffic (hardware counters) could show them memory-bound" in text
+    # Above the memory roof (177.2 of 80 GFLOP/s) is said with its reason, not as a rate the device exceeded.
+    assert "`aten::addmm` (inference batch 64: 222 % of its roof" in text and "cache, not DRAM" in text
+
+
+BASE_MS = (1.0, 8.0, 20.0, 60.0)  # four combinations' step times
+
+
+def _worker(speed: float, own: tuple[float, ...]) -> WorkerResult:
+    """A timing process that ran every combination at `speed` (the machine's), each with its own extra factor."""
+    conditions = MeasurementConditions(0.5, 0.5, cores=2, threads=1, cpu_governor="not exposed")
+    items = tuple(
+        tuple(Block(10, 10 * base * speed * factor / 1000) for _ in range(20))
+        for base, factor in zip(BASE_MS, own, strict=True)
+    )
+    return WorkerResult(items, 1.0, conditions)
+
+
+def test_processes_that_moved_together_flag_no_row_and_the_speed_is_said_once() -> None:
+    """The machine ran each whole process at its own speed (up to 12 % apart), every combination alike: each row's
+    interval holds that (it is wide) but no row is flagged for it; the paired ratio cancels it."""
+    items = ((1, "inference"), (16, "inference"), (1, "train"), (16, "train"))
+    spec = WorkerSpec("model.pt", "data", "cpu", items, 1, 3, 2.0, 6.0)
+    speeds = (1.0, 1.12, 1.05, 0.98, 1.08, 1.02)
+    paired = combine([_worker(speed, (1.0,) * 4) for speed in speeds], spec)
+    for timing in paired.timings:
+        record = timing.record()
+        assert record.step_time_ci_pct > 4.0 and record.own_ci_pct == pytest.approx(0.0, abs=1e-9)
+        assert not record.noisy
+    assert max(paired.speeds) / min(paired.speeds) == pytest.approx(1.12 / 0.98)
+    # One combination that also disagrees on its own (the fifth process 10 % slower at batch 16 only): flagged.
+    own = [(1.0,) * 4] * 4 + [(1.0, 1.10, 1.0, 1.0), (1.0,) * 4]
+    skewed = combine([_worker(speed, factors) for speed, factors in zip(speeds, own, strict=True)], spec)
+    assert [timing.record().noisy for timing in skewed.timings] == [False, True, False, False]
+    found = make_comparisons("cpu", {("16-cpu-inference", "1-cpu-inference"): (0.5, 0.49, 0.51, (0.5,) * SIX)})
+    sentence = process_speed_sentence(dataclasses.replace(found, process_speeds=paired.speeds))
+    assert sentence.startswith("Between its 6 timing processes the cpu ran up to 14.3 % apart, every combination alike")
