@@ -74,6 +74,9 @@ def main() -> None:
     parser.add_argument("--goal-pct", type=float, default=5.0, help="largest rerun difference counted as agreement")
     parser.add_argument("--ratio-goal-pct", type=float, default=3.0, help="widest paired-ratio CI counted as narrow")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--servers", type=int, default=1, choices=range(1, 13), metavar="1-12", help="fresh program starts per repeat"
+    )
     args = parser.parse_args()
     if not MODEL_CHECKPOINT.exists() or not (DATA_ROOT / "MNIST").exists():
         raise SystemExit(f"{MODEL_CHECKPOINT} or {DATA_ROOT / 'MNIST'} is missing: run `dvc repro train` first.")
@@ -106,7 +109,7 @@ def main() -> None:
     ratios: dict[tuple[int, int], list[PairedRatio]] = {pair: [] for pair in pairs}
     for repeat in range(args.repeats):
         try:
-            timing = time_in_processes(spec, config.processes)
+            timing = time_in_processes(spec, config.processes, servers=args.servers)
         except PipelineError as error:
             raise SystemExit(f"repeat {repeat + 1}: {error}") from None
         for name, step in zip(names, timing.timings, strict=True):

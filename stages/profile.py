@@ -48,6 +48,7 @@ def main() -> None:
                 config.allocator_whatif_s,
                 lambda what: (bar.set_description(what), bar.update()),
                 server,
+                config.program_starts,
             )
             comparison_text = write_comparison_outputs(outputs, device_paths, comparisons)
             for setup, record, path in zip(setups, records, paths, strict=True):

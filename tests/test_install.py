@@ -1,4 +1,5 @@
-"""The environment `make install` builds is exactly requirements.txt, whichever installer (uv or pip) ran."""
+"""The environment `make install` builds is exactly requirements.txt, whichever installer (uv or pip) ran; the
+README and docs/ link only to what exists."""
 
 from __future__ import annotations
 
@@ -44,3 +45,19 @@ def test_the_installed_environment_is_exactly_the_pinned_requirements() -> None:
 def test_requirements_record_no_index_address() -> None:
     text = (REPO_ROOT / "requirements.txt").read_text()
     assert not re.search(r"https?://|--index-url|--extra-index-url|--find-links", text)
+
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_every_relative_link_in_the_readme_and_docs_resolves() -> None:
+    pages = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in _LINK.findall(page.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue  # a web address or an anchor in the same page
+            path = (page.parent / target.split("#", 1)[0]).resolve()
+            if not path.exists():
+                broken.append(f"{page.relative_to(REPO_ROOT)}: {target}")
+    assert len(pages) >= 3 and not broken, broken

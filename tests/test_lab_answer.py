@@ -175,8 +175,8 @@ def test_an_operator_table_off_the_timed_step_says_so_and_is_not_quoted() -> Non
     off = _with_trace(record, 13.65)
     table = operators_markdown(off)
     assert (
-        "**The table's pass is not the timed step**: the traced step took 13.650 ms, 29% above the timed step's 95 % "
-        "CI (9.610-10.580 ms; 3 passes traced)" in table
+        "**The table's pass is not the timed step**: the traced step took 13.650 ms, 29.0 % above the timed step's "
+        "95 % CI (9.610-10.580 ms; 3 passes traced)" in table
     )
     assert "share is of the traced step's operator time" in table
     sentences = comparison_sentences(comparison_rows([off]), [])

@@ -198,8 +198,9 @@ def test_report_is_built_from_profile_records_without_running_the_pipeline(
         "**cpu inference, per-sample time, paired**: from batch 1 to 64 it falls to 0.250x (95 % CI 0.240-0.260x; "
         "below 1 in all 6 processes)" in report.markdown
     )
-    assert "| 64-cpu-inference / 1-cpu-inference | sample | 0.250 | 0.240-0.260 | ±4.0 | below 1 in all 6 processes |" in (
-        report.markdown
+    assert (
+        "| 64-cpu-inference / 1-cpu-inference | sample | 0.250 | 0.240-0.260 | ±4.0 | below 1 in all 6 processes |"
+        in (report.markdown)
     )
     assert sorted(p.name for p in figures.iterdir()) == ["per_sample_time.png", "roofline.png", "throughput.png"]
     assert "`metrics/train.json` is missing: run `dvc repro train`." in report.markdown

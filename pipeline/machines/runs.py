@@ -38,6 +38,7 @@ NOT_SETTINGS = frozenset(
         "profile.ci_target_pct",
         "profile.time_budget_s",
         "profile.processes",
+        "profile.program_starts",
         "profile.allocator_whatif_s",
         "allocator",
     }

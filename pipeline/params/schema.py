@@ -143,7 +143,7 @@ class GraphConfig:
 
 @dataclass(frozen=True)
 class ProfileConfig:
-    # The DVC matrix: one profile stage per batch size × device × mode.
+    # One profile stage per device; each times every batch size × mode of it, paired.
     batch_sizes: tuple[int, ...] = _rule(non_empty=True, unique=True, ge=1, le=10_000)  # of 10,000 test images
     devices: tuple[Device, ...] = _rule(non_empty=True, unique=True)
     modes: tuple[ProfileMode, ...] = _rule(non_empty=True, unique=True)
@@ -151,16 +151,19 @@ class ProfileConfig:
     warmup_steps: int = _rule(ge=1, le=1000)
     # Steps traced by torch.profiler for the operator table (timing is separate, see the next two keys).
     active_steps: int = _rule(ge=2, le=10_000)
-    # Step timing (pipeline/profiling/timing.py) samples blocks of steps until the 95 % confidence interval of the
-    # median step time is within ± this many % ...
+    # Each timing process times rounds until every combination's median is known to ± this many % within it (and
+    # a row whose processes disagree by more, beyond the speed they shared, is flagged) ...
     ci_target_pct: float = _rule(gt=0, le=50)
-    # ... or this many seconds per combination have passed; the row is then flagged noisy.
+    # ... or its share of this many seconds per combination has passed.
     time_budget_s: float = _rule(gt=0, le=3600)
-    # Fresh processes the budget is shared among (pipeline/profiling/processes.py): the interval comes from the
-    # spread between them, which a rerun respects; 1 = time in the stage's process (an interval a rerun misses).
+    # Fresh processes the budget is shared among (pipeline/profiling/processes.py): the intervals come from the
+    # spread between them; 1 = time in one process (intervals a rerun need not respect).
     processes: int = _rule(ge=1, le=64)
-    # Seconds the `roofs` stage times a fixed workload to measure how far this machine's speed drifts over time
-    # (pipeline.profiling.roofs.SpeedDrift); every profile interval includes that drift. 0 = not measured.
+    # Program starts the timing processes are forked from, in turn (at most `processes`): each start has its own
+    # address-space layout and hash seed, which all processes forked from it share (docs/timing.md).
+    program_starts: int = _rule(ge=1, le=64)
+    # Seconds the `roofs` stage times a fixed workload to measure how far this machine's speed drifts between runs
+    # (pipeline.profiling.roofs.SpeedDrift); the report states it once. 0 = not measured.
     drift_probe_s: float = _rule(ge=0, le=3600)
     # CPU threads; 0 = one per core (the number used is recorded).
     threads: int = _rule(ge=0, le=1024)

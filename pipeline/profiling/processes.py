@@ -226,19 +226,22 @@ def time_in_processes(
     processes: int,
     progress: Callable[[int], object] | None = None,
     server: WorkerServer | None = None,
+    servers: int = 1,
 ) -> PairedTiming:
     """Time every item of `spec` in `processes` workers, each with `spec.budget_s` / `processes` of timing and its
-    own round order, forked from `server` (a `forked_worker_server` or `worker_server` the caller started) or else
-    from a new `worker_server`.
+    own round order, forked in turn from `servers` servers: `server` (a `forked_worker_server` or `worker_server`
+    the caller started) and new `worker_server`s for the rest. Each new server is a new program start, with its own
+    address-space layout and hash seed, which every worker forked from it shares.
 
     `progress(i)` is called after worker i (1-based) finished."""
     results: list[WorkerResult] = []
+    training = any(mode != "inference" for _, mode in spec.items)
     with contextlib.ExitStack() as stack:
-        if server is None:
-            server = stack.enter_context(worker_server(training=any(mode != "inference" for _, mode in spec.items)))
+        started = [server] if server is not None else []
+        started += [stack.enter_context(worker_server(training=training)) for _ in range(servers - len(started))]
         for index in range(processes):
             share = dataclasses.replace(spec, budget_s=spec.budget_s / processes, seed=spec.seed + index)
-            results.append(ask(server, share))
+            results.append(ask(started[index % len(started)], share))
             if progress is not None:
                 progress(index + 1)
     return combine(results, spec)

@@ -183,6 +183,7 @@ class ProfileSettings:
     # How the process allocated (pipeline.common.allocator): it moves the step time 1.3-1.7x on a CPU.
     allocator: str = "not recorded"
     processes: int = 1  # fresh processes the step was timed in (format 4); earlier records timed in one
+    program_starts: int = 1  # program starts those processes were forked from (format 6)
 
 
 @dataclass(frozen=True)
@@ -287,9 +288,9 @@ class TraceCheck:
         if self.inside:
             where = "inside"
         elif self.traced_step_ms > self.timed_high_ms:
-            where = f"{self.traced_step_ms / self.timed_high_ms - 1:.0%} above"
+            where = f"{100 * (self.traced_step_ms / self.timed_high_ms - 1):.1f} % above"
         else:
-            where = f"{1 - self.traced_step_ms / self.timed_low_ms:.0%} below"
+            where = f"{100 * (1 - self.traced_step_ms / self.timed_low_ms):.1f} % below"
         return (
             f"the traced step took {self.traced_step_ms:.3f} ms, {where} the timed step's 95 % CI "
             f"({self.timed_low_ms:.3f}-{self.timed_high_ms:.3f} ms; {self.attempts} pass"
@@ -375,6 +376,7 @@ def run_params(combination: Combination, settings: ProfileSettings, top_k: int) 
         "profile.ci_target_pct": settings.ci_target_pct,
         "profile.time_budget_s": settings.time_budget_s,
         "profile.processes": settings.processes,
+        "profile.program_starts": settings.program_starts,
         "profile.top_k": top_k,
         "allocator": settings.allocator,
     }

@@ -349,6 +349,7 @@ def prepare_profile(
         time_budget_s=config.time_budget_s,
         allocator=plan_allocator().description,  # what the timing runs with: run_profile sets it up
         processes=config.processes,
+        program_starts=min(config.program_starts, config.processes),
     )
     return ProfileSetup(
         combination=combination,
@@ -440,19 +441,20 @@ def run_device_profile(
     allocator_whatif_s: float = 0.0,
     progress: Callable[[str], object] | None = None,
     server: WorkerServer | None = None,
+    program_starts: int = 1,
 ) -> tuple[list[ProfileRecord], DeviceComparisons]:
     """Time every combination of one device paired, then trace each; the records keep the `top_k` most expensive
     operators and kernels.
 
     The combinations are first timed interleaved in `processes` fresh processes (pipeline.profiling.processes),
-    forked from `server` where the stage started one early (`forked_worker_server`, before any tensor code) or
-    else from a new one. Then, on a CPU, with `allocator_whatif_s` > 0 and glibc's allocator still at its defaults,
-    this process measures each step with those defaults (`measure_allocator_whatif`); then the allocator is tuned
-    (pipeline.common.allocator) and everything else runs tuned, as in every other torch stage. The timing processes
-    tune their own allocator. `progress(what)` is called after each timing process and each traced combination."""
-    paired = time_in_processes(
-        spec, processes, (lambda i: progress(f"timing process {i}")) if progress else None, server
-    )
+    forked in turn from `program_starts` servers: `server` where the stage started one early
+    (`forked_worker_server`, before any tensor code), and new ones for the rest. Then, on a CPU, with
+    `allocator_whatif_s` > 0 and glibc's allocator still at its defaults, this process measures each step with those
+    defaults (`measure_allocator_whatif`); then the allocator is tuned (pipeline.common.allocator) and everything
+    else runs tuned, as in every other torch stage. The timing processes tune their own allocator. `progress(what)`
+    is called after each timing process and each traced combination."""
+    on_process = (lambda index: progress(f"timing process {index}")) if progress else None
+    paired = time_in_processes(spec, processes, on_process, server, servers=min(program_starts, processes))
     defaults = glibc_defaults() if setups[0].device.type == "cpu" and allocator_whatif_s > 0 else None
     default_runs = [
         measure_allocator_whatif(setup, allocator_whatif_s, defaults) if defaults else None for setup in setups

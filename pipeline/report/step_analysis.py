@@ -236,7 +236,8 @@ def _flop_rate_sentence(device: str, mode: str, first: StepFacts, last: StepFact
     assert high is not None
     sentence = (
         f"{device} {mode} achieves {low.achieved_gflops_per_s:.1f} GFLOP/s at batch {first.batch_size} "
-        f"({low.peak_pct:.1f} % of the measured {low.peak_gflops_per_s:.0f} GFLOP/s peak)"
+        f"({low.peak_pct:.1f} % of the {low.peak_gflops_per_s:.0f} GFLOP/s matmul roof, the fastest fp32 matrix "
+        "product the `roofs` stage measured at the profile's thread count, not the device's theoretical peak)"
     )
     if last is not first:
         sentence += f" and {high.achieved_gflops_per_s:.1f} GFLOP/s at batch {last.batch_size} ({high.peak_pct:.1f} %)"
@@ -251,10 +252,9 @@ def _flop_rate_sentence(device: str, mode: str, first: StepFacts, last: StepFact
             else "the device waits for the host"
         )
         return sentence + f": far below the ceiling because {why} (see the anatomy)."
-    light = "element-wise, pooling and optimizer" if mode == "train" else "element-wise and pooling"
     return (
-        sentence + f": far below the ceiling although the step is spent inside operators: {light} operators do "
-        "little arithmetic per byte they move, and matrices this small keep the matrix units from full speed."
+        sentence + ": far below the roof although the step is spent inside operators; the operator tables and the "
+        "roofline below show which operators hold it back."
     )
 
 

@@ -166,6 +166,7 @@ def tiny_params(params: dict[str, Any]) -> dict[str, Any]:
         active_steps=8,
         time_budget_s=1.0,
         processes=2,
+        program_starts=1,
         allocator_whatif_s=0.5,
         threads=1,
         drift_probe_s=1.0,
