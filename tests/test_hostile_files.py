@@ -426,7 +426,7 @@ def test_stages_run_directly_refuse_a_checkpoint_changed_after_training(project_
     checkpoint.parent.mkdir(exist_ok=True)
     save_checkpoint(_good_payload(), checkpoint)
     _flip_one_bit(checkpoint)
-    for command in (["stages.export_graph"], ["stages.profile", "1", "cpu", "inference"]):
+    for command in (["stages.export_graph"], ["stages.profile", "cpu"]):
         result = run_in(project_copy, sys.executable, "-m", *command)
         _assert_user_error(
             result.returncode,

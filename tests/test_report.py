@@ -279,6 +279,7 @@ def test_dvc_metrics_are_few_rounded_and_read_as_narrow_tables(reported: Path, r
     assert "16-cpu-inference / 1-cpu-inference" in ratios and "64-cpu-train / 64-cpu-inference" in ratios
     assert all(set(value) == {"ratio", "ci_pct"} and value["ratio"] > 0 for value in ratios.values()), ratios
     profile_files = [f"profiles/cpu/{name.replace('-cpu-', '-')}/metrics.json" for name in combinations]
+    graph = shown["metrics/graph.json"]["data"]  # one worst difference per exported program, not one per batch
     shown = json.loads(run_in(reported, "dvc", "metrics", "show", "--json", *profile_files).stdout)[""]["data"]
     keys = {path: set(shown[path]["data"]) for path in profile_files}
     assert all(found == keys[profile_files[0]] for found in keys.values()), keys
@@ -286,7 +287,6 @@ def test_dvc_metrics_are_few_rounded_and_read_as_narrow_tables(reported: Path, r
     for path in profile_files:  # rounded to 3 significant digits: a rerun lists no change in the 6th digit
         for value in (v for v in shown[path]["data"].values() if isinstance(v, float) and v):
             assert value == float(f"{value:.3g}"), (path, value)
-    graph = shown["metrics/graph.json"]["data"]  # one worst difference per exported program, not one per batch
     assert not [key for key in graph if "_batch" in key] and "onnxruntime_max_abs_difference" in graph
     table = run_in(reported, "dvc", "metrics", "show", *profile_files).stdout.splitlines()
     assert len(table) == 1 + len(combinations) and max(map(len, table)) <= 160, table

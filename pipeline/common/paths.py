@@ -34,6 +34,20 @@ class ProfileOutputs:
     folder: Path
     trace: Path  # Chrome/Perfetto trace (both open it gzipped)
 
+    def files(self) -> tuple[Path, ...]:
+        """Every file of the combination."""
+        return (
+            self.trace,
+            self.table_markdown,
+            self.table_csv,
+            self.kernel_table_markdown,
+            self.kernel_table_csv,
+            self.step_analysis,
+            self.record,
+            self.timing,
+            self.metrics,
+        )
+
     @property
     def table_markdown(self) -> Path:
         return self.folder / "top_operators.md"

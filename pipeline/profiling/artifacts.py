@@ -142,6 +142,9 @@ def log_profile(
         tracker.log_text("profile/comparisons", comparisons, "comparisons.md")
         for path in (paths.table_csv, paths.kernel_table_csv, paths.record, paths.trace):
             tracker.log_artifact(outputs.staged(path))
+        # The device's outputs move into place once every combination is logged, after this run has ended: it
+        # records now the md5 of the files it wrote, by which a later stage finds it (lineage.producer_run).
+        tracker.before_commit({path: outputs.staged(path) for path in paths.files()})
 
 
 @dataclass(frozen=True)

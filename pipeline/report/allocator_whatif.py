@@ -93,13 +93,13 @@ def allocator_sentences(records: Sequence[ProfileRecord]) -> list[str]:
     sentence = (
         f"Memory allocation: with glibc malloc's defaults the CPU steps took up to {slowest[1].describe()} as long "
         f"as with the tuned allocator (batch {slowest[0].combination.batch_size} {slowest[0].combination.mode}), "
-        "with the same operators on the same values: the difference is page faults, not arithmetic."
+        "with the same operators on the same values and more page faults per step. Not paired: glibc's settings "
+        "cannot be undone inside a process, so the defaults were timed in the stage's own process and the tuned "
+        "step in the timing processes, minutes apart at most."
     )
     if unmeasurable:
         sentence += f" No measurable difference for {', '.join(unmeasurable)}."
-    # Where neither set-up page-faulted, a measurable difference cannot be the faults: buffer placement differs, and
-    # the what-if runs first in the process, so it also carries how one process's passes drift apart (README,
-    # "Timing you can trust").
+    # Where neither set-up page-faulted, a measurable difference cannot be the faults; the data hold no other cause.
     drift = [
         f"{record.combination.name} ({value.describe()})"
         for record, value in ratios
@@ -110,9 +110,8 @@ def allocator_sentences(records: Sequence[ProfileRecord]) -> list[str]:
     ]
     if drift:
         sentence += (
-            f" Neither set-up page-faulted in {', '.join(drift)}: that difference is not page faults; where the "
-            "buffers sit (the heap or mappings of their own) or the drift between two passes of one process (the "
-            "defaults are timed first) can make it."
+            f" Neither set-up page-faulted in {', '.join(drift)}: that difference is not page faults, and these "
+            "unpaired measurements do not say what it is."
         )
     return [sentence]
 

@@ -92,7 +92,7 @@ def read_inputs(config: ProfileConfig) -> ReportInputs:
     for device in config.devices:
         path = DeviceProfileOutputs(device).comparisons
         if path.exists():
-            comparisons.append(read_comparisons(path, device))
+            comparisons.append(_wanted(read_comparisons(path, device), {c.name for c in combinations(config)}))
         else:
             missing.append(f"`{path}` is missing: run `dvc repro profile@{device}`.")
     drift = {}
@@ -118,6 +118,12 @@ def read_inputs(config: ProfileConfig) -> ReportInputs:
         drift=drift,
         missing=missing,
     )
+
+
+def _wanted(found: DeviceComparisons, names: set[str]) -> DeviceComparisons:
+    """Only the ratios between combinations params.yaml lists: a removed batch size's ratios cannot leak in."""
+    kept = tuple(c for c in found.comparisons if c.numerator in names and c.denominator in names)
+    return dataclasses.replace(found, comparisons=kept)
 
 
 def drift_sentence(drift: dict[str, float]) -> str:
