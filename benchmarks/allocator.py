@@ -36,7 +36,7 @@ def variants() -> dict[str, dict[str, str]]:
     found: dict[str, dict[str, str]] = {
         BASELINE: {ALLOCATOR_VARIABLE: DEFAULT},
         TUNED: {},
-        # FACTS.md's first fix: the mmap threshold raised to glibc's cap (32 MiB) instead of no mmap at all, so
+        # The mmap threshold alone raised to glibc's cap (32 MiB) instead of no mmap at all, so
         # larger blocks (a batch of 1000 test images) are still mapped anew each time.
         "mmap threshold 32 MiB (MALLOC_MMAP_THRESHOLD_)": {
             "MALLOC_MMAP_THRESHOLD_": str(32 << 20),

@@ -64,7 +64,7 @@ def main() -> None:
             pause_at("model-logged")
             metrics = write_training_outputs(outputs, tracker, result, train_params, data_digest, runtime_record)
             pause_at("outputs-staged")
-        # Committed: only now is the model a registry version, so none exists without its checkpoint (issue 28).
+        # Committed: only now is the model a registry version, so none exists without its checkpoint.
         description, version_tags = version_facts(metrics, train_params, runtime_record, len(test))
         version = register_model(tracker, model_uri, params.tracking.registered_model, description, version_tags)
     print(

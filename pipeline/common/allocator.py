@@ -4,20 +4,20 @@ glibc malloc serves a request above its mmap threshold (128 KiB at start) with a
 back with `munmap` on free; it raises the threshold only as such blocks are freed, and trims the top of the
 heap whenever more than twice that lies free. A training or profile step allocates its activations anew
 every step (conv2's output at batch 64 is ~9.4 MB), so in a fresh process each step faults its memory in
-again, page by page: one epoch took 8.8 M minor page faults with glibc's defaults against 1.7 M tuned, and
-the train stage ran 1.3-1.4x faster tuned (AMD EPYC Zen 5, 2 vCPUs; README, "Memory allocator").
+again, page by page: several times the minor page faults of a tuned process, and a slower stage
+(docs/allocator.md has the measurements).
 
 `tune_allocator` sets three `mallopt` values through ctypes, the same as the environment variables
 `MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_TOP_PAD_=268435456` would, but from inside the
 process, so that `dvc repro` and `python -m stages.X` get it alike: every block comes from the heap (no mmap of
 its own, so nothing is unmapped on free), freed heap is kept for reuse, and the heap grows in large steps.
-Why not only raise the mmap threshold (`MALLOC_MMAP_THRESHOLD_`, FACTS.md's first fix): glibc caps it at 32 MiB,
+Why not only raise the mmap threshold (`MALLOC_MMAP_THRESHOLD_`): glibc caps it at 32 MiB,
 and a test batch of 1000 images has 86-147 MB activations, which were still mapped and faulted in anew each
-batch; `benchmarks.allocator` measured both, with transparent huge pages, jemalloc and tcmalloc (README,
-"Memory allocator"). Results do not change (the
+batch; `benchmarks.allocator` measures both, with transparent huge pages, jemalloc and tcmalloc
+(docs/allocator.md). Results do not change (the
 same arithmetic on the same values; `metrics/train.json` stays byte-identical), only where the bytes live.
 Memory held: up to `TRIM_THRESHOLD` of freed heap stays mapped until the process ends (a stage is short-lived),
-and a freed block inside the heap is reused rather than returned (peak RSS measured in the README).
+and a freed block inside the heap is reused rather than returned (peak RSS measured in docs/measurements.md).
 
 The setting is left alone where the user made a choice: an allocator preloaded with LD_PRELOAD (jemalloc,
 tcmalloc, mimalloc), glibc's own MALLOC_* variables or GLIBC_TUNABLES. `LAB_ALLOCATOR=default` keeps

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 # Kineto's progress markers, the no-driver message on a machine without a GPU driver, and the memory profiler's
 # note that a block allocated before tracing began (the model's weights, the optimizer's state, a batch from the
 # warm-up) was freed while tracing: expected in every training step traced with `profile_memory`, printed once per
-# process by c10 straight to descriptor 2, once by each train-mode profile stage (issue 25). It says the trace has
+# process by c10 straight to descriptor 2, once by each train-mode profile stage. It says the trace has
 # no event for that free; the peak memory the stage reads is the allocator's running total that the other events
 # carry (pipeline.profiling.run._peak_cpu_memory), so a missing free event does not change it.
 KINETO_NOISE = re.compile(

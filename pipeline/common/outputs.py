@@ -49,7 +49,7 @@ _BEFORE_COMMIT: list[BeforeCommit] = []
 def flushed_before_commit(flush: BeforeCommit) -> Iterator[None]:
     """While open, `flush` runs first in every `AtomicOutputs.commit`: a full disk under `runs/` or a store that
     stopped answering then fails the stage with its outputs unchanged, instead of after they were renamed into
-    place (issue 28: the stage said "no outputs were written" about outputs it had just replaced)."""
+    place, and "no outputs were written" stays true."""
     _BEFORE_COMMIT.append(flush)
     try:
         yield

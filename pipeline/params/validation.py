@@ -3,7 +3,7 @@ machine's fingerprint (hardware/fingerprint.json), which changes only on other h
 
 One stage does both because DVC runs both at every `dvc repro` (`always_changed`), and DVC's own cost of running a
 stage (it reads and rewrites the whole dvc.lock) is ~0.5 s, five times the work: two such stages made a `dvc repro`
-with nothing to do 0.5 s slower than one (issue 28)."""
+with nothing to do slower than one."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def check_environment(
     environ: Mapping[str, str] = os.environ,
     gpus: Path = NVIDIA_GPUS,
 ) -> None:
-    """What params.yaml asks of this machine, checked before DVC deletes any stage's outputs (issue 28): each
+    """What params.yaml asks of this machine, checked before DVC deletes any stage's outputs: each
     stage would refuse the same, but only after DVC had removed its outputs. Torch-free and fast: it runs at
     every `dvc repro` (`always_changed`), so it lists a few folders and reads no data.
 

@@ -30,9 +30,8 @@ class ProfileTexts:
 
     def console(self, record: ProfileRecord, paths: ProfileOutputs) -> str:
         """What the stage prints: the estimate, the top operator (and kernel), the verdict and where the tables are.
-        The tables themselves go to the files, the MLflow run and TensorBoard's Text tab, not the console: six
-        stages printing ~40 lines each buried the one line a reader needed (issue 25). Warnings are printed
-        apart, once (stages/profile.py)."""
+        The tables themselves go to the files, the MLflow run and TensorBoard's Text tab, not the console, where
+        tens of lines each would bury the one line a reader needs. Warnings are printed apart, once."""
         lines = [timing_summary(record)]
         if record.top_operators:
             top = record.top_operators[0]

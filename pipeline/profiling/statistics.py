@@ -45,9 +45,8 @@ def two_speeds(
 ) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """The processes' median step times split into a fast and a slow group with nothing in between: the largest
     step between neighbours (sorted) is at least `min_gap_pct` % and three times the spread inside either group.
-    None when they do not split so (or there are fewer than two). On a 2-vCPU VM two-thread steps jump like this
-    while a fixed workload does not move (README, "Timing you can trust"): 1.20 ms in one process, 1.68-1.71 in
-    the next five."""
+    None when they do not split so (or there are fewer than two). On a 2-vCPU VM two-thread steps can jump like
+    this while a fixed workload does not move (docs/timing.md)."""
     ordered = sorted(process_ms)
     if len(ordered) < 2 or ordered[0] <= 0:
         return None

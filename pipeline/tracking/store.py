@@ -31,7 +31,7 @@ STORE_FILE = "mlflow.db"
 # timeout and 7 retries with exponential backoff (minutes). Here each request waits 8 s, and a refused, dropped,
 # timed-out or 5xx request (MLflow retries every method, POST included) is retried 6 times after 0, 2, 4, 8, 16
 # and 32 s (+ up to 1 s of MLflow's jitter each): an instructor's server restart or a PostgreSQL restart (~20 s)
-# is ridden out, an outage past about a minute stops the stage with a message (issue 24). The server's /health
+# is ridden out, an outage past about a minute stops the stage with a message. The server's /health
 # is still checked before any work (HEALTH_TIMEOUT_S): a server that is down at the start fails the stage at once.
 # A user's explicit settings win.
 HTTP_CLIENT_DEFAULTS = {

@@ -148,7 +148,7 @@ class Tracker:
     def log_summary(self, metrics: Mapping[str, float], prefix: str) -> None:
         """Numbers that describe the run as a whole, one value each: MLflow metrics (Compare lines runs up by
         them), and in TensorBoard one table in the Text tab (`<prefix>metrics`: `graph/summary` is the model's)
-        instead of a single-point card each in Scalars, where ~46 of them buried the curves (issue 25). HParams
+        instead of a single-point card each in Scalars, where dozens of them buried the curves. HParams
         shows the `hparam/*` results."""
         timestamp = int(time.time() * 1000)
         entries = [(prefix + key, float(value), timestamp, 0) for key, value in metrics.items()]
@@ -257,7 +257,7 @@ class Tracker:
 
         torch's tracer builds the graph (what SummaryWriter.add_graph writes), and this run's own event writer
         writes it, on this thread: SummaryWriter's writer thread printed its own traceback when the disk was
-        full and failed the stage later, or not at all, with an error about the tracer (issue 28)."""
+        full and failed the stage later, or not at all, with an error about the tracer."""
         from torch.utils.tensorboard._pytorch_graph import graph  # lazy: only export_graph draws a graph
 
         graph_def, step_stats = graph(model, example)  # type: ignore[no-untyped-call]

@@ -211,7 +211,7 @@ def register_model(
     """Register the logged model `model_uri` as a new version of `registered_model`, with `description` and `tags`
     (`version_facts`) plus the run's identity tags (VERSION_RUN_TAGS); returns `<name>/<version>`.
 
-    The train stage calls it only after its outputs are committed (issue 28): a version is what a student opens
+    The train stage calls it only after its outputs are committed: a version is what a student opens
     in the registry as "a trained model", so it must never exist for a run whose checkpoint was not written
     (a Ctrl-C, a failed rename). Registering late was chosen over deleting or tagging the version of a failed
     stage: the clean-up would run exactly when things are failing (a signal, a dying store) and could itself

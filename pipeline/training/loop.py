@@ -1,8 +1,8 @@
 """The lab's training recipe (Adadelta + StepLR, NLL loss) fed from tensors held on the device.
 
 Speed: the whole of MNIST is one normalized float tensor on the device (188 MB), shuffled once per
-epoch and sliced into batches — no DataLoader, no per-item PIL transforms (FACTS.md: those alone
-cost ~149 µs an image, more than the model's forward pass at batch 64 on two cores).
+epoch and sliced into batches — no DataLoader, no per-item PIL transforms, which alone cost more per image than
+the model's forward pass at batch 64 on two cores (docs/measurements.md).
 """
 
 from __future__ import annotations

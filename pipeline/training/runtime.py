@@ -87,7 +87,7 @@ def pin_runtime(device: torch.device, precision: str, threads: int, seed: int) -
     if device.type == "cuda":
         # Deterministic mode also NaN-fills every torch.empty (a guard against reading memory nothing
         # wrote; results are the same without it): ~75 extra kernels per training step of this CNN,
-        # more than the step's own, so on a GPU they cost real time. Left on for the CPU (issue 14).
+        # more than the step's own, so on a GPU they cost real time. Left on for the CPU.
         torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
     torch.backends.cudnn.benchmark = False  # autotuning picks kernels by timing: not reproducible
     return RuntimeSettings(
