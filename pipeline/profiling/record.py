@@ -14,9 +14,10 @@ import dataclasses
 import json
 import statistics
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pipeline.common.errors import PipelineError
 from pipeline.common.typed import Dialect, build
@@ -39,6 +40,7 @@ METRIC_PREFIX = "profile/"
 # 6: all combinations of a device timed interleaved in the same processes; the traced pass checked against the
 # timed interval (`TraceCheck`); the machine's drift no longer inside the interval.
 RECORD_FORMAT = 6
+T = TypeVar("T")
 # Older formats the report still reads (committed records of earlier runs), converted by `_upgrade`.
 READABLE_FORMATS = (2, 3, 4, 5, RECORD_FORMAT)
 
@@ -427,19 +429,35 @@ def write_comparisons(comparisons: DeviceComparisons) -> str:
     return json.dumps(dataclasses.asdict(comparisons), indent=2, sort_keys=True) + "\n"
 
 
+def read_typed_json(
+    path: Path,
+    cls: type[T],
+    what: str,
+    formats: tuple[int, ...],
+    fix: str,
+    upgrade: Callable[[dict[str, Any]], dict[str, Any]] = lambda raw: raw,
+) -> T:
+    """Read a JSON file written from one of the record types (`cls`) by this pipeline: unreadable JSON, another
+    format or a field that does not match is a user error naming the file, the problem and `fix`."""
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PipelineError(f"{path} is missing; {fix}") from None
+    except json.JSONDecodeError as error:
+        raise PipelineError(f"{path} is not valid JSON ({error}); {fix}") from None
+    if not isinstance(raw, dict) or raw.get("format") not in formats:
+        raise PipelineError(f"{path} is not a {what} of format {formats[-1]} from this pipeline; {fix}")
+    try:
+        found: T = build(cls, upgrade(raw), "", RecordDialect())
+    except RecordMismatch as error:
+        raise PipelineError(f"{path} does not match this pipeline's {what} ({error}); {fix}") from None
+    return found
+
+
 def read_comparisons(path: Path, device: str) -> DeviceComparisons:
     """Read `comparisons.json`; a missing field or another device's file is a user error naming the fix."""
     fix = f"rerun `dvc repro -f profile@{device}`."
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise PipelineError(f"{path} is not valid JSON ({error}); {fix}") from None
-    if not isinstance(raw, dict) or raw.get("format") != RECORD_FORMAT:
-        raise PipelineError(f"{path} is not a comparison record of format {RECORD_FORMAT}; {fix}")
-    try:
-        comparisons: DeviceComparisons = build(DeviceComparisons, raw, "", RecordDialect())
-    except RecordMismatch as error:
-        raise PipelineError(f"{path} does not match this pipeline's comparison record ({error}); {fix}") from None
+    comparisons = read_typed_json(path, DeviceComparisons, "comparison record", (RECORD_FORMAT,), fix)
     if comparisons.device != device:
         raise PipelineError(f"{path} holds device {comparisons.device}, not {device}; {fix}")
     return comparisons
@@ -448,16 +466,7 @@ def read_comparisons(path: Path, device: str) -> DeviceComparisons:
 def read_record(path: Path, combination: Combination) -> ProfileRecord:
     """Read `profile.json`; a missing, foreign or outdated file is a user error naming the fix."""
     fix = f"rerun `dvc repro -f {combination.stage_name}`."
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise PipelineError(f"{path} is not valid JSON ({error}); {fix}") from None
-    if not isinstance(raw, dict) or raw.get("format") not in READABLE_FORMATS:
-        raise PipelineError(f"{path} is not a profile record of format {RECORD_FORMAT} from this pipeline; {fix}")
-    try:
-        record: ProfileRecord = build(ProfileRecord, _upgrade(raw), "", RecordDialect())
-    except RecordMismatch as error:
-        raise PipelineError(f"{path} does not match this pipeline's profile record ({error}); {fix}") from None
+    record = read_typed_json(path, ProfileRecord, "profile record", READABLE_FORMATS, fix, _upgrade)
     if record.combination != combination:
         raise PipelineError(f"{path} holds combination {record.combination.name}, not {combination.name}; {fix}")
     return record

@@ -14,9 +14,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.common.errors import PipelineError
-from pipeline.common.typed import build
-from pipeline.profiling.record import RecordDialect, RecordMismatch
+from pipeline.profiling.record import read_typed_json
 from pipeline.profiling.statistics import t_975
 
 # 2: each device's speed drift (`SpeedDrift`), which every profile interval includes.
@@ -146,16 +144,4 @@ def write_roofs(roofs: MachineRoofs) -> str:
 def read_roofs(path: Path) -> MachineRoofs:
     """Read `hardware/roofs.json`; a missing or foreign file is a user error naming the fix."""
     fix = "run `dvc repro roofs` (it measures this machine's roofs once)."
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PipelineError(f"{path} is missing; {fix}") from None
-    except json.JSONDecodeError as error:
-        raise PipelineError(f"{path} is not valid JSON ({error}); {fix}") from None
-    if not isinstance(raw, dict) or raw.get("format") != ROOFS_FORMAT:
-        raise PipelineError(f"{path} is not a roofs file of format {ROOFS_FORMAT} from this pipeline; {fix}")
-    try:
-        roofs: MachineRoofs = build(MachineRoofs, raw, "", RecordDialect())
-    except RecordMismatch as error:
-        raise PipelineError(f"{path} does not match this pipeline's roofs file ({error}); {fix}") from None
-    return roofs
+    return read_typed_json(path, MachineRoofs, "roofs file", (ROOFS_FORMAT,), fix)
