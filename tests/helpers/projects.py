@@ -147,6 +147,7 @@ TRACKED_OUTPUTS = (
     "graph/model_graph.svg",
     "graph/summary.md",
     "hardware/fingerprint.json",
+    "metrics/profile_cpu.json",
     "profiles",
     "report",
 )
