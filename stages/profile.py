@@ -20,7 +20,7 @@ from pipeline.profiling.artifacts import log_profile, write_comparison_outputs, 
 from pipeline.profiling.matrix import stage_device
 from pipeline.profiling.processes import forked_worker_server
 from pipeline.profiling.record import Combination
-from pipeline.profiling.run import prepare_profile, run_description, run_device_profile, timing_spec
+from pipeline.profiling.run import prepare_profiles, run_description, run_device_profile, timing_spec
 from pipeline.profiling.texts import measurement_warnings
 
 
@@ -34,7 +34,7 @@ def main() -> None:
         # the clean state of a fresh server without importing torch again (pipeline.profiling.processes).
         training = any(combination.mode != "inference" for combination in wanted)
         server = stack.enter_context(forked_worker_server(training=training)) if config.processes > 1 else None
-        setups = [prepare_profile(c, config, MODEL_CHECKPOINT, DATA_ROOT, HARDWARE_ROOFS) for c in wanted]
+        setups = prepare_profiles(wanted, config, MODEL_CHECKPOINT, DATA_ROOT, HARDWARE_ROOFS)
         spec = timing_spec(setups, config, MODEL_CHECKPOINT, DATA_ROOT)
         paths = [profile_outputs(c.batch_size, c.device, c.mode) for c in wanted]
         device_paths = DeviceProfileOutputs(device)

@@ -28,7 +28,7 @@ from pipeline.model.network import LabNet
 from pipeline.params.parsing import params_from_mapping
 from pipeline.params.schema import Precision, ProfileMode, TrackingConfig, TrainConfig, section_as_dict
 from pipeline.profiling.record import Combination, read_record, write_record
-from pipeline.profiling.run import prepare_profile, run_device_profile, timing_spec
+from pipeline.profiling.run import prepare_profiles, run_device_profile, timing_spec
 from pipeline.profiling.texts import operators_markdown
 from pipeline.tracking.tracker import open_tracker
 from pipeline.training.artifacts import (
@@ -411,7 +411,7 @@ def test_profile_of_a_cuda_combination_times_the_graph_replay_too(mnist_root: Pa
     config = dataclasses.replace(
         params_from_mapping(REPO_PARAMS).profile, warmup_steps=3, active_steps=6, processes=2, time_budget_s=1.0
     )
-    setups = [prepare_profile(Combination(16, "cuda", mode), config, checkpoint, mnist_root) for mode in MODES]
+    setups = prepare_profiles([Combination(16, "cuda", mode) for mode in MODES], config, checkpoint, mnist_root)
     spec = timing_spec(setups, config, checkpoint, mnist_root)
     traces = [tmp_path / f"{mode}.json.gz" for mode in MODES]
     records, comparisons = run_device_profile(setups, spec, config.processes, config.top_k, traces)

@@ -98,7 +98,7 @@ def write_comparison_outputs(
         {
             f"{c.numerator} / {c.denominator}": {
                 "ratio": significant(c.value, HEADLINE_DIGITS),
-                "ci_pct": significant(100 * max(c.high / c.value - 1, 1 - c.low / c.value), 2),
+                "ci_pct": significant(c.half_width_pct, 2),
             }
             for c in comparisons.comparisons
         },

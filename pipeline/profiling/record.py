@@ -402,6 +402,11 @@ class PairedComparison:
     high: float
     process_values: tuple[float, ...]  # each timing process's ratio, in the order they ran
 
+    @property
+    def half_width_pct(self) -> float:
+        """The larger side of the 95 % interval in % of the value."""
+        return Interval(self.value, self.low, self.high).half_width_pct
+
 
 @dataclass(frozen=True)
 class DeviceComparisons:

@@ -71,7 +71,14 @@ from pipeline.profiling.record import (
 from pipeline.profiling.roofs import DeviceRoofs, read_roofs
 from pipeline.profiling.statistics import Block, PairedRatio, paired_ratio
 from pipeline.profiling.timing import StepTiming, synchronizer, time_steps
-from pipeline.profiling.trace_analysis import CountedCall, OperatorStats, TraceAnalysis, analyse_trace, read_trace
+from pipeline.profiling.trace_analysis import (
+    CountedCall,
+    OperatorStats,
+    Trace,
+    TraceAnalysis,
+    analyse_trace,
+    read_trace,
+)
 from pipeline.profiling.worker import WorkerSpec, make_step
 from pipeline.tracking.tags import DATA_DIGEST_TAG, MODEL_DIGEST_TAG, hardware_tags
 from pipeline.training.cuda_graph import make_graphable_step, time_graph_replays
@@ -128,11 +135,11 @@ def profile_combination(
         step_timing = time_steps(step, device, combination.batch_size, ci_target_pct, time_budget_s)
     faults = page_faults_per_step(step, sync, step_timing.estimate.median_ms)
     on_gpu = device.type == "cuda"
-    check = trace_until_timed(step, sync, on_gpu, active_steps, trace_path, step_timing)
+    check, trace = trace_until_timed(step, sync, on_gpu, active_steps, trace_path, step_timing)
     peak = torch.cuda.max_memory_allocated(device) if on_gpu else _peak_cpu_memory(trace_path)
     work = count_step_flops(step)  # after the peak memory is read: the counter's step stays out of it
     sync()
-    analysis = analyse_trace(read_trace(trace_path), device.type, work.calls)
+    analysis = analyse_trace(trace, device.type, work.calls)
     return ProfileResult(
         combination=combination,
         step_timing=step_timing,
@@ -153,25 +160,27 @@ def trace_until_timed(
     path: Path,
     timing: StepTiming,
     attempts: int = TRACE_ATTEMPTS,
-) -> TraceCheck:
+) -> tuple[TraceCheck, Trace]:
     """Trace into `path` until the traced step (median ProfilerStep span) lies inside the timed interval, at most
-    `attempts` passes; keep the first pass inside, else the one closest to it (on the log scale)."""
+    `attempts` passes; keep the first pass inside, else the one closest to it (on the log scale). Returns the check
+    and the kept pass, read."""
     low, high = timing.estimate.ci_low_ms, timing.estimate.ci_high_ms
-    best: tuple[float, float] | None = None  # (distance, traced ms)
+    best: tuple[float, Trace] | None = None  # (distance, the pass)
     for attempt in range(1, attempts + 1):
         candidate = path.with_name(f"pass{attempt}-{path.name}")  # same suffix: the export gzips .gz
         trace_steps(step, sync, on_gpu, steps, candidate)
-        traced = read_trace(candidate).median_step_ms()
+        trace = read_trace(candidate)
+        traced = trace.median_step_ms()
         distance = 0.0 if low <= traced <= high else min(abs(math.log(traced / low)), abs(math.log(traced / high)))
         if best is None or distance < best[0]:
-            best = (distance, traced)
+            best = (distance, trace)
             os.replace(candidate, path)
         else:
             candidate.unlink()
         if distance == 0.0:
-            return TraceCheck(traced, low, high, attempt)
+            break
     assert best is not None
-    return TraceCheck(best[1], low, high, attempts)
+    return TraceCheck(best[1].median_step_ms(), low, high, attempt), best[1]
 
 
 def trace_steps(step: Callable[[], None], sync: Callable[[], None], on_gpu: bool, steps: int, path: Path) -> None:
@@ -314,29 +323,22 @@ class ProfileSetup:
     roofs: DeviceRoofs | None = None  # the device's measured roofs (hardware/roofs.json); None: not measured
 
 
-def prepare_profile(
-    combination: Combination,
+def prepare_profiles(
+    combinations: Sequence[Combination],
     config: ProfileConfig,
     checkpoint_path: Path,
     data_root: Path,
     roofs_path: Path | None = None,
-) -> ProfileSetup:
-    """Pick the device and threads, load the trained model and one batch of test images onto it, and the
-    device's roofs from `roofs_path` (the `roofs` stage's file) where given."""
-    device = select_device(combination.device, param="profile.devices")
+) -> list[ProfileSetup]:
+    """Pick the device and threads, load the trained model and the test images once, and give each combination its
+    own copy of the model (a training step changes the weights) and its first test images on the device, with the
+    device's roofs from `roofs_path` (the `roofs` stage's file) where given. All combinations share one device."""
+    device = select_device(combinations[0].device, param="profile.devices")
     if config.threads:
         torch.set_num_threads(config.threads)
     checkpoint = load_checkpoint(checkpoint_path)
     summary = summarize(checkpoint.model, checkpoint.model.input_shape)  # on the CPU, before the move
-    model = checkpoint.model.to(device).to(memory_format=MEMORY_FORMAT)
     test_images, test_labels = load_split(data_root, "test")
-    if combination.batch_size > len(test_labels):
-        raise PipelineError(
-            f"`profile.batch_sizes` has {combination.batch_size}, more than the {len(test_labels)} test images "
-            "a batch is drawn from; use a smaller batch size."
-        )
-    images = normalize_images(test_images[: combination.batch_size], device).contiguous(memory_format=MEMORY_FORMAT)
-    labels = torch.from_numpy(test_labels[: combination.batch_size].astype("int64")).to(device)
     lr = float(checkpoint.train_params["lr"])
     settings = ProfileSettings(
         threads=torch.get_num_threads(),
@@ -347,28 +349,47 @@ def prepare_profile(
         optimizer_lr=lr,
         ci_target_pct=config.ci_target_pct,
         time_budget_s=config.time_budget_s,
-        allocator=plan_allocator().description,  # what the timing runs with: run_profile sets it up
+        allocator=plan_allocator().description,  # what the timing runs with: run_device_profile sets it up
         processes=config.processes,
         program_starts=min(config.program_starts, config.processes),
     )
-    return ProfileSetup(
-        combination=combination,
-        device=device,
-        step=make_step(model, combination.mode, images, labels, lr),
-        hardware=hardware_description(device),
-        settings=settings,
-        data_digest=checkpoint.data_digest,
-        flops_per_sample=float(
-            summary.forward_flops_per_sample if combination.mode == "inference" else summary.training_flops_per_sample
-        ),
-        model_digest=checkpoint_digest(checkpoint_path),
-        graph_step=(
-            make_graphable_step(copy.deepcopy(model), combination.mode, images, labels, lr)
-            if device.type == "cuda"
-            else None
-        ),
-        roofs=_device_roofs(roofs_path, device) if roofs_path else None,
-    )
+    hardware = hardware_description(device)
+    model_digest = checkpoint_digest(checkpoint_path)
+    roofs = _device_roofs(roofs_path, device) if roofs_path else None
+    setups = []
+    for combination in combinations:
+        if combination.batch_size > len(test_labels):
+            raise PipelineError(
+                f"`profile.batch_sizes` has {combination.batch_size}, more than the {len(test_labels)} test images "
+                "a batch is drawn from; use a smaller batch size."
+            )
+        model = copy.deepcopy(checkpoint.model).to(device).to(memory_format=MEMORY_FORMAT)
+        batch = combination.batch_size
+        images = normalize_images(test_images[:batch], device).contiguous(memory_format=MEMORY_FORMAT)
+        labels = torch.from_numpy(test_labels[:batch].astype("int64")).to(device)
+        setups.append(
+            ProfileSetup(
+                combination=combination,
+                device=device,
+                step=make_step(model, combination.mode, images, labels, lr),
+                hardware=hardware,
+                settings=settings,
+                data_digest=checkpoint.data_digest,
+                flops_per_sample=float(
+                    summary.forward_flops_per_sample
+                    if combination.mode == "inference"
+                    else summary.training_flops_per_sample
+                ),
+                model_digest=model_digest,
+                graph_step=(
+                    make_graphable_step(copy.deepcopy(model), combination.mode, images, labels, lr)
+                    if device.type == "cuda"
+                    else None
+                ),
+                roofs=roofs,
+            )
+        )
+    return setups
 
 
 def _device_roofs(path: Path, device: torch.device) -> DeviceRoofs:

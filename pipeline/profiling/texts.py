@@ -127,17 +127,22 @@ def comparisons_markdown(comparisons: DeviceComparisons) -> str:
         "sample over the smaller's (below 1: the larger batch is cheaper per sample). Per step: a training step "
         "over an inference step at the same batch size.",
         "",
-        "| ratio | per | value | 95 % CI | ± % | the processes |",
-        "| --- | --- | ---: | ---: | ---: | --- |",
+        *ratio_table(comparisons.comparisons),
+        "",
+        process_speed_sentence(comparisons),
     ]
-    for comparison in comparisons.comparisons:
-        lines.append(
-            f"| {comparison.numerator} / {comparison.denominator} | {comparison.per} | {comparison.value:.3f} | "
-            f"{comparison.low:.3f}-{comparison.high:.3f} | ±{half_width_pct(comparison):.1f} | "
-            f"{every_process_words(comparison)} |"
-        )
-    lines += ["", process_speed_sentence(comparisons)]
     return "\n".join(lines) + "\n"
+
+
+def ratio_table(comparisons: Sequence[PairedComparison]) -> list[str]:
+    """The markdown lines of a table of paired ratios: value, 95 % CI, its half-width and what the processes saw."""
+    lines = ["| ratio | per | value | 95 % CI | ± % | the processes |", "| --- | --- | ---: | ---: | ---: | --- |"]
+    for c in comparisons:
+        lines.append(
+            f"| {c.numerator} / {c.denominator} | {c.per} | {c.value:.3f} | {c.low:.3f}-{c.high:.3f} | "
+            f"±{c.half_width_pct:.1f} | {every_process_words(c)} |"
+        )
+    return lines
 
 
 def process_speed_sentence(comparisons: DeviceComparisons) -> str:
@@ -151,12 +156,6 @@ def process_speed_sentence(comparisons: DeviceComparisons) -> str:
         f"{', '.join(f'{speed:.3f}' for speed in speeds)}, 1 the median): each row's interval holds that, the paired "
         "ratios cancel it."
     )
-
-
-def half_width_pct(comparison: PairedComparison) -> float:
-    if comparison.value <= 0:
-        return float("inf")
-    return 100.0 * max(comparison.high - comparison.value, comparison.value - comparison.low) / comparison.value
 
 
 def every_process_words(comparison: PairedComparison) -> str:

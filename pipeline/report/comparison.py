@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pipeline.profiling.record import Combination, DeviceComparisons, PairedComparison, ProfileRecord
 from pipeline.profiling.statistics import PROCESSES_DISAGREE_ADVICE, Interval
-from pipeline.profiling.texts import every_process_words, half_width_pct
+from pipeline.profiling.texts import every_process_words, ratio_table
 
 CONVOLUTION = re.compile(r"conv", re.IGNORECASE)
 
@@ -311,14 +311,4 @@ def mode_sentence(comparisons: DeviceComparisons) -> str:
 
 def comparisons_table(comparisons: Sequence[DeviceComparisons]) -> str:
     """Every paired ratio of every device, as the report's table."""
-    lines = [
-        "| ratio | per | value | 95 % CI | ± % | processes |",
-        "| --- | --- | ---: | ---: | ---: | --- |",
-    ]
-    for found in comparisons:
-        for c in found.comparisons:
-            lines.append(
-                f"| {c.numerator} / {c.denominator} | {c.per} | {c.value:.3f} | {c.low:.3f}-{c.high:.3f} | "
-                f"±{half_width_pct(c):.1f} | {every_process_words(c)} |"
-            )
-    return "\n".join(lines) + "\n"
+    return "\n".join(ratio_table([c for found in comparisons for c in found.comparisons])) + "\n"
