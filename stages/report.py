@@ -4,11 +4,12 @@ import tempfile
 from pathlib import Path
 
 from pipeline.common.outputs import AtomicOutputs
-from pipeline.common.paths import PROFILE_COMPARISON_PLOT, REPORT_FIGURES, REPORT_HTML, REPORT_MARKDOWN
+from pipeline.common.paths import PROFILE_COMPARISON_PLOT, REPORT_DIR, REPORT_FIGURES, REPORT_HTML, REPORT_MARKDOWN
 from pipeline.common.stage_runner import run_stage
 from pipeline.common.tables import rows_csv
 from pipeline.params.loading import load_params
 from pipeline.report.comparison import COMPARISON_PLOT_FIELDS
+from pipeline.report.handin import handins
 from pipeline.report.lab_report import TITLE, build_report, report_input_runs
 from pipeline.report.rendering import (
     markdown_for_mlflow,
@@ -32,11 +33,18 @@ def main() -> None:
         html = markdown_to_html(report.markdown, TITLE, Path(scratch))
         outputs.write_text(REPORT_MARKDOWN, report.markdown)
         outputs.write_text(REPORT_HTML, html)
+        written, handin_figures = handins(report, params, Path(scratch))
+        for handin in written:
+            markdown_name, page_name = handin.names
+            outputs.write_text(REPORT_DIR / markdown_name, handin.markdown)
+            outputs.write_text(REPORT_DIR / page_name, handin.page)
+            tracker.log_artifact_text(handin.for_mlflow, markdown_name)
+            tracker.log_artifact_text(handin.page, page_name)
         for figure in sorted(figures.iterdir()):
             outputs.staged(REPORT_FIGURES / figure.name).write_bytes(figure.read_bytes())
             tracker.log_artifact(figure, "figures")
             tag = tensorboard_image_tag(f"figures/{figure.name}")
-            if tag is not None:
+            if tag is not None and figure.name not in handin_figures.files:  # the hand-ins are MLflow artifacts only
                 tracker.log_png_file(tag, figure)
         outputs.write_text(PROFILE_COMPARISON_PLOT, rows_csv(COMPARISON_PLOT_FIELDS, report.comparison_csv_rows()))
         # Neither tool shows the file's relative `figures/` images: each gets a variant naming where they are.
@@ -45,7 +53,9 @@ def main() -> None:
         tracker.log_artifact_text(html, "report.html")
         tracker.log_summary({"combinations": len(report.rows)}, prefix="report/")
         tracker.link_inputs(report_input_runs(report), STAGE_DESCRIPTIONS["report"])
+    pages = ", ".join(str(REPORT_DIR / name) for handin in written for name in handin.names)
     print(f"report written to {REPORT_MARKDOWN} and {REPORT_HTML} ({len(report.rows)} profiled combination(s))")
+    print(f"hand-ins (the course's template, filled in): {pages}")
     print(f"MLflow: {tracker.view_hint()}")
 
 

@@ -2,7 +2,7 @@
 
 Its deps are the hardware fingerprint and the profile's devices and threads, so DVC runs it again only on
 other hardware (or another thread count); every profile stage reads `hardware/roofs.json` instead of measuring
-a peak of its own (one `dvc repro` had measured six, from 99 to 193 GFLOP/s), and the report draws both roofs.
+a peak of its own (one per combination would disagree with each other), and the report draws both roofs.
 """
 
 import json
@@ -53,42 +53,12 @@ def main() -> None:
         roofs = MachineRoofs(fingerprint=fingerprint, devices=measured)
         outputs.write_text(HARDWARE_ROOFS, write_roofs(roofs))
         for device in measured:
-            tracker.log_summary(
-                {
-                    "matmul_gflops_per_s": device.matmul_gflops_per_s.best,
-                    "matmul_gflops_per_s_median": device.matmul_gflops_per_s.median,
-                    "triad_gb_per_s": device.triad_gb_per_s.best,
-                    "triad_gb_per_s_median": device.triad_gb_per_s.median,
-                    "ridge_flops_per_byte": device.ridge_flops_per_byte,
-                    "speed_drift_pct": device.speed_drift.half_width_pct,
-                    **{
-                        f"matmul_gflops_per_s_{kernel.kernel.split()[0].replace('.', '_').lower()}": (
-                            kernel.gflops_per_s.best
-                        )
-                        for kernel in device.matmul_kernels
-                    },
-                },
-                prefix=f"roofs/{device.device}/",
-            )
-    busy = conditions.warning()
+            tracker.log_summary(device.summary_metrics(), prefix=f"roofs/{device.device}/")
+    busy = conditions.warning("the roofs and the speed drift")
     if busy:
-        print(
-            f"Warning: {busy.replace('step times', 'the roofs and the speed drift')}: every profile interval "
-            "includes this drift until `dvc repro -f roofs` measures it again."
-        )
+        print(f"Warning: {busy}; the report states this drift until `dvc repro -f roofs` measures it again.")
     for device in measured:
-        print(
-            f"{device.device}: {device.matmul_gflops_per_s.best:.1f} GFLOP/s through {device.matmul_kernel} (median "
-            f"{device.matmul_gflops_per_s.median:.1f}"
-            + "".join(
-                f"; {kernel.kernel} {kernel.gflops_per_s.best:.1f}"
-                for kernel in device.matmul_kernels
-                if kernel.kernel != device.matmul_kernel
-            )
-            + f"), {device.triad_gb_per_s.best:.1f} GB/s (median "
-            f"{device.triad_gb_per_s.median:.1f}); ridge at {device.ridge_flops_per_byte:.1f} FLOP/byte; speed "
-            f"drift ±{device.speed_drift.half_width_pct:.1f} % -> {HARDWARE_ROOFS}"
-        )
+        print(f"{device.summary_line()} -> {HARDWARE_ROOFS}")
 
 
 if __name__ == "__main__":

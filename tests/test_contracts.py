@@ -174,13 +174,18 @@ def _package_inits_with_code(relative: str) -> list[str]:
 
 @functools.cache  # the files do not change during a test run; parsing every closure once per stage cost seconds
 def stage_code_deps() -> dict[str, tuple[set[str], set[str]]]:
-    """Per stage: (its declared deps under pipeline/ and stages/, the import closure of its script)."""
+    """Per stage: (its declared code deps under pipeline/ and stages/, the import closure of its script). Data files
+    the code reads (the report's message catalogues) are checked apart: test_data_deps_are_read_by_the_stage_code."""
     stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
     result = {}
     for name, definition in stages.items():
         stage = definition.get("do", definition)  # a `foreach` stage's body is under `do`
         module = stage["cmd"].split()[2]  # python -m stages.<name> ...
-        declared = {dep for dep in stage["deps"] if isinstance(dep, str) and dep.startswith(("pipeline/", "stages/"))}
+        declared = {
+            dep
+            for dep in stage["deps"]
+            if isinstance(dep, str) and dep.startswith(("pipeline/", "stages/")) and dep.endswith(".py")
+        }
         result[name] = (declared, import_closure(module.replace(".", "/") + ".py"))
     return result
 
@@ -192,6 +197,22 @@ def test_dvc_yaml_code_deps_are_exactly_the_stage_import_closure(stage: str) -> 
     assert not declared - closure, (
         f"dvc.yaml stage {stage!r} declares deps it never imports {sorted(declared - closure)}"
     )
+
+
+def test_data_deps_are_read_by_the_stage_code() -> None:
+    """A file or folder of data under pipeline/ that a stage depends on is named by a module the stage imports (and
+    the message catalogues, which the report reads, are such a dep)."""
+    stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
+    data_deps = {}
+    for name, definition in stages.items():
+        stage = definition.get("do", definition)
+        for dep in stage["deps"]:
+            if isinstance(dep, str) and dep.startswith("pipeline/") and not dep.endswith(".py"):
+                closure = stage_code_deps()[name][1]
+                readers = [path for path in closure if f'"{Path(dep).name}"' in (REPO_ROOT / path).read_text()]
+                assert (REPO_ROOT / dep).exists() and readers, (name, dep)
+                data_deps[name, dep] = readers
+    assert data_deps[("report", "pipeline/report/messages")] == ["pipeline/report/catalogue.py"]
 
 
 def test_the_closure_follows_imports_through_modules() -> None:

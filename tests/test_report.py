@@ -32,6 +32,7 @@ from pipeline.report.figures import (
 from pipeline.report.lab_report import build_report, read_inputs
 from pipeline.report.step_analysis import step_facts, step_sentences
 from pipeline.tracking.store import ui_url
+from tests.helpers.handin import TEMPLATE_HEADINGS, TEMPLATE_LABELS, UNFILLED, headings, numbers, tables
 from tests.helpers.projects import clone_project, read_params, write_params
 from tests.helpers.records import make_record, write_two_profiles
 from tests.helpers.repo import REPO_ROOT, run_python
@@ -500,3 +501,37 @@ def test_the_machines_drift_is_stated_once_and_flags_no_row() -> None:
     assert sentence.startswith("**A rerun minutes later may move every row together by up to ±4.7 % on the cpu**")
     assert "not affected by it" in sentence
     assert "not measured" in drift_sentence({})
+
+
+@pytest.mark.slow
+def test_dvc_repro_writes_both_handins_filled_from_its_outputs(reported: Path) -> None:
+    chinese = (reported / "report" / "handin.zh.md").read_text()
+    assert set(TEMPLATE_HEADINGS) <= set(headings(chinese))
+    cells = [cell for table in tables(chinese)[:3] for row in table for cell in row]
+    assert set(TEMPLATE_LABELS) <= set(cells)
+    assert all(cell and not UNFILLED.search(cell) for cell in cells)
+    accuracy = json.loads((reported / "metrics" / "train.json").read_text())["test_accuracy"]
+    assert f"测试集正确率 {accuracy:.4f}" in chinese
+    comparisons = json.loads((reported / "profiles" / "cpu" / "comparisons.json").read_text())["comparisons"]
+    paired = next(c for c in comparisons if (c["numerator"], c["denominator"]) == ("64-cpu-train", "16-cpu-train"))
+    assert f"批大小 16 的 {paired['value']:.3f}×（95 % CI {paired['low']:.3f}-{paired['high']:.3f}" in chinese or (
+        f"与批大小 16 相比，每样本时间没有可测的差异（{paired['value']:.3f}×" in chinese
+    )
+    english = (reported / "report" / "handin.en.md").read_text()
+    assert english.startswith("# Lab report: Lab 1") and sorted(numbers(english)) == sorted(numbers(chinese))
+    for language in ("zh", "en"):
+        assert (reported / "report" / f"handin.{language}.html").read_text().count("data:image/png;base64,") == 2
+
+
+@pytest.mark.slow
+def test_changing_the_handin_languages_reruns_only_the_report(reported: Path, tmp_path: Path, run_in: Any) -> None:
+    project = clone_project(reported, tmp_path / "project")
+    params = read_params(project)
+    params["report"]["languages"] = ["en"]
+    write_params(project, params)
+    status = json.loads(run_in(project, "dvc", "status", "--json").stdout)
+    assert set(status) - {"validate"} == {"report"}  # validate is always_changed, and changes nothing after it
+    assert {"changed deps": {"params.yaml": {"report.languages": "modified"}}} in status["report"]
+    result = run_in(project, "dvc", "repro")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert sorted(path.name for path in (project / "report").glob("handin.*")) == ["handin.en.html", "handin.en.md"]

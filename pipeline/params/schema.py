@@ -22,6 +22,8 @@ DeviceChoice = Literal["auto", "cpu", "cuda", "mps"]
 ProfileMode = Literal["inference", "train"]
 Precision = Literal["auto", "fp32", "bf16"]
 Execution = Literal["auto", "eager", "cuda_graph"]
+# Languages of the hand-in, each with its message catalogue (pipeline/report/messages/<language>.toml).
+Language = Literal["zh", "en"]
 
 
 def _rule(
@@ -186,12 +188,19 @@ class TrackingConfig:
 
 
 @dataclass(frozen=True)
+class ReportConfig:
+    # The hand-ins written (report/handin.<language>.md and .html): the course template, filled in.
+    languages: tuple[Language, ...] = _rule(non_empty=True, unique=True)
+
+
+@dataclass(frozen=True)
 class Params:
     data: DataConfig = _rule()
     train: TrainConfig = _rule()
     graph: GraphConfig = _rule()
     profile: ProfileConfig = _rule()
     tracking: TrackingConfig = _rule()
+    report: ReportConfig = _rule()
 
 
 def section_as_dict(section: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from pipeline.profiling.record import read_typed_json
 from pipeline.profiling.statistics import t_975
 
-# 2: each device's speed drift (`SpeedDrift`), which every profile interval includes.
+# 2: each device's speed drift (`SpeedDrift`), which the report states once as the machine's.
 # 3: the compute roof is the fastest of every fp32 product library timed (`matmul_kernels`), not torch.mm's alone.
 ROOFS_FORMAT = 3
 
@@ -89,8 +89,8 @@ class KernelRoof:
 class DeviceRoofs:
     device: str  # cpu | cuda | mps
     # The compute roof: the fastest of `matmul_kernels` (fp32 n x n @ n x n products, 2 n^3 FLOPs each), the
-    # one `matmul_kernel` names. One library is not enough: on AMD EPYC, MKL's sgemm behind torch.mm runs at half
-    # the rate oneDNN's kernels (which run the model's convolutions) reach, and steps showed 141 % of that "peak".
+    # one `matmul_kernel` names. One library is not enough: a CPU's BLAS sgemm behind torch.mm can run well below
+    # oneDNN's kernels, which run the model's convolutions, and a roof from it alone puts steps above 100 %.
     matmul_gflops_per_s: Roof
     matmul_kernel: str
     matmul_kernels: tuple[KernelRoof, ...]
@@ -118,6 +118,35 @@ class DeviceRoofs:
         )
         fastest = f"the faster: {self.matmul_kernel}{tf32}"
         return f"{products} products through each of {each}, {fastest}; {self.threads} CPU threads"
+
+    def summary_metrics(self) -> dict[str, float]:
+        """What the roofs stage logs to MLflow per device (each product library's roof by its first word)."""
+        return {
+            "matmul_gflops_per_s": self.matmul_gflops_per_s.best,
+            "matmul_gflops_per_s_median": self.matmul_gflops_per_s.median,
+            "triad_gb_per_s": self.triad_gb_per_s.best,
+            "triad_gb_per_s_median": self.triad_gb_per_s.median,
+            "ridge_flops_per_byte": self.ridge_flops_per_byte,
+            "speed_drift_pct": self.speed_drift.half_width_pct,
+            **{
+                f"matmul_gflops_per_s_{kernel.kernel.split()[0].replace('.', '_').lower()}": kernel.gflops_per_s.best
+                for kernel in self.matmul_kernels
+            },
+        }
+
+    def summary_line(self) -> str:
+        """The roofs stage's console line for this device."""
+        others = "".join(
+            f"; {kernel.kernel} {kernel.gflops_per_s.best:.1f}"
+            for kernel in self.matmul_kernels
+            if kernel.kernel != self.matmul_kernel
+        )
+        return (
+            f"{self.device}: {self.matmul_gflops_per_s.best:.1f} GFLOP/s through {self.matmul_kernel} (median "
+            f"{self.matmul_gflops_per_s.median:.1f}{others}), {self.triad_gb_per_s.best:.1f} GB/s (median "
+            f"{self.triad_gb_per_s.median:.1f}); ridge at {self.ridge_flops_per_byte:.1f} FLOP/byte; speed drift "
+            f"±{self.speed_drift.half_width_pct:.1f} %"
+        )
 
     @property
     def bandwidth_method(self) -> str:

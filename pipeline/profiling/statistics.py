@@ -376,12 +376,13 @@ class MeasurementConditions:
         """More runnable threads than cores: the measured steps had to share the CPUs."""
         return max(self.load_average_before, self.load_average_after) > self.cores
 
-    def warning(self) -> str | None:
+    def warning(self, measured: str = "step times") -> str | None:
+        """What a busy machine did to the `measured` numbers; None on a quiet one."""
         if not self.busy:
             return None
         return (
             f"the machine was busy while measuring (load average {self.load_average_before:.2f} before, "
-            f"{self.load_average_after:.2f} after, on {self.cores} cores): step times are likely inflated and "
+            f"{self.load_average_after:.2f} after, on {self.cores} cores): {measured} are likely inflated and "
             "less stable; rerun on a quiet machine"
         )
 

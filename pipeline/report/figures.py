@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import functools
+import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -11,10 +13,14 @@ from typing import Any
 
 import matplotlib
 import matplotlib.pyplot as plt
+from matplotlib import font_manager
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ft2font import FT2Font
+from matplotlib.text import Text
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
+from pipeline.common.errors import PipelineError
 from pipeline.profiling.statistics import Interval
 from pipeline.report.step_analysis import StepFacts
 
@@ -49,9 +55,7 @@ def training_curves(epochs: Sequence[dict[str, float]], steps: Sequence[dict[str
     for axes in (loss_axes, accuracy_axes):
         axes.grid(alpha=0.3)
         axes.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(target, dpi=DPI)
-    plt.close(figure)
+    save_figure(figure, target)
 
 
 @dataclass(frozen=True)
@@ -114,12 +118,8 @@ def batch_size_plot(rows: Sequence[Mapping[str, Any]], value: str, label: str, t
     axes.set_xticks(batch_sizes, [str(size) for size in batch_sizes])
     axes.grid(alpha=0.3, which="both")
     axes.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(target, dpi=DPI)
-    plt.close(figure)
+    save_figure(figure, target)
 
-
-matplotlib.use("Agg")  # no display: CI and servers
 
 DEVICE_COLOURS = {"cpu": "tab:blue", "cuda": "tab:green", "mps": "tab:purple"}
 MODE_STYLES = {"inference": "o-", "train": "s--"}
@@ -154,7 +154,7 @@ def roofline_figure(facts: Sequence[StepFacts], peaks: Mapping[str, float], targ
     axes.set_ylabel("achieved GFLOP/s")
     axes.set_title(f"Achieved FLOP/s vs batch size (dotted: measured peak)\n{INTERVAL_BARS}", fontsize=11)
     axes.legend(fontsize=8, loc="lower right")
-    _save(figure, target)
+    save_figure(figure, target)
 
 
 def cpu_vs_gpu_figure(facts: Sequence[StepFacts], target: Path) -> None:
@@ -169,7 +169,7 @@ def cpu_vs_gpu_figure(facts: Sequence[StepFacts], target: Path) -> None:
         axes.set_ylabel("per-sample time (ms)")
         axes.set_title(f"{mode}: CPU vs GPU\n{INTERVAL_BARS}", fontsize=11)
         axes.legend(fontsize=8)
-    _save(figure, target)
+    save_figure(figure, target)
 
 
 def _draw(axes: Axes, bars: ErrorBars, style: str, **line: Any) -> None:
@@ -196,7 +196,48 @@ def _plain_log_y(axes: Axes) -> None:
     axes.yaxis.set_minor_formatter(NullFormatter())
 
 
-def _save(figure: Figure, target: Path) -> None:
+def figure_texts(figure: Figure) -> list[str]:
+    """Every visible text the figure draws (titles, labels, tick labels, legends, annotations), once drawn."""
+    figure.canvas.draw()  # tick labels are only formatted when the figure is drawn
+    return [text.get_text() for text in _texts(figure)]
+
+
+def missing_glyphs(figure: Figure) -> dict[str, str]:
+    """Font file name -> the characters of the figure's text it has no glyph for. matplotlib draws each of those
+    as an empty box and only warns, so a figure with Chinese labels and a Latin-only font looks fine to the code."""
+    with warnings.catch_warnings():  # matplotlib's own warning per glyph: this function says it once, in full
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font")
+        figure.canvas.draw()
+    missing: dict[str, set[str]] = defaultdict(set)
+    for text in _texts(figure):
+        font = font_manager.findfont(text.get_fontproperties())
+        covered = _charmap(font)
+        missing[Path(font).name].update(ch for ch in text.get_text() if not ch.isspace() and ord(ch) not in covered)
+    return {font: "".join(sorted(chars)) for font, chars in sorted(missing.items()) if chars}
+
+
+def _texts(figure: Figure) -> list[Text]:
+    return [text for text in figure.findobj(Text) if text.get_visible() and text.get_text().strip()]
+
+
+@functools.cache
+def _charmap(font: str) -> frozenset[int]:
+    return frozenset(FT2Font(font).get_charmap())
+
+
+def save_figure(figure: Figure, target: Path) -> None:
+    """Lay out, check and write a figure: a character its font cannot draw is an error, not a box in the picture.
+    A PNG carries its texts in its `Description` metadata, so a reader can check them without the code."""
     figure.tight_layout()
-    figure.savefig(target, dpi=DPI)
+    missing = missing_glyphs(figure)
+    if missing:
+        plt.close(figure)
+        listing = "; ".join(f"{font} lacks {chars!r}" for font, chars in missing.items())
+        raise PipelineError(
+            f"The figure {target.name} has text its font cannot draw ({listing}): matplotlib would draw boxes. "
+            "Keep figure text to characters the DejaVu fonts bundled with matplotlib have (numbers, operator names, "
+            "units)."
+        )
+    metadata = {"Description": "\n".join(figure_texts(figure))} if target.suffix == ".png" else None
+    figure.savefig(target, dpi=DPI, metadata=metadata)
     plt.close(figure)

@@ -164,6 +164,7 @@ def environment_markdown(hardware: dict[str, str], profiles: Sequence[ProfileRec
 class Report:
     markdown: str
     rows: list[ComparisonRow]
+    inputs: ReportInputs
 
     def comparison_csv_rows(self) -> list[dict[str, Any]]:
         return [dataclasses.asdict(row) for row in self.rows]
@@ -247,7 +248,7 @@ def build_report(params: Params, figures: Path) -> Report:
     if inputs.missing:
         sections.append("## Missing inputs\n")
         sections.append("".join(f"- {line}\n" for line in inputs.missing))
-    return Report("\n".join(sections), rows)
+    return Report("\n".join(sections), rows, inputs)
 
 
 def step_sections(facts: Sequence[StepFacts], points: Sequence[RooflinePoint], figures: Path) -> list[str]:

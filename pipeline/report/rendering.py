@@ -26,9 +26,10 @@ def embed_images(html: str, folder: Path) -> str:
 
 
 HTML_TEMPLATE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<html lang="{language}"><head><meta charset="utf-8"><title>{title}</title>
 <style>
-body {{ font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; line-height: 1.45; }}
+body {{ font-family: system-ui, "Noto Sans CJK SC", "WenQuanYi Micro Hei", "Microsoft YaHei", "PingFang SC",
+  sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; line-height: 1.45; }}
 table {{ border-collapse: collapse; margin: 1em 0; font-size: 0.92em; }}
 th, td {{ border: 1px solid #ccc; padding: 0.25em 0.6em; }}
 th {{ background: #f3f3f3; }}
@@ -40,11 +41,13 @@ img {{ max-width: 100%; }}
 """
 
 
-def markdown_to_html(markdown_text: str, title: str, folder: Path) -> str:
+def markdown_to_html(markdown_text: str, title: str, folder: Path, language: str = "en") -> str:
+    """A self-contained page (figures inlined); `language` is its `lang` (BCP 47), which picks the fonts a browser
+    draws its text with (zh-CN: Simplified Chinese glyphs)."""
     import markdown  # lazy: only the HTML page needs it
 
     body = markdown.markdown(markdown_text, extensions=["tables", "fenced_code"])
-    return embed_images(HTML_TEMPLATE.format(title=title, body=body), folder)
+    return embed_images(HTML_TEMPLATE.format(title=title, body=body, language=language), folder)
 
 
 # --- the report as the tracking tools show it ------------------------------------------------------------
@@ -69,7 +72,7 @@ def tensorboard_image_tag(path: str) -> str | None:
     return f"{TENSORBOARD_IMAGE_PREFIX}{figure.stem}" if figure.suffix == ".png" else None
 
 
-def _with_note(markdown_text: str, note: str, figure_line: Callable[[str, str], str]) -> str:
+def with_figures_named(markdown_text: str, note: str, figure_line: Callable[[str, str], str]) -> str:
     """`markdown_text` with every figure image replaced by `figure_line(alt, path)` and `note` under the title."""
     replaced = FIGURE_IMAGE.sub(lambda match: figure_line(match.group("alt"), match.group("path")), markdown_text)
     title, _, rest = replaced.partition("\n")
@@ -91,7 +94,7 @@ def markdown_for_tensorboard(markdown_text: str) -> str:
         f"_Figures: TensorBoard's Images tab, tags `{TENSORBOARD_IMAGE_PREFIX}...`; "
         "`report/report.html` and the MLflow run's `report.html` show the report with every figure inline._"
     )
-    return _with_note(markdown_text, note, figure_line)
+    return with_figures_named(markdown_text, note, figure_line)
 
 
 def markdown_for_mlflow(markdown_text: str) -> str:
@@ -105,4 +108,4 @@ def markdown_for_mlflow(markdown_text: str) -> str:
         "_Figures: this run's `figures/` artifacts; `report.html` beside this file shows the report with every "
         "figure inline._"
     )
-    return _with_note(markdown_text, note, figure_line)
+    return with_figures_named(markdown_text, note, figure_line)

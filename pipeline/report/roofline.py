@@ -24,7 +24,7 @@ from pipeline.common.tables import markdown_table
 from pipeline.profiling.record import ProfileRecord
 from pipeline.profiling.statistics import Interval
 from pipeline.report.comparison import rate_interval
-from pipeline.report.figures import DPI
+from pipeline.report.figures import save_figure
 
 matplotlib.use("Agg")  # no display: CI and servers
 
@@ -280,6 +280,4 @@ def roofline_chart(points: Sequence[RooflinePoint], target: Path) -> None:
             axis.set_minor_formatter(NullFormatter())
         axes.grid(alpha=0.3, which="both")
         axes.legend(fontsize=7, loc="upper left")  # above the sloped roof: nothing can sit there
-    figure.tight_layout()
-    figure.savefig(target, dpi=DPI)
-    plt.close(figure)
+    save_figure(figure, target)

@@ -274,7 +274,14 @@ STORE_PATH_COLUMNS = (
 
 
 # Committed stage outputs the report reads for its training and graph figures (copied, never written).
-REPORT_INPUTS = ("metrics/train.json", "plots/train_epochs.csv", "plots/train_steps.csv", "graph/model_graph.svg")
+REPORT_INPUTS = (
+    "hardware/fingerprint.json",
+    "metrics/train.json",
+    "metrics/graph.json",
+    "plots/train_epochs.csv",
+    "plots/train_steps.csv",
+    "graph/model_graph.svg",
+)
 
 
 def run_report_stage(project: Path, experiment: str) -> Path:

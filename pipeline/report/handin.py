@@ -1,0 +1,334 @@
+"""The hand-in: the course's Lab 1 report template (实验环境, 实验结果 1-2, and the optional GPU step), each cell
+filled from the pipeline's outputs, in one language per message catalogue (pipeline/report/catalogue.py).
+
+It states what the main report states, by the same rules: a per-sample direction only where the paired ratio's
+interval excludes 1, "no measurable difference" where it does not, and a cell names the command that fills it
+where its input is missing. Torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.common.paths import GRAPH_SVG, TRAIN_EPOCHS_PLOT, TRAIN_STEPS_PLOT
+from pipeline.params.schema import Params
+from pipeline.profiling.record import Combination, DeviceComparisons, PairedComparison
+from pipeline.profiling.statistics import ratio
+from pipeline.report.catalogue import HTML_LANGUAGE, Catalogue, load_catalogue
+from pipeline.report.comparison import ComparisonRow
+from pipeline.report.figures import read_csv
+from pipeline.report.handin_figures import CURVES_FIGURE, OPERATORS_FIGURE, curves_figure, operators_figure
+from pipeline.report.lab_report import Report, ReportInputs
+from pipeline.report.rendering import GRAPH_FIGURE, markdown_to_html, with_figures_named
+
+FULL_REPORT = "report.md"  # the hand-in's link to the full report; report.html in the HTML page
+TEMPLATE_BATCHES = (1, 16, 64)  # the rows of the template's batch-size table
+
+
+def linked_to_html(markdown: str) -> str:
+    """The hand-in for its HTML page: the link to the full report goes to report.html."""
+    return markdown.replace(f"]({FULL_REPORT})", "](report.html)")
+
+
+def for_mlflow(markdown: str, say: Catalogue) -> str:
+    """The hand-in as MLflow's markdown preview shows it: each figure named by its artifact path (the preview
+    shows no relative image); the HTML page beside it shows them inline."""
+    note = say("mlflow_note", page=f"handin.{say.language}.html")
+    return with_figures_named(markdown, note, lambda alt, path: say("mlflow_figure", alt=alt, path=path))
+
+
+@dataclass(frozen=True)
+class HandinFigures:
+    """Which of the hand-in's figures are in the figures folder (each needs its inputs)."""
+
+    graph: bool
+    curves: bool
+    operators: bool
+
+    @property
+    def files(self) -> set[str]:
+        """The file names this module drew (the graph is the main report's)."""
+        return {
+            Path(path).name
+            for path, drawn in ((CURVES_FIGURE, self.curves), (OPERATORS_FIGURE, self.operators))
+            if drawn
+        }
+
+
+@dataclass(frozen=True)
+class Handin:
+    """One language's hand-in, as each place shows it."""
+
+    language: str
+    markdown: str  # report/handin.<language>.md: relative figures, as on the forge
+    page: str  # report/handin.<language>.html: self-contained, figures inlined
+    for_mlflow: str  # the .md logged to MLflow: figures named by their artifact path
+
+    @property
+    def names(self) -> tuple[str, str]:
+        return f"handin.{self.language}.md", f"handin.{self.language}.html"
+
+
+def handins(report: Report, params: Params, folder: Path) -> tuple[list[Handin], HandinFigures]:
+    """Every language of `report.languages`, its figures drawn into `folder`/figures beside the report's."""
+    figures = draw_figures(report.inputs, folder / "figures")
+    written = []
+    for language in params.report.languages:
+        say = load_catalogue(language)
+        markdown = handin_markdown(report.inputs, report.rows, params, figures, say)
+        page = markdown_to_html(linked_to_html(markdown), say("title"), folder, HTML_LANGUAGE[language])
+        written.append(Handin(language, markdown, page, for_mlflow(markdown, say)))
+    return written, figures
+
+
+def draw_figures(inputs: ReportInputs, figures: Path) -> HandinFigures:
+    """The language-neutral figures every hand-in shows, written once into `figures` (the graph is copied there by
+    the main report)."""
+    curves = TRAIN_EPOCHS_PLOT.exists() and TRAIN_STEPS_PLOT.exists()
+    if curves:
+        curves_figure(read_csv(TRAIN_EPOCHS_PLOT), read_csv(TRAIN_STEPS_PLOT), figures / Path(CURVES_FIGURE).name)
+    if inputs.profiles:
+        operators_figure(inputs.profiles, figures / Path(OPERATORS_FIGURE).name)
+    return HandinFigures(graph=GRAPH_SVG.exists(), curves=curves, operators=bool(inputs.profiles))
+
+
+def handin_markdown(
+    inputs: ReportInputs, rows: Sequence[ComparisonRow], params: Params, drawn: HandinFigures, say: Catalogue
+) -> str:
+    sections = [
+        f"# {say('title')}\n",
+        f"{say('generated')}\n",
+        f"## {say('environment_heading')}\n",
+        environment_table(inputs, say),
+        f"## {say('results_heading')}\n",
+        f"### {say('visualisation_heading')}\n",
+        visualisation_table(inputs, params, drawn, say),
+        f"### {say('batches_heading')}\n",
+        batch_table(inputs, rows, params, say),
+        paired_note(inputs, say),
+        f"### {say('gpu_heading')}\n",
+        gpu_section(rows, say),
+    ]
+    return "\n".join(sections)
+
+
+def _table(rows: Sequence[Sequence[str]], columns: int) -> str:
+    """The template's tables: an empty header row, as the handout draws them, then the labelled rows."""
+    lines = ["|" + " |" * columns, "|" + " --- |" * columns]
+    lines += ["| " + " | ".join(cell.replace("\n", "<br>") for cell in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def environment_table(inputs: ReportInputs, say: Catalogue) -> str:
+    hardware = inputs.hardware
+    labels = [
+        ("hardware", "cpu_label"),
+        ("hardware", "gpu_label"),
+        ("software", "os_label"),
+        ("software", "framework_label"),
+        ("software", "cuda_label"),
+    ]
+    if hardware is None:
+        values = [say("missing", stage="validate")] * len(labels)
+    else:
+        gpus = Counter(name.strip() for name in hardware.get("gpus", "none").split(",") if name.strip() != "none")
+        runtime = next((p.hardware["cuda_runtime"] for p in inputs.profiles if p.hardware.get("cuda_runtime")), None)
+        build = hardware.get("torch_cuda_build", say("not_recorded"))
+        values = [
+            say(
+                "cpu_value",
+                cpu=hardware["cpu"],
+                family_model=hardware.get("cpu_family_model", say("not_recorded")),
+                vcpus=hardware["cpu_count"],
+            ),
+            "<br>".join(say("gpu_value", model=model, count=count) for model, count in sorted(gpus.items()))
+            or say("no_gpu"),
+            f"{hardware['os']} ({hardware['machine']})",
+            "<br>".join(
+                f"{name} {hardware[key]}"
+                for name, key in (("PyTorch", "torch"), ("torchvision", "torchvision"), ("Python", "python"))
+                if key in hardware
+            ),
+            say("cuda_used", build=build, runtime=runtime) if runtime else say("cuda_unused", build=build),
+        ]
+    return _table([(say(group), say(label), value) for (group, label), value in zip(labels, values, strict=True)], 3)
+
+
+def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigures, say: Catalogue) -> str:
+    graph = say("missing", stage="export_graph")
+    if drawn.graph:
+        parameters = inputs.graph_metrics.get("total_parameters") if inputs.graph_metrics else None
+        caption = f"<br>{say('graph_caption', parameters=f'{parameters:,}')}" if parameters else ""
+        graph = f"![{say('graph_label')}]({GRAPH_FIGURE}){caption}"
+    curves = say("missing", stage="train")
+    if drawn.curves and inputs.train_metrics:
+        metrics = inputs.train_metrics
+        caption = say(
+            "curves_caption",
+            accuracy=metrics["test_accuracy"],
+            loss=metrics["test_loss"],
+            epochs=int(metrics.get("epochs", params.train.epochs)),
+            batch=params.train.batch_size,
+        )
+        curves = f"![{say('curves_label')}]({CURVES_FIGURE})<br>{caption}"
+    operators = say("missing", stage=" ".join(f"profile@{device}" for device in params.profile.devices))
+    if drawn.operators:
+        lines = [
+            f"![{say('operators_label')}]({OPERATORS_FIGURE})",
+            say("operators_caption", top_k=max(len(r.top_operators) for r in inputs.profiles)),
+        ]
+        for record in inputs.profiles:
+            if record.top_operators:
+                top = record.top_operators[0]
+                lines.append(
+                    say(
+                        "top_operator_line",
+                        combination=record.combination.name,
+                        operator=top.operator,
+                        share=top.share_pct,
+                    )
+                )
+            check = record.trace_check
+            if check is not None and not check.inside:
+                lines.append(
+                    say(
+                        "table_not_timed",
+                        combination=record.combination.name,
+                        traced=check.traced_step_ms,
+                        low=check.timed_low_ms,
+                        high=check.timed_high_ms,
+                    )
+                )
+        operators = "<br>".join(lines)
+    return _table([(say("graph_label"), graph), (say("curves_label"), curves), (say("operators_label"), operators)], 2)
+
+
+def batch_table(inputs: ReportInputs, rows: Sequence[ComparisonRow], params: Params, say: Catalogue) -> str:
+    """One row per batch size: the template's 1, 16 and 64 (a pointer where one is not profiled) and any other
+    profiled; each says every device and mode's timing, its per-sample ratio to the next smaller profiled batch
+    and the training step against the inference step."""
+    by_name = {row.combination.name: row for row in rows}
+    by_device = {found.device: found for found in inputs.comparisons}
+    profiled = sorted(params.profile.batch_sizes)
+    body = [(say("batch_label"), say("comparison_label"))]
+    for batch in sorted(set(TEMPLATE_BATCHES) | set(profiled)):
+        smaller = [size for size in profiled if size < batch]
+        lines: list[str] = []
+        for device in params.profile.devices:
+            found = by_device.get(device)
+            for mode in params.profile.modes:
+                row = by_name.get(f"{batch}-{device}-{mode}")
+                if row is None:
+                    continue
+                lines.append(_row_line(row, say))
+                if smaller:
+                    lines.append(_per_sample_line(found, row.combination, smaller[-1], say))
+                lines += _flag_lines(row, say)
+            paired = found.find(f"{batch}-{device}-train", f"{batch}-{device}-inference") if found else None
+            if paired is not None:
+                lines.append(_mode_line(paired, device, say))
+        if not lines:
+            lines.append(
+                say("not_profiled", batch=batch)
+                if batch not in profiled
+                else say("missing", stage=" ".join(f"profile@{device}" for device in params.profile.devices))
+            )
+        body.append((str(batch), "<br>".join(lines)))
+    return _table(body, 2)
+
+
+def _row_line(row: ComparisonRow, say: Catalogue) -> str:
+    return say(
+        "batch_line",
+        device=row.device,
+        mode=row.mode,
+        step=row.step_time_ms,
+        low=row.step_time_ms_ci_low,
+        high=row.step_time_ms_ci_high,
+        per_sample=row.per_sample_ms,
+        throughput=row.throughput_samples_per_s,
+    )
+
+
+def _processes(found: PairedComparison, say: Catalogue) -> str:
+    values = found.process_values
+    if values and all(value < 1 for value in values):
+        return say("processes_all_below", count=len(values))
+    if values and all(value > 1 for value in values):
+        return say("processes_all_above", count=len(values))
+    return say("processes_split", above=sum(value > 1 for value in values), count=len(values))
+
+
+def _per_sample_line(
+    comparisons: DeviceComparisons | None, combination: Combination, previous: int, say: Catalogue
+) -> str:
+    """Per-sample time against the next smaller batch: its paired ratio, with a direction only where it is
+    measurable."""
+    smaller = dataclasses.replace(combination, batch_size=previous)
+    found = comparisons.find(combination.name, smaller.name) if comparisons else None
+    if found is None:
+        return say("per_sample_unpaired", previous=previous, device=combination.device)
+    values = {"ratio": found.value, "low": found.low, "high": found.high, "previous": previous}
+    if found.high < 1:
+        return say("per_sample_lower", processes=_processes(found, say), **values)
+    if found.low > 1:
+        return say("per_sample_higher", processes=_processes(found, say), **values)
+    return say("per_sample_same", **values)
+
+
+def _mode_line(found: PairedComparison, device: str, say: Catalogue) -> str:
+    if found.low > 1 or found.high < 1:
+        return say(
+            "mode_ratio",
+            device=device,
+            ratio=found.value,
+            low=found.low,
+            high=found.high,
+            processes=_processes(found, say),
+        )
+    return say("mode_same", device=device, ratio=found.value, low=found.low, high=found.high)
+
+
+def _flag_lines(row: ComparisonRow, say: Catalogue) -> list[str]:
+    flags = []
+    if row.noisy:
+        flags.append(say("flag_disagree", target=row.ci_target_pct))
+    if row.machine_busy:
+        flags.append(say("flag_busy"))
+    if not row.trace_inside:
+        flags.append(say("flag_not_timed"))
+    return flags
+
+
+def paired_note(inputs: ReportInputs, say: Catalogue) -> str:
+    if not inputs.comparisons:
+        return ""
+    if not inputs.drift:
+        return say("paired_note_no_drift") + "\n"
+    drift = ", ".join(f"±{value:.1f} % ({device})" for device, value in sorted(inputs.drift.items()))
+    return say("paired_note", drift=drift) + "\n"
+
+
+def gpu_section(rows: Sequence[ComparisonRow], say: Catalogue) -> str:
+    """Per-sample time on the CPU and the GPU at each batch size and mode, and the GPU's speed-up (not paired:
+    the devices are timed in separate stages); or how to add a GPU."""
+    by_key = {(row.batch_size, row.device, row.mode): row for row in rows}
+    pairs = [
+        (cpu, by_key[(cpu.batch_size, "cuda", cpu.mode)])
+        for cpu in rows
+        if cpu.device == "cpu" and (cpu.batch_size, "cuda", cpu.mode) in by_key
+    ]
+    if not pairs:
+        return say("gpu_missing") + "\n"
+    header = [say(key) for key in ("gpu_batch", "gpu_mode", "gpu_cpu_ms", "gpu_gpu_ms", "gpu_speedup")]
+    lines = ["| " + " | ".join(header) + " |", "| ---: | --- | ---: | ---: | --- |"]
+    for cpu, gpu in sorted(pairs, key=lambda pair: (pair[0].mode, pair[0].batch_size)):
+        speedup = ratio(cpu.per_sample_interval, gpu.per_sample_interval)
+        values = {"ratio": speedup.value, "low": speedup.low, "high": speedup.high}
+        cell = say("speedup", **values) if speedup.measurable else say("speedup_none", **values)
+        lines.append(f"| {cpu.batch_size} | {cpu.mode} | {cpu.per_sample_ms:.4f} | {gpu.per_sample_ms:.4f} | {cell} |")
+    return "\n".join(lines) + "\n\n" + say("gpu_note") + "\n"

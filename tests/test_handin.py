@@ -1,0 +1,264 @@
+"""The hand-in: the course's template filled from the pipeline's outputs, in each language of `report.languages`.
+
+A real report stage run in process (the committed training and graph outputs, two profile records, its own MLflow
+store), the H100 reference run's records, and the catalogues read as files.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import json
+import re
+import typing
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import pytest
+from matplotlib import font_manager
+from matplotlib.ft2font import FT2Font
+from mlflow import MlflowClient
+from PIL import Image
+
+from pipeline.common.errors import PipelineError
+from pipeline.params.parsing import params_from_mapping
+from pipeline.params.schema import Language
+from pipeline.profiling.record import ProfileRecord
+from pipeline.report.catalogue import CATALOGUES, LANGUAGES, load_catalogue, placeholders
+from pipeline.report.comparison import comparison_rows
+from pipeline.report.figures import missing_glyphs, save_figure
+from pipeline.report.handin import HandinFigures, draw_figures, gpu_section, handin_markdown
+from pipeline.report.lab_report import ReportInputs
+from tests.helpers.handin import TEMPLATE_HEADINGS, TEMPLATE_LABELS, UNFILLED, headings, numbers, tables
+from tests.helpers.projects import run_report_stage
+from tests.helpers.records import gpu_reference, make_comparisons, make_record, record_metrics
+from tests.helpers.repo import REPO_PARAMS, REPO_ROOT
+
+
+def test_every_language_has_a_catalogue_with_the_same_keys_and_placeholders() -> None:
+    assert set(LANGUAGES) == set(typing.get_args(Language)) == {path.stem for path in CATALOGUES.glob("*.toml")}
+    english = load_catalogue("en").messages
+    for language in LANGUAGES:
+        messages = load_catalogue(language).messages
+        assert set(messages) == set(english), language
+        for key, message in messages.items():
+            assert placeholders(message) == placeholders(english[key]), (language, key)
+            assert message.strip(), (language, key)
+
+
+def test_every_message_is_said_somewhere() -> None:
+    source = "".join((REPO_ROOT / path).read_text() for path in ("pipeline/report/handin.py", "stages/report.py"))
+    unused = [key for key in load_catalogue("en").messages if f'"{key}"' not in source and f"'{key}'" not in source]
+    assert not unused
+
+
+@pytest.mark.parametrize(
+    ("languages", "said"),
+    [
+        (["fr"], "`report.languages[0]` = 'fr' is not allowed; choose one of 'zh', 'en'"),
+        ([], "`report.languages` is an empty list"),
+        (["zh", "zh"], "`report.languages` = ['zh', 'zh'] repeats a value"),
+    ],
+)
+def test_a_language_without_a_catalogue_stops_validation(
+    repo_params: dict[str, Any], languages: list[str], said: str
+) -> None:
+    repo_params["report"]["languages"] = languages
+    with pytest.raises(PipelineError) as raised:
+        params_from_mapping(repo_params)
+    assert said in str(raised.value) and "invalid value(s)" in str(raised.value)
+
+
+@pytest.fixture(scope="module")
+def handed_in(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The report stage run in process: batch 1 and 64 (cpu, inference), no GPU, both languages."""
+    return run_report_stage(tmp_path_factory.mktemp("handin"), "handin")
+
+
+def test_the_chinese_handin_holds_every_heading_and_label_of_the_template_and_fills_every_cell(
+    handed_in: Path,
+) -> None:
+    markdown = (handed_in / "report" / "handin.zh.md").read_text()
+    assert headings(markdown)[0].startswith("实验报告")
+    assert set(TEMPLATE_HEADINGS) <= set(headings(markdown))
+    environment, visualisation, batches = tables(markdown)
+    cells = [cell for table in (environment, visualisation, batches) for row in table for cell in row]
+    assert all(label in cells for label in TEMPLATE_LABELS), [label for label in TEMPLATE_LABELS if label not in cells]
+    assert all(cell and not UNFILLED.search(cell) for cell in cells)
+    assert [row[0] for row in batches] == ["批大小", "1", "16", "64"]
+    batch_64 = batches[3][1]
+    assert "**cpu inference**：每步 8.000 ms（95 % CI 7.840-8.160），每样本 0.1250 ms，每秒 8000 个样本。" in batch_64
+    # The helper's paired ratio of batch 64 over 1 is 0.25 (0.24-0.26), below 1 in all six processes.
+    assert "每样本时间是批大小 1 的 0.250×（95 % CI 0.240-0.260，6 个进程全部低于 1）：每样本更便宜。" in batch_64
+    assert batches[2][1] == "未剖析：把 16 加入 `profile.batch_sizes` 并运行 `dvc repro`。"
+    assert environment[1][2] == "无" and environment[4][2].endswith("未使用：没有剖析 GPU")
+    assert "![神经网络数据流图](figures/model_graph.svg)" in visualisation[0][1]
+    assert "1-cpu-inference：`aten::mkldnn_convolution`（40.0 %）" in visualisation[2][1]
+    assert load_catalogue("zh")("gpu_missing") in markdown  # no GPU profile: one line on how to add it
+    assert "](report.md)" in markdown
+
+
+def test_both_languages_state_the_same_numbers_in_the_same_tables(handed_in: Path) -> None:
+    chinese = (handed_in / "report" / "handin.zh.md").read_text()
+    english = (handed_in / "report" / "handin.en.md").read_text()
+    assert sorted(numbers(chinese)) == sorted(numbers(english)) and numbers(chinese)
+    assert [[len(row) for row in table] for table in tables(chinese)] == [
+        [len(row) for row in table] for table in tables(english)
+    ]
+    assert "| Hardware | CPU (vCPUs) |" in english and not re.search(r"[\u4e00-\u9fff]", english)
+
+
+def test_the_handins_are_artifacts_of_the_report_run(handed_in: Path) -> None:
+    client = MlflowClient(f"sqlite:///{handed_in / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("handin")
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'report'")
+    artifacts = {artifact.path for artifact in client.list_artifacts(run.info.run_id)}
+    assert {"handin.zh.md", "handin.zh.html", "handin.en.md", "handin.en.html"} <= artifacts
+    logged = Path(client.download_artifacts(run.info.run_id, "handin.zh.md", str(handed_in / "downloaded")))
+    text = logged.read_text()
+    # MLflow's preview shows no relative image: each figure is named by its artifact, in the hand-in's language.
+    assert "**图：损失和正确率趋势图**：本次运行的 artifact `figures/handin_curves.png`。" in text
+    assert "](figures/" not in text
+    page = (handed_in / "report" / "handin.zh.html").read_text()
+    assert '<html lang="zh-CN">' in page and 'href="report.html"' in page
+    assert page.count('src="data:image/png;base64,') == 2 and 'src="data:image/svg+xml;base64,' in page
+
+
+def _embedded_pngs(page: str) -> list[Image.Image]:
+    return [
+        Image.open(io.BytesIO(base64.b64decode(data)))
+        for data in re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    ]
+
+
+def test_the_handin_figures_draw_every_character_of_their_text(handed_in: Path) -> None:
+    """A glyph the font lacks is an empty box in a PNG; each figure states its texts in its metadata, and the
+    font matplotlib drew them with must have every character."""
+    page = (handed_in / "report" / "handin.zh.html").read_text()
+    font = FT2Font(font_manager.findfont(font_manager.FontProperties()))
+    covered = set(font.get_charmap())
+    texts = [image.text["Description"] for image in _embedded_pngs(page)]
+    assert any("aten::mkldnn_convolution" in text for text in texts) and any("test_accuracy" in text for text in texts)
+    assert all(ord(ch) in covered for text in texts for ch in text if not ch.isspace())
+
+
+def test_a_figure_whose_font_lacks_a_glyph_is_refused(tmp_path: Path) -> None:
+    figure, axes = plt.subplots()
+    axes.set_title("损失 loss")
+    assert missing_glyphs(figure) == {"DejaVuSans.ttf": "失损"}
+    with pytest.raises(PipelineError, match=re.escape("DejaVuSans.ttf lacks '失损'")):
+        save_figure(figure, tmp_path / "boxes.png")
+    assert not (tmp_path / "boxes.png").exists()
+
+
+def _cpu_only_inputs(records: list[ProfileRecord], ratios: dict[tuple[str, str], Any]) -> ReportInputs:
+    return ReportInputs(
+        hardware={"cpu": "Test CPU", "cpu_count": "2", "gpus": "none", "os": "Linux", "machine": "x86_64"},
+        train_metrics=None,
+        train_speed=None,
+        graph_metrics=None,
+        model_summary=None,
+        profiles=records,
+        comparisons=[make_comparisons("cpu", ratios)],
+    )
+
+
+@pytest.mark.parametrize(
+    ("paired", "said"),
+    [
+        (
+            (0.9, 0.85, 0.95, (0.9,) * 6),
+            "Per sample 0.900× batch 1 (95 % CI 0.850-0.950, below 1 in all 6 processes): cheaper per sample.",
+        ),
+        (
+            (1.1, 1.05, 1.15, (1.1,) * 5 + (0.99,)),
+            "Per sample 1.100× batch 1 (95 % CI 1.050-1.150, above 1 in 5 of 6 processes): dearer per sample.",
+        ),
+        (
+            (1.0, 0.97, 1.04, (0.98, 1.02) * 3),
+            "Per sample against batch 1: no measurable difference (1.000×, 95 % CI 0.970-1.040).",
+        ),
+    ],
+    ids=["cheaper", "dearer", "undecided"],
+)
+def test_a_batch_row_states_a_direction_only_where_the_paired_interval_excludes_one(
+    repo_params: dict[str, Any], paired: tuple[float, float, float, tuple[float, ...]], said: str
+) -> None:
+    repo_params["profile"].update(batch_sizes=[1, 16], devices=["cpu"], modes=["inference"])
+    records = [make_record(1, "cpu", "inference", 1.0), make_record(16, "cpu", "inference", 16 * paired[0])]
+    inputs = _cpu_only_inputs(records, {("16-cpu-inference", "1-cpu-inference"): paired})
+    markdown = handin_markdown(
+        inputs,
+        comparison_rows(records),
+        params_from_mapping(repo_params),
+        HandinFigures(False, False, False),
+        load_catalogue("en"),
+    )
+    (batch_16,) = [row for row in tables(markdown)[2] if row[0] == "16"]
+    assert said in batch_16[1]
+    assert ("cheaper" in batch_16[1], "dearer" in batch_16[1]) == (paired[2] < 1, paired[1] > 1)
+
+
+def _reference_record(name: str) -> ProfileRecord:
+    """A reference profile as the report reads one: its steps re-estimated (median, 95 % CI), its top operators and
+    the H100 machine's hardware."""
+    raw = json.loads((gpu_reference() / "profiles" / name / "profile.json").read_text())
+    metrics = record_metrics(raw)
+    combination = raw["combination"]
+    operators = tuple((row["operator"], row["share_pct"]) for row in raw["top_operators"][:10])
+    record = make_record(
+        combination["batch_size"], combination["device"], combination["mode"], metrics["step_time_ms_median"], operators
+    )
+    timing = dataclasses.replace(
+        record.timing,
+        step_time_ms_ci_low=metrics["step_time_ms_ci_low"],
+        step_time_ms_ci_high=metrics["step_time_ms_ci_high"],
+    )
+    return dataclasses.replace(record, timing=timing, hardware=raw["hardware"])
+
+
+def test_a_handin_from_the_h100_reference_compares_cpu_and_gpu_with_its_numbers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no training or graph outputs here: those cells name their command
+    names = [
+        f"{batch}-{device}-{mode}"
+        for batch in (1, 16, 64)
+        for device in ("cpu", "cuda")
+        for mode in ("inference", "train")
+    ]
+    records = [_reference_record(name) for name in names]
+    inputs = ReportInputs(
+        hardware=json.loads((gpu_reference() / "fingerprint.json").read_text()),
+        train_metrics=json.loads((gpu_reference() / "train.json").read_text()),
+        train_speed=None,
+        graph_metrics=None,
+        model_summary=None,
+        profiles=records,
+    )
+    params = dict(REPO_PARAMS, profile={**REPO_PARAMS["profile"], "devices": ["cpu", "cuda"]})
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    drawn = draw_figures(inputs, figures)  # twelve panels, CUDA kernels' names cut short
+    assert drawn == HandinFigures(graph=False, curves=False, operators=True)
+    rows = comparison_rows(records)
+    markdown = handin_markdown(inputs, rows, params_from_mapping(params), drawn, load_catalogue("zh"))
+    environment = tables(markdown)[0]
+    assert environment[1][2] == "NVIDIA H100 80GB HBM3 × 1"
+    assert environment[4][2] == "13.0（PyTorch 构建）；13.0（GPU 剖析使用的运行时）"
+    gpu = tables(markdown)[3]
+    by_name = {row.combination.name: row for row in rows}
+    for batch in (1, 16, 64):
+        for mode in ("inference", "train"):
+            cpu, cuda = by_name[f"{batch}-cpu-{mode}"], by_name[f"{batch}-cuda-{mode}"]
+            assert [str(batch), mode, f"{cpu.per_sample_ms:.4f}", f"{cuda.per_sample_ms:.4f}"] in [
+                row[:4] for row in gpu
+            ]
+    (batch_64_inference,) = [row for row in gpu if row[:2] == ["64", "inference"]]
+    assert re.fullmatch(r"\d+\.\d\d×（\d+\.\d\d-\d+\.\d\d×）", batch_64_inference[4])  # measurably faster
+    assert load_catalogue("zh")("gpu_note") in markdown and load_catalogue("zh")("gpu_missing") not in markdown
+    assert "没有与批大小 1 的配对比值：运行 `dvc repro profile@cuda`。" in markdown  # it predates paired timing
+    assert gpu_section(comparison_rows(records[:2]), load_catalogue("en")).startswith("No GPU was profiled.")
