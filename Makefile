@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 # Stages run as `python -m stages.X`: put the venv first so DVC finds its python.
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install repro test test-fast test-stress test-stress-sample test-browser check requirements
+.PHONY: install repro test test-fast test-stress test-stress-sample test-browser screenshots check requirements
 
 install: $(INSTALLED)
 
@@ -56,6 +56,11 @@ test-stress-sample: install
 # MLflow's web UI rendered in headless Chromium (Debian package `chromium`): not part of `make test`.
 test-browser: install
 	python -m pytest -n 0 -m browser tests/browser
+
+# The lab guide's pictures (docs/images) retaken from this project's last `dvc repro`, each only once its page shows
+# what docs/lab-guide.md says it shows.
+screenshots: install
+	python -m tests.helpers.guide
 
 # Lint, format, types and the import rules between the wings (pyproject.toml): what CI runs before the tests.
 check: install

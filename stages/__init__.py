@@ -10,7 +10,7 @@ import os
 import sys
 from types import TracebackType
 
-from pipeline.common.interrupts import Terminated, install_handlers, pause_at
+from pipeline.common.interrupts import Terminated, install_handlers
 
 
 def _stage_module() -> str | None:
@@ -34,6 +34,5 @@ def _interrupted_at_start_up(kind: type[BaseException], error: BaseException, tr
 
 _STAGE = _stage_module()
 if _STAGE is not None:
-    install_handlers(_STAGE)
     sys.excepthook = _interrupted_at_start_up
-    pause_at("start-up")
+    install_handlers(_STAGE)

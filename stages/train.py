@@ -3,80 +3,17 @@
 import sys
 
 from pipeline.common.allocator import tune_allocator
-from pipeline.common.interrupts import pause_at
-from pipeline.common.outputs import AtomicOutputs
-from pipeline.common.paths import DATA_ROOT, MODEL_CHECKPOINT
 from pipeline.common.stage_runner import run_stage
-from pipeline.data.artifacts import log_training_inputs
-from pipeline.data.mnist import load_split, read_manifest
-from pipeline.data.tensors import first_samples, to_device_data
 from pipeline.params.loading import load_params
-from pipeline.params.schema import section_as_dict
-from pipeline.tracking.tracker import open_tracker
-from pipeline.training.artifacts import (
-    busy_warning,
-    log_model,
-    log_training_result,
-    log_training_setup,
-    register_model,
-    version_facts,
-    write_training_outputs,
-)
-from pipeline.training.execution import resolve_execution, settle_runtime
-from pipeline.training.loop import train_model
-from pipeline.training.runtime import hardware_description, select_device
+from pipeline.training.stage import train_and_register
 
 
 def main() -> None:
     tune_allocator()  # before any tensor: pipeline.common.allocator says why
-    params = load_params()
-    config = params.train
-    device = select_device(config.device)
-    execution = resolve_execution(config.execution, device)
-    manifest = read_manifest(DATA_ROOT)
-    data_digest = str(manifest["dataset_digest"])
-    train = to_device_data(*first_samples(*load_split(DATA_ROOT, "train"), config.train_samples), device)
-    test = to_device_data(*first_samples(*load_split(DATA_ROOT, "test"), config.test_samples, "test"), device)
-    train_params = section_as_dict(config)
-    runtime, choice = settle_runtime(config, device, execution, train)
-    # The checkpoint records what ran; MLflow also records why (with measured times, which vary run to run).
-    runtime_record = {**runtime.as_params(), "execution": execution}
-    pause_at("loaded")  # pipeline.common.interrupts: where the signal tests hold the stage
-
-    with open_tracker("train", params.tracking, system_metrics=True) as tracker:
-        with AtomicOutputs() as outputs:
-            pause_at("run-started")
-            log_training_setup(
-                tracker,
-                train_params,
-                {**runtime_record, **choice.as_params()},
-                hardware_description(device),
-                data_digest,
-            )
-            datasets = log_training_inputs(manifest, DATA_ROOT, {"train": len(train), "test": len(test)})
-            pause_at("setup-logged")
-            result = train_model(
-                config, train, test, device, runtime.precision, tracker, execution=execution, log_final_test=False
-            )
-            pause_at("trained")
-            log_training_result(tracker, result, train_params, runtime_record)
-            model_uri = log_model(tracker, result, datasets["test"])
-            pause_at("model-logged")
-            metrics = write_training_outputs(outputs, tracker, result, train_params, data_digest, runtime_record)
-            pause_at("outputs-staged")
-        # Committed: only now is the model a registry version, so none exists without its checkpoint.
-        description, version_tags = version_facts(metrics, train_params, runtime_record, len(test))
-        version = register_model(tracker, model_uri, params.tracking.registered_model, description, version_tags)
-    print(
-        f"test accuracy {metrics['test_accuracy']:.4f}, test loss {metrics['test_loss']:.4f} after "
-        f"{len(result.epochs)} epoch(s); {result.images_per_second:.0f} images/s on {device} "
-        f"({runtime.precision}, {execution}, {runtime.threads} thread(s)) -> {MODEL_CHECKPOINT}, "
-        f"registered in MLflow as {version}\n"
-        f"precision: {choice.reason}"
-    )
-    warning = busy_warning(result, runtime_record)
-    if warning:
-        print(f"Warning: {warning}.", file=sys.stderr)
+    trained = train_and_register(load_params())
+    print(trained.summary)
+    if trained.warning:
+        print(f"Warning: {trained.warning}.", file=sys.stderr)
 
 
 if __name__ == "__main__":

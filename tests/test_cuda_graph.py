@@ -47,7 +47,7 @@ from pipeline.training.execution import (
     resolve_execution,
 )
 from pipeline.training.loop import EpochRecord, TrainingResult, evaluate, train_model
-from pipeline.training.runtime import pin_runtime, select_precision
+from pipeline.training.runtime import Ran, RuntimeSettings, pin_runtime, select_precision
 from tests.helpers.data import LAB_MODEL
 from tests.helpers.records import make_record
 from tests.helpers.repo import REPO_PARAMS
@@ -181,7 +181,7 @@ def test_logged_model_loads_and_predicts_on_this_machine(tmp_path: Path, monkeyp
         description, tags = version_facts(
             {"test_accuracy": 0.98765, "test_loss": 0.04321, "epochs": 2},
             {"lr": 1.0, "gamma": 0.7, "batch_size": 64, "seed": 1},
-            {"device": "cpu", "precision": "bf16", "execution": "eager", "threads": 2},
+            Ran(RuntimeSettings("cpu", "bf16", threads=2, seed=1, deterministic=True), "eager"),
             2_000,
         )
         version = register_model(tracker, model_uri, "lab-model", description, tags)

@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 
+from tests.helpers.guide import SHOTS
 from tests.helpers.repo import REPO_ROOT
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$")
@@ -61,3 +62,14 @@ def test_every_relative_link_in_the_readme_and_docs_resolves() -> None:
             if not path.exists():
                 broken.append(f"{page.relative_to(REPO_ROOT)}: {target}")
     assert len(pages) >= 3 and not broken, broken
+
+
+def test_the_guide_shows_every_shot_once_under_its_step() -> None:
+    """docs/lab-guide.md embeds each picture `make screenshots` takes under the step it illustrates, and quotes what
+    the page shows (tests/browser/test_lab_guide.py checks the pages do)."""
+    guide = (REPO_ROOT / "docs" / "lab-guide.md").read_text()
+    steps = re.split(r"^## ", guide, flags=re.MULTILINE)
+    for shot in SHOTS:
+        (step,) = [text for text in steps if text.startswith(f"{shot.step}.")]
+        assert step.count(f"(images/{shot.name}.png)") == 1, shot.name
+        assert all(said in step for said in shot.shows if said.isascii() and len(said) > 8), shot.name

@@ -504,7 +504,8 @@ def test_the_machines_drift_is_stated_once_and_flags_no_row() -> None:
 
 
 @pytest.mark.slow
-def test_dvc_repro_writes_both_handins_filled_from_its_outputs(reported: Path) -> None:
+def test_dvc_repro_writes_both_handins_filled_from_its_outputs(reproduced_project: Path) -> None:
+    reported = reproduced_project  # read only: other tests here change `reported`
     chinese = (reported / "report" / "handin.zh.md").read_text()
     assert set(TEMPLATE_HEADINGS) <= set(headings(chinese))
     cells = [cell for table in tables(chinese)[:3] for row in table for cell in row]
@@ -524,8 +525,10 @@ def test_dvc_repro_writes_both_handins_filled_from_its_outputs(reported: Path) -
 
 
 @pytest.mark.slow
-def test_changing_the_handin_languages_reruns_only_the_report(reported: Path, tmp_path: Path, run_in: Any) -> None:
-    project = clone_project(reported, tmp_path / "project")
+def test_changing_the_handin_languages_reruns_only_the_report(
+    reproduced_project: Path, tmp_path: Path, run_in: Any
+) -> None:
+    project = clone_project(reproduced_project, tmp_path / "project")
     params = read_params(project)
     params["report"]["languages"] = ["en"]
     write_params(project, params)

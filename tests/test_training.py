@@ -24,7 +24,7 @@ from pipeline.params.schema import ModelConfig, TrackingConfig, TrainConfig, sec
 from pipeline.tracking.tracker import open_tracker
 from pipeline.training.artifacts import busy_warning, speed_metrics
 from pipeline.training.loop import StepRecord, TrainingResult, evaluate, train_model
-from pipeline.training.runtime import pin_runtime, select_device, select_precision
+from pipeline.training.runtime import Ran, RuntimeSettings, pin_runtime, select_device, select_precision
 from tests.helpers.repo import REPO_PARAMS
 
 CPU = torch.device("cpu")
@@ -220,10 +220,10 @@ def test_stage_run_ends_with_the_status_of_what_happened(
 
 
 def test_cpu_training_that_got_too_little_of_its_cpus_is_flagged_busy() -> None:
-    """A loaded machine slowed training 3x with no word said (issue 25): the share of its threads' CPUs that the
-    training got tells (0.99 alone, 0.64 beside one busy process on 2 vCPUs: pipeline.training.artifacts)."""
+    """A loaded machine slowed training 3x with no word said: the share of its threads' CPUs that the training got
+    tells (0.99 alone, 0.64 beside one busy process on 2 vCPUs: docs/measurements.md)."""
     model = LabNet(params_from_mapping(REPO_PARAMS).train.model)
-    runtime = {"device": "cpu", "precision": "bf16", "execution": "eager", "threads": 2}
+    runtime = Ran(RuntimeSettings("cpu", "bf16", threads=2, seed=1, deterministic=True), "eager")
     busy = TrainingResult(model=model, train_seconds=10.0, cpu_seconds=13.0, train_samples=7_440)
     speed = speed_metrics(busy, runtime)
     assert speed["cpu_share"] == 0.65 and speed["machine_busy"] is True
@@ -231,5 +231,5 @@ def test_cpu_training_that_got_too_little_of_its_cpus_is_flagged_busy() -> None:
     assert warning is not None and "got 65% of their CPUs, so 744 images/s is slower" in warning
     alone = dataclasses.replace(busy, cpu_seconds=19.9)
     assert speed_metrics(alone, runtime)["machine_busy"] is False and busy_warning(alone, runtime) is None
-    on_gpu = {**runtime, "device": "cuda", "threads": 16}  # the host thread waits on the GPU: no CPU verdict
+    on_gpu = Ran(RuntimeSettings("cuda", "bf16", 16, 1, True), "cuda_graph")  # the host waits on the GPU: no verdict
     assert busy_warning(busy, on_gpu) is None and speed_metrics(busy, on_gpu)["machine_busy"] is False

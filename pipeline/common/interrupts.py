@@ -54,10 +54,11 @@ def _raise_terminated(signum: int, frame: FrameType | None) -> None:
 
 def install_handlers(stage: str) -> None:
     """SIGTERM raises `Terminated`; SIGINT keeps Python's KeyboardInterrupt, or stays ignored if it was. Reads
-    where `stage` is to pause, if anywhere."""
+    where `stage` is to pause, if anywhere: the first moment, `start-up`, is right here, before the stage's imports."""
     global _pause_at
     signal.signal(signal.SIGTERM, _raise_terminated)
     _pause_at = _requested_pause(stage)
+    pause_at("start-up")
 
 
 def _requested_pause(stage: str) -> str:

@@ -171,7 +171,8 @@ def trace_until_timed(
         trace_steps(step, sync, on_gpu, steps, candidate)
         trace = read_trace(candidate)
         traced = trace.median_step_ms()
-        distance = 0.0 if low <= traced <= high else min(abs(math.log(traced / low)), abs(math.log(traced / high)))
+        # How far outside, on the log scale; an interval whose low end is 0 (too few blocks) bounds only above.
+        distance = math.log(traced / high) if traced > high else math.log(low / traced) if traced < low else 0.0
         if best is None or distance < best[0]:
             best = (distance, trace)
             os.replace(candidate, path)

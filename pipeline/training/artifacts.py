@@ -29,6 +29,7 @@ from pipeline.tracking.tags import (
 )
 from pipeline.tracking.tracker import Tracker
 from pipeline.training.loop import EpochRecord, StepRecord, TrainingResult
+from pipeline.training.runtime import Ran
 
 # Batch of the MLflow input example: > 1 so the exported model keeps a dynamic batch dimension.
 EXAMPLE_BATCH = 2
@@ -47,33 +48,32 @@ def quality_metrics(result: TrainingResult) -> dict[str, float]:
     }
 
 
-def speed_metrics(result: TrainingResult, runtime: Mapping[str, object]) -> dict[str, object]:
+def speed_metrics(result: TrainingResult, ran: Ran) -> dict[str, object]:
     """`metrics/train_speed.json`: wall-clock numbers (they differ run to run, so they are kept apart from
-    `quality_metrics`) and what ran (`runtime`: device, precision, execution, threads after resolving
-    `auto`, and the allocator set-up, pipeline.common.allocator), which the report quotes and
-    `dvc metrics diff` compares across machines."""
+    `quality_metrics`) and what ran (device, precision, execution, threads after resolving `auto`, and the
+    allocator set-up, pipeline.common.allocator), which the report quotes and `dvc metrics diff` compares across
+    machines."""
+    settings = ran.as_params()
     return {
         "train_seconds": round(result.train_seconds, 3),
         "images_per_second": round(result.images_per_second, 1),
-        "cpu_share": round(result.cpu_share(int(str(runtime["threads"]))), 3),
-        "machine_busy": busy_warning(result, runtime) is not None,
-        "runtime": {**{key: runtime[key] for key in RESOLVED_TRAIN_KEYS}, "allocator": current_allocator().kind},
+        "cpu_share": round(result.cpu_share(ran.runtime.threads), 3),
+        "machine_busy": busy_warning(result, ran) is not None,
+        "runtime": {**{key: settings[key] for key in RESOLVED_TRAIN_KEYS}, "allocator": current_allocator().kind},
     }
 
 
-# Below this share of its threads' CPUs, CPU training had to share the cores with other processes. Measured with the
-# train stage (20,000 images, bf16, 2 threads) on a 2-vCPU AMD EPYC `cpu family 25` model 17: 0.993-0.994 alone
-# (2,479-2,487 images/s); 0.643-0.647 with one `yes` process beside it, 3.0-3.3x slower (744-820 images/s: each
-# parallel region waits for the thread that lost its core).
+# Below this share of its threads' CPUs, CPU training had to share the cores with other processes: alone it gets
+# nearly all of them, beside one busy process about two thirds (docs/measurements.md gives the figures).
 BUSY_CPU_SHARE = 0.8
 
 
-def busy_warning(result: TrainingResult, runtime: Mapping[str, object]) -> str | None:
+def busy_warning(result: TrainingResult, ran: Ran) -> str | None:
     """The train stage's warning when CPU training had to share the cores (`speed_metrics`' `machine_busy`), as
     the profile stages warn about a busy machine."""
-    threads = int(str(runtime["threads"]))
+    threads = ran.runtime.threads
     share = result.cpu_share(threads)
-    if str(runtime["device"]) != "cpu" or share >= BUSY_CPU_SHARE:
+    if ran.runtime.device != "cpu" or share >= BUSY_CPU_SHARE:
         return None
     return (
         f"the machine was busy while training: its {threads} thread(s) got {share:.0%} of their CPUs, so "
@@ -113,13 +113,11 @@ def log_training_setup(
     tracker.set_tags({DATA_DIGEST_TAG: data_digest, **hardware_tags(hardware)})
 
 
-def log_training_result(
-    tracker: Tracker, result: TrainingResult, train_params: Mapping[str, Any], runtime: Mapping[str, Any]
-) -> None:
+def log_training_result(tracker: Tracker, result: TrainingResult, train_params: Mapping[str, Any], ran: Ran) -> None:
     """TensorBoard HParams for the run (the settings as they ran, with final quality and speed). MLflow needs
     no `final/*` copies: its run page and Compare show each curve's last value, which is the final one."""
     final = quality_metrics(result)
-    resolved = resolved_params(train_params, runtime)
+    resolved = resolved_params(train_params, ran.as_params())
     tracker.log_hparams(
         {f"train.{key}": value for key, value in resolved.items() if isinstance(value, (int, float, str, bool))},
         {
@@ -185,9 +183,10 @@ REGISTERED_MODEL_DESCRIPTION = (
 
 
 def version_facts(
-    metrics: Mapping[str, float], train_params: Mapping[str, Any], runtime: Mapping[str, object], test_images: int
+    metrics: Mapping[str, float], train_params: Mapping[str, Any], ran: Ran, test_images: int
 ) -> tuple[str, dict[str, str]]:
     """A registry version's description (markdown) and tags: its test quality, how it was trained, what ran."""
+    runtime = ran.as_params()
     description = (
         f"Test accuracy **{metrics['test_accuracy']:.4f}**, loss {metrics['test_loss']:.4f} on mnist-test "
         f"({test_images:,} images) after {int(metrics['epochs'])} epoch(s) of Adadelta (lr {train_params['lr']}, "
@@ -273,16 +272,16 @@ def write_training_outputs(
     result: TrainingResult,
     train_params: dict[str, Any],
     data_digest: str,
-    runtime: Mapping[str, object],
+    ran: Ran,
 ) -> dict[str, float]:
     """The checkpoint (its digest tagged on the run: the profile runs of it carry the same tag), metrics and
     plot files, staged in `outputs`; the quality metrics."""
     metrics = quality_metrics(result)
     checkpoint = outputs.staged(MODEL_CHECKPOINT)
-    save_checkpoint(checkpoint_payload(result.model, train_params, data_digest, dict(runtime), metrics), checkpoint)
+    save_checkpoint(checkpoint_payload(result.model, train_params, data_digest, ran.as_params(), metrics), checkpoint)
     tracker.set_tags({MODEL_DIGEST_TAG: checkpoint_digest(checkpoint)})
     outputs.write_json(TRAIN_METRICS, metrics)
-    outputs.write_json(TRAIN_SPEED, speed_metrics(result, runtime))
+    outputs.write_json(TRAIN_SPEED, speed_metrics(result, ran))
     outputs.write_text(TRAIN_STEPS_PLOT, records_csv(StepRecord, result.steps))
     outputs.write_text(TRAIN_EPOCHS_PLOT, records_csv(EpochRecord, result.epochs))
     return metrics

@@ -73,6 +73,18 @@ class RuntimeSettings:
         }
 
 
+@dataclass(frozen=True)
+class Ran:
+    """How a training ran: its pinned runtime and its execution (eager or cuda_graph), as the checkpoint, MLflow and
+    metrics/train_speed.json record them."""
+
+    runtime: RuntimeSettings
+    execution: str
+
+    def as_params(self) -> dict[str, object]:
+        return {**self.runtime.as_params(), "execution": self.execution}
+
+
 def pin_runtime(device: torch.device, precision: str, threads: int, seed: int) -> RuntimeSettings:
     """Seed every generator, force deterministic kernels and pin the CPU thread count.
 

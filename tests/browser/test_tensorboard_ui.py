@@ -1,6 +1,6 @@
 """TensorBoard's own HParams dashboard, rendered by a real headless Chromium against a real `tensorboard --logdir runs`
 (as the README says to start it) over a pipeline's runs: one table with the train run's settings beside its test
-accuracy and the profile combinations (issue 25).
+accuracy and the profile combinations.
 
 The dashboard draws inside shadow roots, which Chromium's `--dump-dom` leaves out, so the page is driven over the
 DevTools protocol (websocket-client) and its text read from every shadow root.
@@ -9,31 +9,19 @@ DevTools protocol (websocket-client) and its text read from every shadow root.
 from __future__ import annotations
 
 import base64
-import json
-import shutil
-import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import websocket
 
 from pipeline.params.schema import TrackingConfig
 from pipeline.tracking.hparams import SHOWN, train_columns
 from pipeline.tracking.tracker import open_tracker
-from tests.helpers.servers import closed_port, running_tensorboard
+from tests.helpers.browser import CHROMIUM, DEEP_TEXT, NO_CHROMIUM, Page, chromium_page
+from tests.helpers.servers import running_tensorboard
 
 pytestmark = pytest.mark.browser
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-# The page's text, shadow roots included: what a person sees, in document order.
-DEEP_TEXT = """(function text(node) {
-  let found = node.shadowRoot ? text(node.shadowRoot) : "";
-  for (const child of node.childNodes) found += child.nodeType === 3 ? child.textContent + " " : text(child);
-  return found;
-})(document)"""
 # The table view's column headers (`div.table-header` in vaadin-grid cells; their text, too, may sit in shadow roots).
 HEADERS = """(function () {
   const text = (node) => {
@@ -53,58 +41,12 @@ HEADERS = """(function () {
 })()"""
 
 
-class Page:
-    """One Chromium tab over the DevTools protocol."""
-
-    def __init__(self, socket: websocket.WebSocket) -> None:
-        self.socket = socket
-        self.calls = 0
-
-    def call(self, method: str, **params: Any) -> dict[str, Any]:
-        self.calls += 1
-        self.socket.send(json.dumps({"id": self.calls, "method": method, "params": params}))
-        while True:
-            answer: dict[str, Any] = json.loads(self.socket.recv())
-            if answer.get("id") == self.calls:
-                return answer.get("result", {})
-
-    def evaluate(self, expression: str) -> Any:
-        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
-
-
 @pytest.fixture
 def chromium(tmp_path: Path) -> Iterator[Page]:
     if CHROMIUM is None:
-        pytest.fail("no Chromium on PATH: install Debian's `chromium` package to run the browser tests")
-    port = closed_port()
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--window-size=1600,1000"]
-    browser = subprocess.Popen(
-        [CHROMIUM, *flags, f"--remote-debugging-port={port}", f"--user-data-dir={tmp_path / 'profile'}", "about:blank"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=2) as response:
-                    pages = [target for target in json.loads(response.read()) if target["type"] == "page"]
-                if pages:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "Chromium's DevTools did not answer within 60 s"
-            time.sleep(0.3)
-        # No Origin header, as a DevTools client that is not a web page: Chromium (150 here) refuses a websocket whose
-        # Origin it was not started to allow (--remote-allow-origins), and websocket-client sends one by default.
-        socket = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=60, suppress_origin=True)
-        try:
-            yield Page(socket)
-        finally:
-            socket.close()
-    finally:
-        browser.terminate()
-        browser.wait(timeout=30)
+        pytest.fail(NO_CHROMIUM)
+    with chromium_page(tmp_path / "profile") as page:
+        yield page
 
 
 def _log_runs(folder: Path) -> None:
