@@ -34,8 +34,9 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.machine import cpu_model, machine_fingerprint
 from pipeline.common.paths import DATA_ROOT, MODEL_CHECKPOINT
 from pipeline.params.loading import load_params
+from pipeline.profiling.measures import StepEstimate
 from pipeline.profiling.processes import time_in_processes
-from pipeline.profiling.statistics import PairedRatio, StepEstimate, available_cores, paired_ratio
+from pipeline.profiling.statistics import PairedRatio, available_cores, paired_ratio
 from pipeline.profiling.worker import WorkerSpec
 
 INSIDE_GOAL = 0.90  # share of a rerun's ratios that must lie inside the first run's intervals

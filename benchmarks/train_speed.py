@@ -44,7 +44,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import yaml
 
@@ -204,25 +206,51 @@ def logged_epoch_seconds(tracking_uri: str) -> list[float]:
     return [metric.value for metric in sorted(history, key=lambda metric: metric.step)]
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One way of training that the benchmark times; `name` is how the table shows it and how its worker process
+    is told which to run."""
+
+    name: str
+    recipe: Literal["reference", "pipeline", "train stage"]
+    execution: str = "eager"
+    precision: str | None = None  # None: train.precision
+    tracked: bool = False  # the pipeline's loop with its MLflow and TensorBoard logging
+
+
+def variants_for(config: TrainConfig, device_name: str, stage: bool) -> tuple[list[Variant], Variant]:
+    """The variants to run and the one the headline ratio is about."""
+    reference = Variant("reference", "reference")
+    stage_variant = [Variant("train stage", "train stage")] if stage else []
+    if device_name == "cuda":
+        pairs = [(execution, precision) for execution in ("eager", "cuda_graph") for precision in ("fp32", "bf16")]
+        graphs = [Variant(f"{e} {p}", "pipeline", e, p) for e, p in pairs]
+        tracked = Variant("cuda_graph bf16+tracking", "pipeline", "cuda_graph", "bf16", tracked=True)
+        return [reference, *graphs, tracked, *stage_variant], graphs[-1]
+    pipeline = Variant("pipeline", "pipeline")
+    fp32 = [Variant("pipeline fp32", "pipeline", precision="fp32")] if config.precision != "fp32" else []
+    tracked = Variant("pipeline+tracking", "pipeline", tracked=True)
+    return [reference, pipeline, *fp32, tracked, *stage_variant], pipeline
+
+
 def worker(
-    variant: str, samples: int, seed: int, device_name: str, test_samples: int, epochs: int = 1
+    name: str, samples: int, seed: int, device_name: str, test_samples: int, epochs: int = 1
 ) -> tuple[float, float, float]:
-    """One run of `variant`, in this (fresh) process: (images/s, test accuracy, minor page faults per epoch).
-    The train stage variant tests on the whole test set, as the stage does."""
+    """One run of the variant `name`, in this (fresh) process: (images/s, test accuracy, minor page faults per
+    epoch). The train stage variant tests on the whole test set, as the stage does."""
     config = load_params().train
-    if variant == "reference":
+    variant = next(v for v in variants_for(config, device_name, stage=True)[0] if v.name == name)
+    if variant.recipe == "reference":
         return reference_epoch(
             config, samples, seed, device_name, test_samples, epochs
         )  # glibc's defaults, as its users get them
     tune_allocator()  # as every torch stage does (pipeline.common.allocator); $LAB_ALLOCATOR=default undoes it
-    if variant == "train stage":
+    if variant.recipe == "train stage":
         return stage_epoch(samples, seed, device_name, epochs)
-    # "pipeline", "pipeline+tracking", "pipeline fp32", "<execution> <precision>", "... +tracking"
-    tracked = variant.endswith("+tracking")
-    words = variant.removesuffix("+tracking").split()
-    execution = words[0] if words[0] in ("eager", "cuda_graph") else "eager"
-    precision = words[1] if len(words) > 1 else config.precision
-    return pipeline_epoch(config, samples, seed, device_name, precision, execution, tracked, test_samples, epochs)
+    precision = variant.precision or config.precision
+    return pipeline_epoch(
+        config, samples, seed, device_name, precision, variant.execution, variant.tracked, test_samples, epochs
+    )
 
 
 def run_worker(
@@ -330,17 +358,6 @@ def table(results: dict[str, list[Run]], reference: str) -> str:
     return "\n".join(lines)
 
 
-def variants_for(config: TrainConfig, device_name: str, stage: bool) -> tuple[list[str], str]:
-    """The variants to run and the one the headline ratio is about."""
-    if device_name == "cuda":
-        names = ["reference", *(f"{e} {p}" for e in ("eager", "cuda_graph") for p in ("fp32", "bf16"))]
-        return [*names, "cuda_graph bf16+tracking", *(["train stage"] if stage else [])], "cuda_graph bf16"
-    names = ["reference", "pipeline", "pipeline+tracking"]
-    if config.precision != "fp32":
-        names.insert(2, "pipeline fp32")
-    return [*names, *(["train stage"] if stage else [])], "pipeline"
-
-
 def main(arguments: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=60_000, help="training images per epoch (default: all)")
@@ -372,7 +389,7 @@ def main(arguments: list[str] | None = None) -> None:
     )
     started = time.perf_counter()
     results = run_variants(
-        variants,
+        [variant.name for variant in variants],
         args.repeats,
         config.seed,
         lambda name, seed: run_worker(
@@ -381,13 +398,16 @@ def main(arguments: list[str] | None = None) -> None:
     )
     print()
     print(table(results, "reference"))
-    paired = ratios(results, headline, "reference")
+    paired = ratios(results, headline.name, "reference")
+    spread = f"min-max {min(paired):.2f}-{max(paired):.2f}x"
     print(
-        f"\n{headline} vs reference: {statistics.median(paired):.2f}x (min-max {min(paired):.2f}-{max(paired):.2f}x "
+        f"\n{headline.name} vs reference: {statistics.median(paired):.2f}x ({spread} "
         f"over {len(paired)} paired repeats). {time.perf_counter() - started:.0f} s."
     )
-    tracked = next(name for name in variants if name.endswith("+tracking"))
-    cost = [100.0 * (1 / ratio - 1) for ratio in ratios(results, tracked, tracked.removesuffix("+tracking"))]
+    tracked = next(variant for variant in variants if variant.tracked)
+    same_loop = (tracked.recipe, tracked.execution, tracked.precision)
+    untracked = next(v for v in variants if (v.recipe, v.execution, v.precision) == same_loop and not v.tracked)
+    cost = [100.0 * (1 / ratio - 1) for ratio in ratios(results, tracked.name, untracked.name)]
     spread = f"min-max {min(cost):+.1f} to {max(cost):+.1f} %"
     print(f"tracking costs {statistics.median(cost):+.1f} % of the loop's time ({spread}).")
 

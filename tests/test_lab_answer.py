@@ -12,9 +12,10 @@ import dataclasses
 
 import pytest
 
+from pipeline.profiling.measures import Interval, MeasurementConditions
 from pipeline.profiling.processes import WorkerResult, combine
 from pipeline.profiling.record import ProfileRecord, TraceCheck
-from pipeline.profiling.statistics import Block, Interval, MeasurementConditions
+from pipeline.profiling.statistics import Block
 from pipeline.profiling.texts import measurement_warnings, operators_markdown, process_speed_sentence
 from pipeline.profiling.worker import WorkerSpec
 from pipeline.report.comparison import (

@@ -28,13 +28,14 @@ from pipeline.common.tables import NO_NUMBER, records_csv
 from pipeline.model.network import LabNet
 from pipeline.model.summary import summarize
 from pipeline.params.schema import ProfileMode
+from pipeline.profiling.measures import MeasurementConditions, StepAnatomy
 from pipeline.profiling.record import Combination, OperatorRow, TraceCheck, flop_rate, read_comparisons, read_record
 from pipeline.profiling.roofs import read_roofs
 from pipeline.profiling.run import ProfileResult, profile_combination
-from pipeline.profiling.statistics import Block, MeasurementConditions, estimate_step_time
+from pipeline.profiling.statistics import Block, estimate_step_time
 from pipeline.profiling.texts import measurement_warnings, operators_markdown
 from pipeline.profiling.timing import StepTiming
-from pipeline.profiling.trace_analysis import StepAnatomy, TraceAnalysis
+from pipeline.profiling.trace_analysis import TraceAnalysis
 from pipeline.profiling.worker import make_step
 from pipeline.tracking.hparams import SHOWN
 from pipeline.tracking.hparams import columns as hparams_columns

@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 
 from pipeline.profiling.artifacts import step_metrics
+from pipeline.profiling.measures import Interval, KernelStats, StepAnatomy, ratio
 from pipeline.profiling.peak import DRIFT_WINDOWS, measure_roofs, onednn_operands, onednn_product
 from pipeline.profiling.record import (
     AllocatorWhatIf,
@@ -26,9 +27,7 @@ from pipeline.profiling.record import (
     flop_rate,
 )
 from pipeline.profiling.roofs import MachineRoofs, read_roofs, write_roofs
-from pipeline.profiling.statistics import Interval, ratio
 from pipeline.profiling.texts import kernel_table_markdown
-from pipeline.profiling.trace_analysis import KernelStats, StepAnatomy
 from pipeline.report.allocator_whatif import allocator_markdown, allocator_sentences
 from pipeline.report.figures import cpu_vs_gpu_figure, roofline_figure
 from pipeline.report.roofline import UNDECIDED, roofline_chart, roofline_markdown, roofline_points

@@ -10,15 +10,12 @@ from pathlib import Path
 import pytest
 from scipy.stats import binom, t  # type: ignore[import-untyped]  # no stubs; an independent oracle
 
+from pipeline.profiling.measures import GOVERNOR_NOT_EXPOSED, Interval, MeasurementConditions, StepEstimate, ratio
 from pipeline.profiling.record import Timing
 from pipeline.profiling.roofs import SpeedDrift
 from pipeline.profiling.statistics import (
-    GOVERNOR_NOT_EXPOSED,
     PROCESSES_DISAGREE_ADVICE,
     Block,
-    Interval,
-    MeasurementConditions,
-    StepEstimate,
     available_cores,
     between_process_interval,
     cpu_governor,
@@ -29,7 +26,6 @@ from pipeline.profiling.statistics import (
     measurement_conditions,
     median_interval,
     paired_ratio,
-    ratio,
     t_975,
     two_speeds,
 )

@@ -38,7 +38,7 @@ def sample_grid(images: np.ndarray, labels: np.ndarray, per_class: int) -> np.nd
 
 
 def log_download(tracker: Tracker, config: DataConfig, result: DownloadResult) -> None:
-    import mlflow  # lazy: `import mlflow` ≈ 2 s
+    import mlflow
 
     tracker.log_params({f"data.{key}": value for key, value in section_as_dict(config).items()})
     tracker.log_params({f"source.{f.name}": f.source for f in result.files})
@@ -70,8 +70,8 @@ def split_dataset(
 ) -> MetaDataset:
     """One MNIST split as an MLflow dataset: named `mnist-<split>`, identified by the SHA-256 of its two
     files, so the download run (source: the mirror) and the train run (source: data/MNIST) log the same one."""
-    from mlflow.data.meta_dataset import MetaDataset  # lazy: `import mlflow` ≈ 2 s
-    from mlflow.types import Schema, TensorSpec  # lazy: `import mlflow` ≈ 2 s
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.types import Schema, TensorSpec
 
     return MetaDataset(  # type: ignore[abstract]  # concrete at run time; MLflow's annotation is off
         source=_dataset_source(source),
@@ -92,7 +92,7 @@ def log_training_inputs(
     """The splits the train stage read (from the workspace copy `root`, as the data manifest describes them)
     as inputs of its run, each tagged with the number of samples used; returns each split's (name, digest) as
     MLflow knows it, for metrics that describe that split (Tracker.log_metrics(dataset=...))."""
-    import mlflow  # lazy: `import mlflow` ≈ 2 s
+    import mlflow
 
     logged: dict[str, tuple[str, str]] = {}
 
@@ -108,7 +108,7 @@ def log_training_inputs(
 
 
 def _dataset_source(location: str) -> DatasetSource:
-    from mlflow.data.dataset_source_registry import resolve_dataset_source  # lazy: `import mlflow` ≈ 2 s
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
 
     with warnings.catch_warnings():
         # MLflow registers two equivalent local-file source classes and warns that it picked one.

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from pipeline.common.errors import PipelineError
 from pipeline.machines.runs import Machine, ProfileRun
+from pipeline.profiling.measures import Interval, Ratio, ratio
 from pipeline.profiling.record import Combination
-from pipeline.profiling.statistics import Interval, Ratio, ratio
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pipeline.common.errors import PipelineError
 from pipeline.common.machine import machine_id, machine_name
+from pipeline.profiling.measures import Interval
 from pipeline.profiling.record import METRIC_PREFIX, Combination
-from pipeline.profiling.statistics import Interval
 from pipeline.tracking.store import check_tracking_server
 from pipeline.tracking.tags import ID_TAG, NAME_TAG
 
@@ -204,8 +204,8 @@ def search_all_experiments(client: MlflowClient) -> list[Experiment]:
 
 def read_store(uri: str, experiment: str) -> tuple[list[ProfileRun], list[LeftOut]]:
     """The experiment's FINISHED profile runs from the store at `uri`, read and sorted out."""
-    from mlflow import MlflowClient  # lazy: `import mlflow` ≈ 2 s
-    from mlflow.exceptions import MlflowException  # lazy: `import mlflow` ≈ 2 s
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
 
     check_tracking_server(uri)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).exists():

@@ -87,7 +87,7 @@ class LabNet(nn.Module):
         """64 × 12 × 12 = 9216 for the lab's widths on 28×28 input, from the layers' own sizes.
 
         Arithmetic, not a forward pass: a pass on the meta device (no memory) imports torch._dynamo for its
-        shape functions, 2.8 s of every stage's start-up on a 2-vCPU EPYC, for one number."""
+        shape functions, seconds of every stage's start-up for one number."""
         channels, height, width = self.input_shape
         for layer in self.features:
             if isinstance(layer, nn.Conv2d | nn.MaxPool2d):

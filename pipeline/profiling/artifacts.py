@@ -9,6 +9,7 @@ from pipeline.common.outputs import AtomicOutputs
 from pipeline.common.paths import DeviceProfileOutputs, ProfileOutputs
 from pipeline.common.tables import records_csv
 from pipeline.params.schema import TrackingConfig
+from pipeline.profiling.measures import KernelStats
 from pipeline.profiling.record import (
     METRIC_PREFIX,
     DeviceComparisons,
@@ -19,7 +20,6 @@ from pipeline.profiling.record import (
     write_record,
 )
 from pipeline.profiling.texts import comparisons_markdown, kernels_markdown, operators_markdown, timing_summary
-from pipeline.profiling.trace_analysis import KernelStats
 from pipeline.tracking.tracker import open_tracker
 
 

@@ -5,9 +5,9 @@ on NVIDIA parts it is often quoted for TF32 or with sparsity); a large fp32 matr
 the libraries the model uses is what this machine can actually do, measured with the same thread count as
 the profile. On the GPU that is cuBLAS (torch.mm). On the CPU torch has two: BLAS (MKL) behind torch.mm
 and oneDNN behind the convolutions, and the same product is timed through both (oneDNN's as a 1x1
-convolution): the roof is the faster. They differ by 2x where MKL takes its AVX2 path on an AMD CPU with
-AVX-512 (Zen 5, 2 threads: torch.mm 224 GFLOP/s, oneDNN 448), where one library alone put the model's
-convolutions at 141 % of "peak". The memory roof is a STREAM
+convolution): the roof is the faster. They can differ by 2x (MKL takes its AVX2 path on an AMD CPU with
+AVX-512), and one library alone would put the model's convolutions above 100 % of "peak" (docs/measurements.md).
+The memory roof is a STREAM
 triad (a = b + s·c, three arrays far larger than any cache; STREAM's count: 3 × 4 bytes per element, no
 write-allocate traffic) through torch's own element-wise kernels.
 

@@ -29,13 +29,8 @@ from typing import IO, Protocol
 import torch
 
 from pipeline.common.errors import PipelineError
-from pipeline.profiling.statistics import (
-    Block,
-    MeasurementConditions,
-    estimate_over_processes,
-    own_spread_pct,
-    process_speeds,
-)
+from pipeline.profiling.measures import MeasurementConditions
+from pipeline.profiling.statistics import Block, estimate_over_processes, own_spread_pct, process_speeds
 from pipeline.profiling.timing import StepTiming
 from pipeline.profiling.worker import WorkerSpec, serve
 
@@ -123,8 +118,8 @@ class _ForkedServer:
 @contextlib.contextmanager
 def forked_worker_server(training: bool = True) -> Iterator[WorkerServer]:
     """The timing server forked from this process: the same server as `worker_server`'s, in a session of its
-    own and killed with its workers on the way out, without paying torch's imports a second time (1.7 s of
-    CPU, 3.1 s with torch._dynamo, per profile stage on a 2-vCPU AMD EPYC Zen 5).
+    own and killed with its workers on the way out, without paying torch's imports (seconds of CPU) a second time
+    per profile stage.
 
     Only for a process that has imported torch and run no tensor code yet, so that the server and every timing
     process forked from it start from the clean state a fresh `python -m pipeline.profiling.worker` has: no

@@ -22,8 +22,14 @@ from typing import Any, TypeVar
 from pipeline.common.errors import PipelineError
 from pipeline.common.typed import Dialect, build
 from pipeline.params.schema import Device, ProfileConfig, ProfileMode
-from pipeline.profiling.statistics import Interval, MeasurementConditions, StepEstimate
-from pipeline.profiling.trace_analysis import KernelStats, RangeStats, StepAnatomy
+from pipeline.profiling.measures import (
+    Interval,
+    KernelStats,
+    MeasurementConditions,
+    RangeStats,
+    StepAnatomy,
+    StepEstimate,
+)
 
 # Profiling runs the trained weights in fp32 whatever precision training used: the lab compares
 # operators and batch sizes, and a mixed-precision step would be a different program.

@@ -7,11 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.common.tables import NO_NUMBER
+from pipeline.profiling.measures import KernelStats
 from pipeline.profiling.record import DeviceComparisons, PairedComparison, ProfileRecord
 from pipeline.profiling.statistics import MIN_ORDER_STATISTIC_PROCESSES, PROCESSES_DISAGREE_ADVICE, two_speeds
-from pipeline.profiling.trace_analysis import (
-    KernelStats,
-)
 
 
 def measurement_warnings(record: ProfileRecord) -> list[str]:

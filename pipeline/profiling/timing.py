@@ -40,15 +40,9 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.profiling.measures import MeasurementConditions, StepEstimate
 from pipeline.profiling.record import Timing
-from pipeline.profiling.statistics import (
-    Block,
-    MeasurementConditions,
-    StepEstimate,
-    estimate_step_time,
-    load_average,
-    measurement_conditions,
-)
+from pipeline.profiling.statistics import Block, estimate_step_time, load_average, measurement_conditions
 
 # torch.utils.benchmark imports torch.utils.cpp_extension (for Timer's C++ mode, unused here), and that
 # import logs "No CUDA runtime is found, using CUDA_HOME=..." on machines with a CUDA toolkit but no GPU:

@@ -41,13 +41,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.common.errors import PipelineError
+from pipeline.profiling.measures import HOST_BOUND_BELOW_PCT, KernelStats, RangeStats, StepAnatomy, anatomy_verdict
 
 STEP_PREFIX = "ProfilerStep#"
 OPERATOR_NAME = re.compile(r"^(?!autograd::|torch::autograd::)[A-Za-z_]\w*::\w")
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})  # cuDNN/cuBLAS launch some kernels via the driver API
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 RANGE_CATEGORIES = frozenset({"user_annotation"})
-HOST_BOUND_BELOW_PCT = 50.0  # busy share under which a step is called host-bound (see StepAnatomy.verdict)
 
 
 @dataclass(frozen=True)
@@ -110,71 +110,6 @@ class CountedCall:
 # What implements a counted operator: an operator below it whose name says it does the same work. The chain is
 # followed while exactly one child matches (a bias `aten::add_` or `aten::reshape` beside the kernel never does).
 _IMPLEMENTATION_FAMILIES = (re.compile(r"conv"), re.compile(r"mm|gemm|matmul"), re.compile(r"attention"))
-
-
-@dataclass(frozen=True)
-class RangeStats:
-    """A profiler range (record_function / user annotation): listed apart, never ranked with operators."""
-
-    name: str
-    calls_per_step: float
-    cpu_ms: float  # its span on the CPU, per step
-    device_ms: float  # kernels launched inside it, per step
-
-
-@dataclass(frozen=True)
-class KernelStats:
-    """One GPU kernel (or copy / memset), per traced step."""
-
-    kernel: str  # short readable name
-    launches_per_step: float
-    device_ms: float  # GPU time per step
-    mean_us: float  # per launch
-    share_pct: float  # of all device activity time (the GPU's busy time when nothing overlaps, as on one stream)
-    launched_by: str  # the ATen operators whose calls launched it, most time first
-    full_name: str
-
-
-@dataclass(frozen=True)
-class StepAnatomy:
-    """Where a step's wall time goes.
-
-    `busy` is, on a GPU, the union of kernel/copy/memset intervals inside the step; on the CPU, the
-    union of the ATen operators' intervals (the step's time inside operators). `idle_pct` is the rest:
-    on a GPU the time it waits for the host to launch work, on the CPU the time spent in Python, the
-    autograd engine and the optimizer's loop between operators.
-    """
-
-    device: str  # cpu | cuda
-    traced_steps: int
-    step_ms: float  # median ProfilerStep span (traced: the profiler's hooks make it longer than untimed steps)
-    busy_ms: float  # per step, mean
-    busy_pct: float  # total busy time / total step span
-    idle_pct: float
-    launches_per_step: float  # device activities per step (kernels, copies, memsets); 0 on the CPU
-    mean_launch_us: float  # mean device activity length; 0 on the CPU
-    launch_call_ms: float  # per step, CPU time in the calls that launched device work (cudaLaunchKernel & co.)
-    verdict: str  # anatomy_verdict's words (records before format 4: host-bound | device-bound)
-    reason: str  # one line with the numbers behind the verdict
-
-    @property
-    def host_bound(self) -> bool:
-        """Most of the step is spent outside the device's work (GPU idle; CPU outside ATen operators)."""
-        return self.busy_pct < HOST_BOUND_BELOW_PCT
-
-    @property
-    def words(self) -> str:
-        """The verdict in this version's words, whatever words the record was written with."""
-        return anatomy_verdict(self.device, self.busy_pct)
-
-
-def anatomy_verdict(device: str, busy_pct: float) -> str:
-    """On a GPU: `host-bound` (the GPU is idle most of the step, waiting for launches) or `GPU-bound`. On a CPU
-    there is no second device to wait for: `overhead-bound` (most of the step is Python and framework code between
-    ATen operators) or `operator-bound` (the operators' own work sets the pace)."""
-    if device == "cpu":
-        return "overhead-bound" if busy_pct < HOST_BOUND_BELOW_PCT else "operator-bound"
-    return "host-bound" if busy_pct < HOST_BOUND_BELOW_PCT else "GPU-bound"
 
 
 @dataclass(frozen=True)
@@ -541,29 +476,40 @@ def _covered(step: TraceEvent, events: Iterable[TraceEvent]) -> float:
     return covered
 
 
-# Readable names for the kernels this kind of model runs; the first matching rule wins.
-_KERNEL_KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(pattern, re.IGNORECASE), label)
-    for pattern, label in (
-        (r"^Memcpy", "memory copy"),
-        (r"^Memset", "memset"),
-        (r"multi_tensor_apply_kernel", "optimizer multi-tensor update"),
-        (r"wgrad", "cuDNN convolution weight gradient"),
-        (r"dgrad", "cuDNN convolution input gradient"),
-        (r"fprop|implicit_gemm|implicit_convolve|convolve_|conv2d|winograd", "cuDNN convolution"),
-        (r"splitKreduce", "cuBLAS split-K reduction"),
-        (r"xmma_gemm|gemm|gemv|cublas|cutlass", "cuBLAS GEMM"),
-        (r"max_pool\w*forward|maxpool\w*fwd", "max pooling forward"),
-        (r"max_pool\w*backward|maxpool\w*bwd", "max pooling backward"),
-        (r"pool", "pooling"),
-        (r"log_softmax|softmax", "softmax"),
-        (r"nll_loss", "NLL loss"),
-        (r"fused_dropout|dropout|bernoulli", "dropout"),
-        (r"reduce_kernel", "reduction"),
-        (r"fill", "fill"),
-        (r"elementwise_kernel|elementwise", "elementwise"),
-        (r"index|scatter|gather", "indexing"),
-    )
+@dataclass(frozen=True)
+class KernelKind:
+    """A readable name for the kernels whose name matches `pattern`."""
+
+    label: str
+    pattern: re.Pattern[str]
+    named_in_full: bool = False  # a copy or memset: its trace name is already readable (`Memcpy HtoD`)
+    operation_hint: bool = True  # add the operation the kernel applies, where its name says one
+
+
+def _kind(label: str, pattern: str, **how: bool) -> KernelKind:
+    return KernelKind(label, re.compile(pattern, re.IGNORECASE), **how)
+
+
+# The kernels this kind of model runs; the first matching kind wins.
+KERNEL_KINDS = (
+    _kind("memory copy", r"^Memcpy", named_in_full=True),
+    _kind("memset", r"^Memset", named_in_full=True),
+    _kind("optimizer multi-tensor update", r"multi_tensor_apply_kernel"),
+    _kind("cuDNN convolution weight gradient", r"wgrad"),
+    _kind("cuDNN convolution input gradient", r"dgrad"),
+    _kind("cuDNN convolution", r"fprop|implicit_gemm|implicit_convolve|convolve_|conv2d|winograd"),
+    _kind("cuBLAS split-K reduction", r"splitKreduce"),
+    _kind("cuBLAS GEMM", r"xmma_gemm|gemm|gemv|cublas|cutlass", operation_hint=False),
+    _kind("max pooling forward", r"max_pool\w*forward|maxpool\w*fwd", operation_hint=False),
+    _kind("max pooling backward", r"max_pool\w*backward|maxpool\w*bwd", operation_hint=False),
+    _kind("pooling", r"pool"),
+    _kind("softmax", r"log_softmax|softmax", operation_hint=False),
+    _kind("NLL loss", r"nll_loss"),
+    _kind("dropout", r"fused_dropout|dropout|bernoulli"),
+    _kind("reduction", r"reduce_kernel"),
+    _kind("fill", r"fill"),
+    _kind("elementwise", r"elementwise_kernel|elementwise"),
+    _kind("indexing", r"index|scatter|gather"),
 )
 _ARCH = re.compile(r"\b(sm\d{2,3})_")
 _HINTS = re.compile(
@@ -578,10 +524,10 @@ def short_kernel_name(full_name: str) -> str:
     `sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_…_cudnn` -> "cuDNN convolution (sm90, TF32)";
     `void at::native::…::multi_tensor_apply_kernel<…Sqrt…>` -> "optimizer multi-tensor update (sqrt)".
     """
-    kind = next((label for pattern, label in _KERNEL_KINDS if pattern.search(full_name)), None)
+    kind = next((kind for kind in KERNEL_KINDS if kind.pattern.search(full_name)), None)
     if kind is None:
         return _function_name(full_name)
-    if kind in ("memory copy", "memset"):
+    if kind.named_in_full:
         return full_name
     details = []
     arch = _ARCH.search(full_name)
@@ -590,9 +536,9 @@ def short_kernel_name(full_name: str) -> str:
     if "tf32" in full_name.lower():
         details.append("TF32")
     hint = _HINTS.search(full_name)
-    if hint and kind not in ("cuBLAS GEMM", "max pooling forward", "max pooling backward", "softmax"):
+    if hint and kind.operation_hint:
         details.append(next(group for group in hint.groups() if group).lower())
-    return f"{kind} ({', '.join(details)})" if details else kind
+    return f"{kind.label} ({', '.join(details)})" if details else kind.label
 
 
 def _function_name(full_name: str) -> str:

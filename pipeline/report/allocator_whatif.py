@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.common.tables import markdown_table
+from pipeline.profiling.measures import Interval, ratio
 from pipeline.profiling.record import AllocatorWhatIf, ProfileRecord
-from pipeline.profiling.statistics import Interval, ratio
 
 SHIFTED_OPERATORS = 2  # operators named per combination: those whose share moves the most
 

@@ -11,8 +11,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipeline.profiling.measures import Interval
 from pipeline.profiling.record import Combination, DeviceComparisons, PairedComparison, ProfileRecord
-from pipeline.profiling.statistics import PROCESSES_DISAGREE_ADVICE, Interval
+from pipeline.profiling.statistics import PROCESSES_DISAGREE_ADVICE
 from pipeline.profiling.texts import every_process_words, ratio_table
 
 CONVOLUTION = re.compile(r"conv", re.IGNORECASE)

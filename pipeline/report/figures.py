@@ -21,7 +21,7 @@ from matplotlib.text import Text
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from pipeline.common.errors import PipelineError
-from pipeline.profiling.statistics import Interval
+from pipeline.profiling.measures import Interval
 from pipeline.report.step_analysis import StepFacts
 
 matplotlib.use("Agg")  # no display: CI and servers

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from pipeline.common.paths import GRAPH_SVG, TRAIN_EPOCHS_PLOT, TRAIN_STEPS_PLOT
 from pipeline.params.schema import Params
+from pipeline.profiling.measures import ratio
 from pipeline.profiling.record import Combination, DeviceComparisons, PairedComparison
-from pipeline.profiling.statistics import ratio
 from pipeline.report.catalogue import HTML_LANGUAGE, Catalogue, load_catalogue
 from pipeline.report.comparison import ComparisonRow
 from pipeline.report.figures import read_csv

@@ -21,8 +21,8 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from pipeline.common.tables import markdown_table
+from pipeline.profiling.measures import Interval
 from pipeline.profiling.record import ProfileRecord
-from pipeline.profiling.statistics import Interval
 from pipeline.report.comparison import rate_interval
 from pipeline.report.figures import save_figure
 

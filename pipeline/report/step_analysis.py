@@ -11,9 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.common.tables import NO_NUMBER, markdown_table
+from pipeline.profiling.measures import Interval, KernelStats, StepAnatomy, ratio
 from pipeline.profiling.record import FlopRate, ProfileRecord
-from pipeline.profiling.statistics import Interval, ratio
-from pipeline.profiling.trace_analysis import KernelStats, StepAnatomy
 from pipeline.report.comparison import rate_interval
 
 

@@ -226,7 +226,7 @@ def prepare_experiment(uri: str, experiment: str, root: Path) -> str:
     A fresh SQLite store is migrated by whichever process opens it first; two doing so at once
     race ("duplicate column name"), so creation happens under a file lock beside the database.
     """
-    from mlflow import MlflowClient  # lazy: `import mlflow` ≈ 2 s
+    from mlflow import MlflowClient
 
     database = _sqlite_path(uri)
     lock_context: contextlib.AbstractContextManager[object] = (

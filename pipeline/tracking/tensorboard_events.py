@@ -1,14 +1,14 @@
 """TensorBoard event files without torch: scalars, text and ready-made summaries.
 
-torch's SummaryWriter imports torch (~4 s) even to write a scalar; the report and download stages
+torch's SummaryWriter imports torch (seconds) even to write a scalar; the report and download stages
 need only scalars, text and PNGs, so the tracker writes TensorBoard's own protocol buffers, in the same
 format SummaryWriter produces (`simple_value` scalars, the text plugin's string tensors under
 `<tag>/text_summary`).
 
 The records are framed here (TFRecord: length, masked CRC32C of the length, event, masked CRC32C of the event)
 instead of by TensorBoard's EventFileWriter: that one computes CRC32C in pure Python on a thread of its own
-behind a queue of 10, and a training loop handing it a window of step metrics waited ~125 µs a scalar
-(AMD EPYC, 2 vCPUs; `python -m benchmarks.logging_cost`). google-crc32c computes it in C: a few µs a scalar,
+behind a queue of 10, and a training loop handing it a window of step metrics waited on it for every scalar
+(`python -m benchmarks.logging_cost`). google-crc32c computes it in C: a few µs a scalar,
 written synchronously into a buffer that `flush()` (the tracker's, every 10 s) and `close()` empty.
 """
 

@@ -115,14 +115,14 @@ class Tracker:
 
     def log_params(self, params: Mapping[str, Any], prefix: str = "") -> None:
         """MLflow params (write-once per run), each key prefixed with `prefix` (e.g. `graph.`)."""
-        from mlflow.entities import Param  # lazy: `import mlflow` ≈ 2 s
+        from mlflow.entities import Param
 
         # Values pass through `redact`: a URL with a password must not become a stored param.
         entries = [Param(f"{prefix}{key}", redact(str(value))) for key, value in params.items()]
         self.client.log_batch(self.run_id, params=entries)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
-        from mlflow.entities import RunTag  # lazy: `import mlflow` ≈ 2 s
+        from mlflow.entities import RunTag
 
         self.client.log_batch(self.run_id, tags=[RunTag(key, str(value)) for key, value in tags.items()])
 
@@ -183,7 +183,7 @@ class Tracker:
         """(tag, value, timestamp ms, step) entries to MLflow, in batches of its limit, and to TensorBoard (as
         scalars, unless not `tensorboard`). `wait`: the store has them on return; otherwise MLflow's async logging
         writes them and flush() waits. `model_id` and `dataset`: as in `log_metrics`."""
-        from mlflow.entities import Metric  # lazy: `import mlflow` ≈ 2 s
+        from mlflow.entities import Metric
 
         name, digest = dataset or (None, None)
         for start in range(0, len(entries), MLFLOW_BATCH_LIMIT):
@@ -202,8 +202,8 @@ class Tracker:
         """Send the buffered step metrics and wait until the store has them: a store error surfaces here.
 
         What is still buffered goes synchronously, in this thread: the caller waits for it anyway, and one
-        writer costs SQLite half of what MLflow's pool of asynchronous writers does (~100 against ~200 µs a
-        metric, AMD EPYC 2 vCPUs), so a short training's whole record costs it ~6 µs a step instead of ~12."""
+        writer costs SQLite about half of what MLflow's pool of asynchronous writers does per metric
+        (`python -m benchmarks.logging_cost`)."""
         operations, self._operations = self._operations, []
         for operation in operations:
             operation.wait()  # type: ignore[no-untyped-call]
@@ -287,7 +287,7 @@ class Tracker:
         logged: tags `train.run_id`, `model.id`, `model.uri`, and the model as an input of this run (MLflow
         lists it under the run's logged models). Returns the train run's id; None (and no tags) when this
         store holds no such run, e.g. a checkpoint pulled from a DVC remote that another store tracked."""
-        from mlflow.entities import LoggedModelInput  # lazy: `import mlflow` ≈ 2 s
+        from mlflow.entities import LoggedModelInput
 
         train = training_run(self.client, self.experiment_id, model_digest)
         if train is None:
@@ -384,7 +384,7 @@ def open_tracker(
     and nvidia-ml-py are present) into `system/*` metrics while the run is open, every
     SYSTEM_METRICS_INTERVAL_S unless $MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL says otherwise.
     """
-    import mlflow  # lazy: `import mlflow` ≈ 2 s
+    import mlflow
 
     explicit_root = root is not None
     root = root or project_root()
@@ -469,7 +469,7 @@ def one_try_each() -> Iterator[None]:
 
 def _clean_up(tracker: Tracker, uri: str, run_name: str, status: str, failure: PipelineError | None) -> None:
     """What `stage_run` does however the stage ended: what the store still takes, the event file, the run's end."""
-    import mlflow  # lazy: `import mlflow` ≈ 2 s
+    import mlflow
 
     if tracker._pending or tracker._operations:  # interrupted or failed: keep what the store still takes
         with contextlib.suppress(mlflow.exceptions.MlflowException, OSError):
@@ -500,8 +500,8 @@ def _start_run(
     """The stage's run started (the active fluent run) under its pipeline parent: (client, experiment id, run id,
     parent run id).
     A store that fails here stops the stage before any work."""
-    import mlflow  # lazy: `import mlflow` ≈ 2 s
-    from mlflow import MlflowClient  # lazy: `import mlflow` ≈ 2 s
+    import mlflow
+    from mlflow import MlflowClient
     from sqlalchemy.exc import SQLAlchemyError  # lazy: MLflow's
 
     try:
@@ -548,7 +548,7 @@ def _start_run(
 def _reflect_in_parent(tracker: Tracker) -> None:
     """The pipeline parent's status follows this run's end (lineage.reflect_children); a store that fails here
     leaves the parent's old status, said on stderr, and does not fail a stage whose own run ended."""
-    import mlflow  # lazy: `import mlflow` ≈ 2 s
+    import mlflow
 
     if not tracker.parent_run_id:
         return
@@ -565,7 +565,7 @@ def _reflect_in_parent(tracker: Tracker) -> None:
 def _end_run(tracker: Tracker, uri: str, run_name: str, status: str, failure: PipelineError | None) -> None:
     """End the run with `status`; a FINISHED run becomes the workspace's current one for its stage. A store
     that fails here adds that to `failure`, or fails a stage that had finished."""
-    import mlflow  # lazy: `import mlflow` ≈ 2 s
+    import mlflow
 
     try:
         if status == "FINISHED":

@@ -144,7 +144,7 @@ def log_model(tracker: Tracker, result: TrainingResult, test_dataset: tuple[str,
     `serving_device()`. So the model is exported for that device, and loads and predicts on the machine
     that logged it, GPU or not; the checkpoint (weights saved from the CPU) is the portable copy.
     """
-    import mlflow  # lazy: `import mlflow` ≈ 2 s
+    import mlflow
 
     device = serving_device()
     model, step = result.model, result.optimizer_steps
@@ -216,7 +216,7 @@ def register_model(
     stage: the clean-up would run exactly when things are failing (a signal, a dying store) and could itself
     fail, leaving the lie in place. A failure here leaves the outputs written and the run FAILED, and says so.
     """
-    import mlflow  # lazy: `import mlflow` ≈ 2 s
+    import mlflow
 
     run_tags = tracker.client.get_run(tracker.run_id).data.tags
     version_tags = {**{key: run_tags[key] for key in VERSION_RUN_TAGS if key in run_tags}, **tags}

@@ -1,8 +1,8 @@
 """Steps captured once in a CUDA graph and replayed: the host launches a whole step in one call.
 
-Why: an eager step of the lab CNN launches ~60 small kernels, and on an H100 the GPU sat idle for most
-of every step (kernel time a small fraction of the step span): the host's launches, not the GPU's
-arithmetic, set the pace. A replayed graph launches all of them at once.
+Why: an eager step of the lab CNN launches ~60 small kernels, and a fast GPU sits idle for most of every step
+(kernel time a small fraction of the step span): the host's launches, not the GPU's arithmetic, set the pace.
+A replayed graph launches all of them at once.
 
 What a captured step must respect (PyTorch docs, "CUDA Graphs"):
 - The graph replays fixed device addresses: inputs go through static buffers that each call copies

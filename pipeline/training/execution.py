@@ -3,9 +3,9 @@
 - execution `auto` = `cuda_graph` on a CUDA device (a replayed graph removes the per-kernel launch cost
   that bounds an eager step of this small CNN there), `eager` elsewhere (CPU steps are bound by
   arithmetic; CUDA graphs exist only on CUDA).
-- precision `auto` on CUDA is decided by measurement, per device and execution mode: on an H100 eager
-  bf16 autocast was slower than fp32 (the casts are extra launches) while graph-replayed bf16 was faster.
-  Elsewhere the rule stays as before: bf16 where the device computes it natively.
+- precision `auto` on CUDA is decided by measurement, per device and execution mode: eager bf16 autocast
+  can be slower than fp32 there (the casts are extra launches) while graph-replayed bf16 is faster.
+  Elsewhere: bf16 where the device computes it natively.
 Both choices are recorded with the run (MLflow `runtime.*` params and the checkpoint) with the reason.
 """
 

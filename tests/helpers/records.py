@@ -26,8 +26,8 @@ from mlflow.entities import Metric, Param, RunTag
 
 from pipeline.common.machine import IDENTITY_KEYS
 from pipeline.profiling import record as profile_record
-from pipeline.profiling.statistics import GOVERNOR_NOT_EXPOSED, Block, MeasurementConditions, estimate_step_time
-from pipeline.profiling.trace_analysis import StepAnatomy
+from pipeline.profiling.measures import GOVERNOR_NOT_EXPOSED, MeasurementConditions, StepAnatomy
+from pipeline.profiling.statistics import Block, estimate_step_time
 from pipeline.tracking.tags import identity_tags
 from tests.helpers.repo import REPO_PARAMS, SHARED_REFERENCE
 

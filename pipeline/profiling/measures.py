@@ -1,0 +1,231 @@
+"""The numbers a profile record holds, as types: an estimate with its interval and a ratio of two, the step time
+estimate, the conditions a measurement ran in, and what a trace says of a step (its anatomy, its kernels, its
+profiler ranges).
+
+The contract between the profile stage and its readers (pipeline.profiling.record, the report): torch-free, and
+free of any analysis, which produces these values (pipeline.profiling.statistics, pipeline.profiling.trace_analysis)
+and imports them from here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate and its confidence interval, in one unit (ms, or a unitless ratio)."""
+
+    value: float
+    low: float
+    high: float
+
+    @property
+    def half_width_pct(self) -> float:
+        """The larger side of the interval in % of the value: the interval lies within value ± this."""
+        if self.value <= 0:
+            return math.inf
+        return 100.0 * max(self.value - self.low, self.high - self.value) / self.value
+
+    def scaled(self, factor: float) -> Interval:
+        """The same estimate in another unit (factor > 0): per step -> per sample is a division by the batch."""
+        return Interval(self.value * factor, self.low * factor, self.high * factor)
+
+    def overlaps(self, other: Interval) -> bool:
+        return self.low <= other.high and other.low <= self.high
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """What one combination's timing says: the median step time, its spread and its uncertainty."""
+
+    batch_size: int
+    median_ms: float  # per step: median of the blocks' per-step means
+    iqr_ms: float  # interquartile range of the blocks' per-step means (their spread, not the uncertainty)
+    ci_low_ms: float  # 95 % confidence interval of the median
+    ci_high_ms: float
+    steps: int  # measured, over all blocks
+    blocks: int
+    ci_target_pct: float
+    processes: int = 1  # fresh processes timed; with more than one, the interval is the spread between them
+
+    @property
+    def interval(self) -> Interval:
+        return Interval(self.median_ms, self.ci_low_ms, self.ci_high_ms)
+
+    @property
+    def ci_half_width_pct(self) -> float:
+        return self.interval.half_width_pct
+
+    @property
+    def noisy(self) -> bool:
+        """The interval is wider than `ci_target_pct`: with several processes, they disagree by more than the
+        target (each settled at its own speed); in one process, its blocks did before the budget ran out."""
+        return not self.ci_half_width_pct <= self.ci_target_pct
+
+    @property
+    def per_sample(self) -> Interval:
+        return self.interval.scaled(1.0 / self.batch_size)
+
+    @property
+    def throughput_samples_per_s(self) -> float:
+        return 1000.0 * self.batch_size / self.median_ms
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """numerator / denominator of two estimates, with an interval built from both intervals' ends.
+
+    [low_a / high_b, high_a / low_b] covers the true ratio whenever both intervals cover their true
+    values (at least 0.95² ≈ 90 % for two independent 95 % intervals; more in practice, as both
+    would have to miss on opposite sides). It contains 1 exactly when the two intervals overlap, so
+    "no measurable difference" and the printed interval can never disagree.
+    """
+
+    value: float
+    low: float
+    high: float
+
+    @property
+    def measurable(self) -> bool:
+        """False when the data cannot tell the two apart (the interval contains 1)."""
+        return not self.low <= 1.0 <= self.high
+
+    @property
+    def half_width_pct(self) -> float:
+        """The larger side of the interval in % of the value."""
+        return Interval(self.value, self.low, self.high).half_width_pct
+
+    def bounds(self) -> str:
+        """`2.95-3.30x` (the 95 % interval), or a note that the data bound nothing."""
+        if not math.isfinite(self.high):
+            return "too few timed blocks to bound the ratio"
+        return f"{_format_ratio(self.low)}-{_format_ratio(self.high)}x"
+
+    def describe(self) -> str:
+        """`3.12x (2.95-3.30x)`, or `no measurable difference (0.97-1.04x)` when the interval contains 1."""
+        if not self.measurable:
+            return f"no measurable difference ({self.bounds()})"
+        return f"{_format_ratio(self.value)}x ({self.bounds()})"
+
+
+def ratio(numerator: Interval, denominator: Interval) -> Ratio:
+    if min(numerator.low, denominator.low, numerator.value, denominator.value) <= 0:
+        # An interval reaching 0 (too few blocks) or a zero time: the data bound nothing.
+        value = numerator.value / denominator.value if denominator.value > 0 else math.inf
+        return Ratio(value, 0.0, math.inf)
+    return Ratio(
+        numerator.value / denominator.value, numerator.low / denominator.high, numerator.high / denominator.low
+    )
+
+
+def _format_ratio(value: float) -> str:
+    return f"{value:.2f}" if value < 100 else f"{value:.0f}"
+
+
+GOVERNOR_NOT_EXPOSED = "not exposed"  # most VMs have no cpufreq interface
+
+
+@dataclass(frozen=True)
+class MeasurementConditions:
+    """The machine's state around a measurement: what a reader needs to trust (or distrust) it.
+
+    Plain int/float/str fields: it is stored as is in the profile record (pipeline.profiling.record).
+    """
+
+    load_average_before: float  # 1-minute load average (runnable + waiting threads), includes this process
+    load_average_after: float
+    cores: int  # CPUs this process may run on
+    threads: int  # torch intra-op threads used while timing
+    cpu_governor: str  # CPU frequency governor, or GOVERNOR_NOT_EXPOSED
+
+    @property
+    def busy(self) -> bool:
+        """More runnable threads than cores: the measured steps had to share the CPUs."""
+        return max(self.load_average_before, self.load_average_after) > self.cores
+
+    def warning(self, measured: str = "step times") -> str | None:
+        """What a busy machine did to the `measured` numbers; None on a quiet one."""
+        if not self.busy:
+            return None
+        return (
+            f"the machine was busy while measuring (load average {self.load_average_before:.2f} before, "
+            f"{self.load_average_after:.2f} after, on {self.cores} cores): {measured} are likely inflated and "
+            "less stable; rerun on a quiet machine"
+        )
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "load_average_before": self.load_average_before,
+            "load_average_after": self.load_average_after,
+            "machine_busy": float(self.busy),
+        }
+
+
+HOST_BOUND_BELOW_PCT = 50.0  # busy share under which a step is called host-bound (see StepAnatomy.verdict)
+
+
+@dataclass(frozen=True)
+class RangeStats:
+    """A profiler range (record_function / user annotation): listed apart, never ranked with operators."""
+
+    name: str
+    calls_per_step: float
+    cpu_ms: float  # its span on the CPU, per step
+    device_ms: float  # kernels launched inside it, per step
+
+
+@dataclass(frozen=True)
+class KernelStats:
+    """One GPU kernel (or copy / memset), per traced step."""
+
+    kernel: str  # short readable name
+    launches_per_step: float
+    device_ms: float  # GPU time per step
+    mean_us: float  # per launch
+    share_pct: float  # of all device activity time (the GPU's busy time when nothing overlaps, as on one stream)
+    launched_by: str  # the ATen operators whose calls launched it, most time first
+    full_name: str
+
+
+@dataclass(frozen=True)
+class StepAnatomy:
+    """Where a step's wall time goes.
+
+    `busy` is, on a GPU, the union of kernel/copy/memset intervals inside the step; on the CPU, the
+    union of the ATen operators' intervals (the step's time inside operators). `idle_pct` is the rest:
+    on a GPU the time it waits for the host to launch work, on the CPU the time spent in Python, the
+    autograd engine and the optimizer's loop between operators.
+    """
+
+    device: str  # cpu | cuda
+    traced_steps: int
+    step_ms: float  # median ProfilerStep span (traced: the profiler's hooks make it longer than untimed steps)
+    busy_ms: float  # per step, mean
+    busy_pct: float  # total busy time / total step span
+    idle_pct: float
+    launches_per_step: float  # device activities per step (kernels, copies, memsets); 0 on the CPU
+    mean_launch_us: float  # mean device activity length; 0 on the CPU
+    launch_call_ms: float  # per step, CPU time in the calls that launched device work (cudaLaunchKernel & co.)
+    verdict: str  # anatomy_verdict's words (records before format 4: host-bound | device-bound)
+    reason: str  # one line with the numbers behind the verdict
+
+    @property
+    def host_bound(self) -> bool:
+        """Most of the step is spent outside the device's work (GPU idle; CPU outside ATen operators)."""
+        return self.busy_pct < HOST_BOUND_BELOW_PCT
+
+    @property
+    def words(self) -> str:
+        """The verdict in this version's words, whatever words the record was written with."""
+        return anatomy_verdict(self.device, self.busy_pct)
+
+
+def anatomy_verdict(device: str, busy_pct: float) -> str:
+    """On a GPU: `host-bound` (the GPU is idle most of the step, waiting for launches) or `GPU-bound`. On a CPU
+    there is no second device to wait for: `overhead-bound` (most of the step is Python and framework code between
+    ATen operators) or `operator-bound` (the operators' own work sets the pace)."""
+    if device == "cpu":
+        return "overhead-bound" if busy_pct < HOST_BOUND_BELOW_PCT else "operator-bound"
+    return "host-bound" if busy_pct < HOST_BOUND_BELOW_PCT else "GPU-bound"
