@@ -15,7 +15,6 @@ import html
 import io
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -24,10 +23,10 @@ from matplotlib import font_manager
 from matplotlib.ft2font import FT2Font
 from PIL import Image
 
+from tests.helpers.browser import CHROMIUM, NO_CHROMIUM
 from tests.helpers.projects import run_report_stage
 
 pytestmark = pytest.mark.browser
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 PROBE = """<script>
 function drawn(character) {
@@ -61,7 +60,7 @@ def _render(page: Path) -> tuple[dict[str, object], str]:
 
 def test_the_chinese_handin_page_shows_its_figures_and_no_box_glyphs(tmp_path: Path) -> None:
     if CHROMIUM is None:
-        pytest.fail("no Chromium on PATH: install Debian's `chromium` package to run the browser tests")
+        pytest.fail(NO_CHROMIUM)
     project = tmp_path / "project"
     project.mkdir()
     run_report_stage(project, "handin-page")

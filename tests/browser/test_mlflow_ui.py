@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import urllib.parse
 from collections.abc import Iterator
@@ -23,10 +22,10 @@ from pipeline.common.outputs import AtomicOutputs
 from pipeline.params.schema import TrackingConfig
 from pipeline.tracking.store import ui_url
 from pipeline.tracking.tracker import open_tracker
+from tests.helpers.browser import CHROMIUM, NO_CHROMIUM
 from tests.helpers.servers import running_mlflow_server
 
 pytestmark = pytest.mark.browser
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 ERROR_BANNERS = re.compile(r"Something went wrong|Request failed|Error:|Failed to fetch|Page not found", re.IGNORECASE)
 COMBINATIONS = ("1-cpu-train", "64-cpu-train")
 
@@ -43,7 +42,7 @@ def server_with_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store
     """A server over a store holding what the pipeline's tracker logs for two profile combinations, and a report
     run that `dvc exp run` made from their outputs (the stages it did not rerun)."""
     if CHROMIUM is None:
-        pytest.fail("no Chromium on PATH: install Debian's `chromium` package to run the browser tests")
+        pytest.fail(NO_CHROMIUM)
     folder = tmp_path_factory.mktemp("ui")
     (folder / "params.yaml").write_text("profile: {batch_sizes: [1, 64]}\n")
     run_ids = []

@@ -8,23 +8,22 @@ the logged report.md names each figure's artifact instead (see pipeline/report/l
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 
+from tests.helpers.browser import CHROMIUM, NO_CHROMIUM
 from tests.helpers.projects import run_report_stage
 from tests.helpers.servers import running_mlflow_server
 
 pytestmark = pytest.mark.browser
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
 def test_mlflow_previews_the_logged_report_with_each_figure_named(tmp_path: Path) -> None:
     if CHROMIUM is None:
-        pytest.fail("no Chromium on PATH: install Debian's `chromium` package to run the browser tests")
+        pytest.fail(NO_CHROMIUM)
     project = tmp_path / "project"
     project.mkdir()
     run_report_stage(project, "report-preview")
