@@ -375,6 +375,10 @@ VALUE_TYPOS = {
         "tensorboard_dir: ../outside",
         "`tracking.tensorboard_dir` = '../outside' is not allowed",
     ),
+    "  languages:\n  - zh\n": (
+        "  languages:\n  - fr\n",
+        "`report.languages[0]` = 'fr' is not allowed; choose one of 'zh', 'en'",
+    ),
     "\ntracking:\n": ("\noptimiser: {name: sgd}\ntracking:\n", "`optimiser` is not a known key"),
     "mirrors:\n": (
         "mirrors:\n  - https://alice:hunter2@example.org/mnist/\n",
