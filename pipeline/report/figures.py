@@ -196,12 +196,6 @@ def _plain_log_y(axes: Axes) -> None:
     axes.yaxis.set_minor_formatter(NullFormatter())
 
 
-def figure_texts(figure: Figure) -> list[str]:
-    """Every visible text the figure draws (titles, labels, tick labels, legends, annotations), once drawn."""
-    figure.canvas.draw()  # tick labels are only formatted when the figure is drawn
-    return [text.get_text() for text in _texts(figure)]
-
-
 def missing_glyphs(figure: Figure) -> dict[str, str]:
     """Font file name -> the characters of the figure's text it has no glyph for. matplotlib draws each of those
     as an empty box and only warns, so a figure with Chinese labels and a Latin-only font looks fine to the code."""
@@ -217,6 +211,7 @@ def missing_glyphs(figure: Figure) -> dict[str, str]:
 
 
 def _texts(figure: Figure) -> list[Text]:
+    """Every visible text of a drawn figure (titles, labels, tick labels, legends, annotations)."""
     return [text for text in figure.findobj(Text) if text.get_visible() and text.get_text().strip()]
 
 
@@ -238,6 +233,7 @@ def save_figure(figure: Figure, target: Path) -> None:
             "Keep figure text to characters the DejaVu fonts bundled with matplotlib have (numbers, operator names, "
             "units)."
         )
-    metadata = {"Description": "\n".join(figure_texts(figure))} if target.suffix == ".png" else None
+    texts = [text.get_text() for text in _texts(figure)]  # as missing_glyphs drew them: tick labels formatted
+    metadata = {"Description": "\n".join(texts)} if target.suffix == ".png" else None
     figure.savefig(target, dpi=DPI, metadata=metadata)
     plt.close(figure)

@@ -22,7 +22,7 @@ from pipeline.report.catalogue import HTML_LANGUAGE, Catalogue, load_catalogue
 from pipeline.report.comparison import ComparisonRow
 from pipeline.report.figures import read_csv
 from pipeline.report.handin_figures import CURVES_FIGURE, OPERATORS_FIGURE, curves_figure, operators_figure
-from pipeline.report.lab_report import Report, ReportInputs
+from pipeline.report.lab_report import Report, ReportInputs, cuda_runtime, gpu_names
 from pipeline.report.rendering import GRAPH_FIGURE, markdown_to_html, with_figures_named
 
 FULL_REPORT = "report.md"  # the hand-in's link to the full report; report.html in the HTML page
@@ -135,8 +135,8 @@ def environment_table(inputs: ReportInputs, say: Catalogue) -> str:
     if hardware is None:
         values = [say("missing", stage="validate")] * len(labels)
     else:
-        gpus = Counter(name.strip() for name in hardware.get("gpus", "none").split(",") if name.strip() != "none")
-        runtime = next((p.hardware["cuda_runtime"] for p in inputs.profiles if p.hardware.get("cuda_runtime")), None)
+        gpus = Counter(gpu_names(hardware))
+        runtime = cuda_runtime(inputs.profiles)
         build = hardware.get("torch_cuda_build", say("not_recorded"))
         values = [
             say(

@@ -139,9 +139,20 @@ def drift_sentence(drift: dict[str, float]) -> str:
     )
 
 
+def gpu_names(hardware: dict[str, str]) -> list[str]:
+    """The fingerprint's GPUs, one name per GPU (`gpus` is comma-separated, `none` without one)."""
+    names = (name.strip() for name in hardware.get("gpus", "none").split(","))
+    return [name for name in names if name and name != "none"]
+
+
+def cuda_runtime(profiles: Sequence[ProfileRecord]) -> str | None:
+    """The CUDA runtime the GPU profiles ran with; None where no GPU was profiled."""
+    return next((p.hardware["cuda_runtime"] for p in profiles if p.hardware.get("cuda_runtime")), None)
+
+
 def environment_markdown(hardware: dict[str, str], profiles: Sequence[ProfileRecord]) -> str:
-    gpus = [name.strip() for name in hardware.get("gpus", "none").split(",") if name.strip() and name.strip() != "none"]
-    cuda_runtime = next((p.hardware["cuda_runtime"] for p in profiles if p.hardware.get("cuda_runtime")), None)
+    gpus = gpu_names(hardware)
+    runtime = cuda_runtime(profiles)
     rows = [
         ("CPU model", hardware["cpu"]),
         ("CPU family, model", hardware.get("cpu_family_model", "not recorded")),
@@ -154,7 +165,7 @@ def environment_markdown(hardware: dict[str, str], profiles: Sequence[ProfileRec
         ("PyTorch", hardware["torch"]),
         ("torchvision", hardware["torchvision"]),
         ("CUDA (torch build)", hardware["torch_cuda_build"]),
-        ("CUDA (runtime used)", cuda_runtime or "not used: no GPU profile"),
+        ("CUDA (runtime used)", runtime or "not used: no GPU profile"),
         ("Memory allocator (profiles)", "; ".join(sorted({p.settings.allocator for p in profiles})) or "no profile"),
     ]
     return "| item | value |\n| --- | --- |\n" + "".join(f"| {name} | {value} |\n" for name, value in rows)
