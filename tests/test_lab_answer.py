@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 
-from pipeline.profiling.measures import Interval, MeasurementConditions
+from pipeline.profiling.measures import Interval, MeasurementConditions, StepMemory
 from pipeline.profiling.processes import WorkerResult, combine
 from pipeline.profiling.record import ProfileRecord, TraceCheck
 from pipeline.profiling.statistics import Block
@@ -219,7 +219,8 @@ def _worker(speed: float, own: tuple[float, ...]) -> WorkerResult:
         tuple(Block(10, 10 * base * speed * factor / 1000) for _ in range(20))
         for base, factor in zip(BASE_MS, own, strict=True)
     )
-    return WorkerResult(items, 1.0, conditions)
+    memory = StepMemory(1_000_000, 500_000, (), 0, 0, "", 1_000_000, 1_000_000)
+    return WorkerResult(items, 1.0, conditions, (memory,) * len(items), ())
 
 
 def test_processes_that_moved_together_flag_no_row_and_the_speed_is_said_once() -> None:

@@ -28,7 +28,7 @@ from pipeline.common.tables import NO_NUMBER, records_csv
 from pipeline.model.network import LabNet
 from pipeline.model.summary import summarize
 from pipeline.params.schema import ProfileMode
-from pipeline.profiling.measures import MeasurementConditions, StepAnatomy
+from pipeline.profiling.measures import MeasurementConditions, StepAnatomy, StepMemory
 from pipeline.profiling.record import Combination, OperatorRow, TraceCheck, flop_rate, read_comparisons, read_record
 from pipeline.profiling.roofs import read_roofs
 from pipeline.profiling.run import ProfileResult, profile_combination
@@ -36,7 +36,7 @@ from pipeline.profiling.statistics import Block, estimate_step_time
 from pipeline.profiling.texts import measurement_warnings, operators_markdown
 from pipeline.profiling.timing import StepTiming
 from pipeline.profiling.trace_analysis import TraceAnalysis
-from pipeline.profiling.worker import make_step
+from pipeline.profiling.worker import build_step
 from pipeline.tracking.hparams import SHOWN
 from pipeline.tracking.hparams import columns as hparams_columns
 from tests.helpers.data import LAB_MODEL
@@ -64,7 +64,8 @@ def test_timing_record_is_the_median_estimate_of_the_blocks() -> None:
     step_timing = StepTiming(estimate_step_time(blocks, 16, 2.0), blocks, conditions, 2, 1.5)
     anatomy = StepAnatomy("cpu", 4, 10.0, 9.0, 90.0, 10.0, 0, 0, 0, "device-bound", "")
     analysis = TraceAnalysis((), (), (), anatomy, 0)
-    result = ProfileResult(Combination(16, "cpu", "train"), step_timing, (), 5.0, analysis, 0.0)
+    memory = StepMemory(5_000_000, 4_000_000, (), 0, 0, "", 5_000_000, 5_000_000)
+    result = ProfileResult(Combination(16, "cpu", "train"), step_timing, (), memory, analysis, 0.0)
     timing = result.timing()
     assert timing.step_time_ms_median == pytest.approx(5.0) and timing.step_time_ms_iqr == pytest.approx(4.0)
     assert timing.step_time_ms_ci_low == pytest.approx(2.0) and timing.step_time_ms_ci_high == pytest.approx(8.0)
@@ -82,7 +83,7 @@ def test_profile_of_a_real_model_ranks_operators_and_writes_a_trace(mode: Profil
     images, labels = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
     weights_before = model.classifier.fc2.weight.detach().clone()
     trace = tmp_path / "trace.json.gz"
-    step = make_step(model, mode, images, labels, lr=1.0)
+    step = build_step(model, mode, images, labels, lr=1.0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = profile_combination(
@@ -105,7 +106,7 @@ def test_profile_of_a_real_model_ranks_operators_and_writes_a_trace(mode: Profil
     assert any(CONVOLUTION_OR_LINEAR.search(name) for name in names[:3]), names[:5]
     conv = next(row for row in result.operators if row.operator == "aten::conv2d")
     assert conv.calls_per_step == 2  # 4 traced steps of one cycle, counted once each (acc_events, repeat=1)
-    assert result.peak_memory_mb > 4.5  # at least the 4.8 MB of weights were allocated
+    assert result.memory.part("weights") == sum(p.nbytes for p in model.parameters())
     with gzip.open(trace) as opened:
         assert any(event.get("name") == "aten::conv2d" for event in json.load(opened)["traceEvents"])
     if mode == "train":  # a real optimizer step ran
@@ -148,7 +149,7 @@ def profiled_lab_model(batch: int, mode: ProfileMode, tmp_path: Path) -> tuple[P
     model = LabNet(LAB_MODEL).to(memory_format=torch.channels_last)
     summary = summarize(model, model.input_shape)
     images = torch.randn(batch, 1, 28, 28).contiguous(memory_format=torch.channels_last)
-    step = make_step(model, mode, images, torch.randint(0, 10, (batch,)), lr=1.0)
+    step = build_step(model, mode, images, torch.randint(0, 10, (batch,)), lr=1.0)
     result = profile_combination(
         Combination(batch, "cpu", mode),
         step,
@@ -195,18 +196,19 @@ def test_flops_are_on_the_operators_that_run_them_and_add_up_to_the_model(mode: 
     )
     table = operators_markdown(record)
     assert "GPU" not in table.split("| ---: |")[0].rsplit("\n", 2)[-1]  # the header row
-    assert "| # | operator | calls | self CPU ms | total CPU ms | share % | MFLOPs |" in table
+    assert "| # | operator | calls | self CPU ms | total CPU ms | share % | MFLOPs | allocated MB |" in table
     rank = [row.operator for row in result.operators].index("aten::mkldnn_convolution") + 1
-    assert re.search(rf"^\| {rank} \| `aten::mkldnn_convolution` \| .* \| {conv_forward:.1f} \|$", table, re.MULTILINE)
+    conv_row = rf"^\| {rank} \| `aten::mkldnn_convolution` \| .* \| {conv_forward:.1f} \| [0-9.]+ \|$"
+    assert re.search(conv_row, table, re.MULTILINE)
     rank = [row.operator for row in result.operators].index("aten::clamp_min") + 1  # ReLU: no formula
-    assert re.search(rf"^\| {rank} \| `aten::clamp_min` \| .* \| {NO_NUMBER} \|$", table, re.MULTILINE)
+    assert re.search(rf"^\| {rank} \| `aten::clamp_min` \| .* \| {NO_NUMBER} \| [0-9.]+ \|$", table, re.MULTILINE)
     total = per_sample * batch / 1e6
     assert f"The rows shown carry {total:.1f} of the {total:.1f} MFLOPs per step of the model summary" in table
-    # No GPU columns (of zeros, or of dashes): every operator row has the header's seven cells. (A CPU fast
+    # No GPU columns (of zeros, or of dashes): every operator row has the header's eight cells. (A CPU fast
     # enough rounds an operator's self time to 0.000 ms: the cells are counted, not their values.)
     operator_rows = [line for line in table.splitlines() if re.match(r"^\| \d+ \| `", line)]
     assert len(operator_rows) == len(result.operators[: len(operator_rows)]) > 0
-    assert all(len(line.strip("|").split(" | ")) == 7 for line in operator_rows), operator_rows
+    assert all(len(line.strip("|").split(" | ")) == 8 for line in operator_rows), operator_rows
     rows_csv = {row["operator"]: row for row in csv.DictReader(records_csv(OperatorRow, result.operators).splitlines())}
     assert rows_csv["aten::clamp_min"]["mflops"] == "" and rows_csv["aten::clamp_min"]["self_device_ms"] == ""
     assert float(rows_csv["aten::mkldnn_convolution"]["mflops"]) == pytest.approx(conv_forward, rel=1e-5)

@@ -30,7 +30,7 @@ from pipeline.profiling.trace_analysis import (
     read_trace,
     short_kernel_name,
 )
-from pipeline.profiling.worker import make_step
+from pipeline.profiling.worker import build_step, make_step
 from tests.helpers.data import LAB_MODEL
 from tests.helpers.repo import REPO_ROOT, SHARED_REFERENCE
 
@@ -200,7 +200,7 @@ def test_cpu_trace_ranks_operators_and_measures_time_inside_them(tmp_path: Path)
     model = LabNet(LAB_MODEL)
     images, labels = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
     trace_path = tmp_path / "trace.json.gz"
-    step = make_step(model, "train", images, labels, lr=1.0)
+    step = build_step(model, "train", images, labels, lr=1.0)
     profile_combination(
         Combination(16, "cpu", "train"),
         step,
@@ -226,6 +226,20 @@ def test_cpu_trace_ranks_operators_and_measures_time_inside_them(tmp_path: Path)
     addmm = next(row for row in analysis.operators if row.operator == "aten::addmm")
     assert addmm.mflops == pytest.approx(1.0)
     assert addmm.calls_per_step == 2
+    # Allocated MB: fc1's and fc2's outputs (16 x 128 and 16 x 10 floats) are addmm's own; what a tensor factory
+    # allocates inside an operator counts for that operator, so only the factories Python calls keep theirs: the
+    # dropouts' `empty_like` buffers (16 x 64 x 12 x 12 and 16 x 128 floats). All of it is the trace's allocations.
+    assert addmm.allocated_mb == pytest.approx(16 * (128 + 10) * 4 / 1e6)
+    rows = {row.operator: row for row in analysis.operators}
+    assert rows["aten::empty_like"].allocated_mb == pytest.approx(16 * (64 * 12 * 12 + 128) * 4 / 1e6)
+    assert "aten::empty" not in rows or rows["aten::empty"].allocated_mb == 0
+    allocated = [
+        e["args"]["Bytes"]
+        for e in raw_events(trace_path)
+        if e.get("name") == "[memory]" and e["args"]["Bytes"] > 0 and e["args"]["Device Type"] == 0
+    ]
+    assert sum(row.allocated_mb for row in analysis.operators) <= sum(allocated) / 3 / 1e6 + 1e-9
+    assert sum(row.allocated_mb for row in analysis.operators) > 0.9 * sum(allocated) / 3 / 1e6
     # Time inside operators, independently: the union of top-level aten:: intervals within each step.
     events = raw_events(trace_path)
     steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]

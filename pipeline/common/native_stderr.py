@@ -23,11 +23,10 @@ import tempfile
 from collections.abc import Iterator
 
 # Kineto's progress markers, the no-driver message on a machine without a GPU driver, and the memory profiler's
-# note that a block allocated before tracing began (the model's weights, the optimizer's state, a batch from the
-# warm-up) was freed while tracing: expected in every training step traced with `profile_memory`, printed once per
-# process by c10 straight to descriptor 2, once by each train-mode profile stage. It says the trace has
-# no event for that free; the peak memory the stage reads is the allocator's running total that the other events
-# carry (pipeline.profiling.run._peak_cpu_memory), so a missing free event does not change it.
+# note that a block allocated before tracing began (the last step's gradients) was freed while tracing: expected in
+# the first training step traced with `profile_memory` in a process, printed once per process by c10 straight to
+# descriptor 2. The memory measurement profiles a step before the one it measures for that reason
+# (pipeline.profiling.memory), so the missing free event does not change what it reports.
 KINETO_NOISE = re.compile(
     rb"^(USDT|STAGE):\S* \S+ \d+:\d+ \S+\] "
     rb"|^ERROR:\S* \S+ \d+:\d+ DeviceProperties\.cpp:\d+\] gpuGetDeviceCount failed with code 35"

@@ -42,6 +42,7 @@ class ProfileOutputs:
             self.table_csv,
             self.kernel_table_markdown,
             self.kernel_table_csv,
+            self.memory_markdown,
             self.step_analysis,
             self.record,
             self.timing,
@@ -63,6 +64,10 @@ class ProfileOutputs:
     @property
     def kernel_table_csv(self) -> Path:
         return self.folder / "top_kernels.csv"  # with each kernel's full name
+
+    @property
+    def memory_markdown(self) -> Path:
+        return self.folder / "memory.md"  # what the step holds at its peak, by part; its energy or why none
 
     @property
     def step_analysis(self) -> Path:

@@ -92,6 +92,8 @@ class MachineRow:
     busy: bool
     model_digest: str
     run_id: str
+    peak_memory_mb: float | None = None
+    energy_mj_per_sample: float | None = None
 
     @property
     def platform(self) -> tuple[str, str]:
@@ -122,6 +124,8 @@ def machine_row(group: int, run: ProfileRun, names: Mapping[str, str]) -> Machin
         busy=step.busy,
         model_digest=run.model_digest,
         run_id=run.run_id,
+        peak_memory_mb=run.peak_memory_mb,
+        energy_mj_per_sample=run.energy_mj_per_sample,
     )
 
 

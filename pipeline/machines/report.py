@@ -34,7 +34,7 @@ import dataclasses
 import math
 import time
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -43,7 +43,7 @@ import matplotlib.pyplot as plt
 
 from pipeline.common.errors import PipelineError
 from pipeline.common.outputs import AtomicOutputs
-from pipeline.common.tables import rows_csv
+from pipeline.common.tables import NO_NUMBER, rows_csv
 from pipeline.machines.compare import (
     Group,
     GroupKey,
@@ -85,9 +85,17 @@ def _with_interval(value: float, low: float | None, high: float | None, digits: 
 
 
 def rows_markdown(rows: Sequence[MachineRow]) -> str:
+    # Memory and energy columns only where some run measured them (runs from before carry neither).
+    columns: tuple[tuple[str, Callable[[MachineRow], float | None]], ...] = (
+        ("peak MB", lambda row: row.peak_memory_mb),
+        ("mJ/sample", lambda row: row.energy_mj_per_sample),
+    )
+    extra = [(title, value) for title, value in columns if any(value(row) is not None for row in rows)]
     lines = [
-        "| machine | device | mode | batch | estimate | step ms | per-sample ms | samples/s | run |",
-        "| --- | --- | --- | ---: | --- | ---: | ---: | ---: | --- |",
+        "| machine | device | mode | batch | estimate | step ms | per-sample ms | samples/s | "
+        + "".join(f"{title} | " for title, _ in extra)
+        + "run |",
+        "| --- | --- | --- | ---: | --- | ---: | ---: | ---: | " + "---: | " * len(extra) + "--- |",
     ]
     for row in rows:
         if row.statistic == "median":
@@ -105,9 +113,10 @@ def rows_markdown(rows: Sequence[MachineRow]) -> str:
             step = f"{_significant(row.step_time_ms)}{cv}"
             throughput = _significant(row.throughput_samples_per_s)
         per_sample = _with_interval(row.per_sample_ms, row.per_sample_ms_ci_low, row.per_sample_ms_ci_high)
+        cells = "".join(f"{NO_NUMBER if (v := value(row)) is None else _significant(v)} | " for _, value in extra)
         lines.append(
             f"| {row.machine} | {row.device} | {row.mode} | {row.batch_size} | {estimate} | {step} | {per_sample} | "
-            f"{throughput} | `{row.run_id[:8]}` |"
+            f"{throughput} | {cells}`{row.run_id[:8]}` |"
         )
     notes = []
     if any(row.noisy for row in rows):

@@ -96,6 +96,8 @@ class ProfileRun:
     environment: dict[str, str]  # the `hardware.*` tags (params in older runs), prefix removed
     threads: str
     step_time: StepTime
+    peak_memory_mb: float | None = None  # what the step holds at its peak (runs from before it was measured: None)
+    energy_mj_per_sample: float | None = None  # where the device had an energy counter
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,8 @@ def profile_run(run: Run) -> ProfileRun | LeftOut:
         environment=environment,
         threads=params.get("threads", "?"),
         step_time=step_time,
+        peak_memory_mb=metrics.get("memory_peak_mb"),
+        energy_mj_per_sample=1000 * metrics["energy_j_per_sample"] if "energy_j_per_sample" in metrics else None,
     )
 
 

@@ -19,7 +19,13 @@ from pipeline.profiling.record import (
     write_comparisons,
     write_record,
 )
-from pipeline.profiling.texts import comparisons_markdown, kernels_markdown, operators_markdown, timing_summary
+from pipeline.profiling.texts import (
+    comparisons_markdown,
+    kernels_markdown,
+    memory_markdown,
+    operators_markdown,
+    timing_summary,
+)
 from pipeline.tracking.tracker import open_tracker
 
 
@@ -27,6 +33,7 @@ from pipeline.tracking.tracker import open_tracker
 class ProfileTexts:
     operators: str  # markdown table of the top operators, with the timing summary
     kernels: str  # markdown table of the top kernels (a note on the CPU)
+    memory: str  # what the step holds at its peak, by part, and its energy
 
     def console(self, record: ProfileRecord, paths: ProfileOutputs) -> str:
         """What the stage prints: the estimate, the top operator (and kernel), the verdict and where the tables are.
@@ -52,8 +59,9 @@ def profile_metrics(record: ProfileRecord) -> dict[str, float]:
 
 
 def write_profile_outputs(outputs: AtomicOutputs, paths: ProfileOutputs, record: ProfileRecord) -> ProfileTexts:
-    texts = ProfileTexts(operators_markdown(record), kernels_markdown(record))
+    texts = ProfileTexts(operators_markdown(record), kernels_markdown(record), memory_markdown(record))
     outputs.write_text(paths.table_markdown, texts.operators)
+    outputs.write_text(paths.memory_markdown, texts.memory)
     outputs.write_text(paths.table_csv, records_csv(OperatorRow, record.top_operators))
     outputs.write_text(paths.kernel_table_markdown, texts.kernels)
     outputs.write_text(paths.kernel_table_csv, records_csv(KernelStats, record.analysis.top_kernels))
@@ -70,7 +78,7 @@ HEADLINE_DIGITS = 3  # significant digits: the CI is rarely tighter than ±1 %, 
 def headline_metrics(record: ProfileRecord) -> dict[str, float | bool]:
     """profiles/<combination>/metrics.json, DVC's metrics: the lab's result for one combination, rounded.
 
-    The same six keys in every combination, so `dvc metrics show profiles` is one dense table (a row per
+    The same seven keys in every combination, so `dvc metrics show profiles` is one dense table (a row per
     combination) and `dvc metrics diff` a few rows each, not the 32 numbers per combination of timing.json and
     step_analysis.json (which MLflow and the report keep). Rounded to what the interval supports, so a rerun
     does not list a change in the 6th digit.
@@ -82,6 +90,7 @@ def headline_metrics(record: ProfileRecord) -> dict[str, float | bool]:
         "step_time_ci_pct": significant(timing.step_time_ci_pct, 2),
         "throughput_samples_per_s": significant(timing.throughput_samples_per_s, HEADLINE_DIGITS),
         "peak_pct": significant(record.analysis.flop_rate.peak_pct, 2),
+        "peak_memory_mb": significant(timing.peak_memory_mb, HEADLINE_DIGITS),
         "noisy": timing.noisy,
     }
 
@@ -138,6 +147,7 @@ def log_profile(
         )
         tracker.log_text("profile/top_operators", texts.operators, "top_operators.md")
         tracker.log_text("profile/top_kernels", texts.kernels, "top_kernels.md")
+        tracker.log_text("profile/memory", texts.memory, "memory.md")
         tracker.log_text("profile/comparisons", comparisons, "comparisons.md")
         for path in (paths.table_csv, paths.kernel_table_csv, paths.record, paths.trace):
             tracker.log_artifact(outputs.staged(path))

@@ -229,3 +229,98 @@ def anatomy_verdict(device: str, busy_pct: float) -> str:
     if device == "cpu":
         return "overhead-bound" if busy_pct < HOST_BOUND_BELOW_PCT else "operator-bound"
     return "host-bound" if busy_pct < HOST_BOUND_BELOW_PCT else "GPU-bound"
+
+
+MEGABYTE = 1e6  # memory is stated in MB of 10^6 bytes: 1.2 M fp32 parameters are 4.8 MB
+# What a step holds at its peak, in the order the report lists them (pipeline.profiling.memory sorts the bytes).
+MEMORY_PARTS = (
+    "weights",  # the model's parameters
+    "gradients",  # the parameters' gradients alive at the peak
+    "optimizer state",  # Adadelta's two running averages per parameter
+    "inputs",  # the batch's images and labels
+    "activations",  # layer outputs, and tensors autograd saved for the backward pass
+    "activation gradients",  # gradients of the activations, made by the backward pass
+    "optimizer temporaries",  # made inside the optimizer's step and freed by it
+    "other",  # anything else: the loss, scratch buffers of the kernels
+)
+
+
+@dataclass(frozen=True)
+class MemoryPart:
+    name: str  # one of MEMORY_PARTS
+    bytes: int
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """What one step of a combination holds in the device's memory at its peak, by part (pipeline.profiling.memory).
+
+    `peak_bytes` is the combination's own: what it held when the step started (weights, optimizer state, the batch,
+    the last step's gradients) plus the most the step's allocations added on top, from the allocator's own record of
+    every allocation and free. Other combinations timed in the same process are not in it. The parts add up to it.
+    """
+
+    peak_bytes: int
+    start_bytes: int  # held when the step started
+    parts: tuple[MemoryPart, ...]  # alive at the peak, in MEMORY_PARTS order; they add up to peak_bytes
+    step_gradient_bytes: int  # every gradient the step made (train: the parameters' bytes; inference: 0)
+    resident_bytes: int  # what the process holds from the system (see resident_of)
+    resident_of: str  # what resident_bytes counts, in words
+    peak_low_bytes: int  # the peak in the process that measured the least, and the most
+    peak_high_bytes: int
+    processes: int = 1  # processes that measured it
+
+    @property
+    def peak_above_start_bytes(self) -> int:
+        return self.peak_bytes - self.start_bytes
+
+    @property
+    def peak_mb(self) -> float:
+        return self.peak_bytes / MEGABYTE
+
+    def part(self, name: str) -> int:
+        return next((part.bytes for part in self.parts if part.name == name), 0)
+
+    def metrics(self) -> dict[str, float]:
+        """`memory_peak_mb`, `memory_<part>_mb`, ...: the same names for every combination."""
+        parts = {f"memory_{part.name.replace(' ', '_')}_mb": part.bytes / MEGABYTE for part in self.parts}
+        return {
+            "memory_peak_mb": self.peak_mb,
+            "memory_peak_above_start_mb": self.peak_above_start_bytes / MEGABYTE,
+            **parts,
+            "memory_resident_mb": self.resident_bytes / MEGABYTE,
+        }
+
+
+@dataclass(frozen=True)
+class StepEnergy:
+    """Energy one step draws, from a hardware energy counter read across timed windows (pipeline.profiling.energy).
+
+    The interval is the spread of the timing processes' values, as for the step time."""
+
+    joules_per_step: float  # median over processes
+    joules_per_step_low: float  # 95 % interval (the processes' spread)
+    joules_per_step_high: float
+    mean_power_w: float  # over the windows
+    counter: str  # which counter, in words (NVML's total energy of GPU 0; a RAPL package domain)
+    update_period_ms: float  # how often the counter moved, measured on this device
+    windows: int  # timed windows over all processes
+    processes: int
+    power_limit_w: float | None = None  # GPU: the enforced power limit; None where not read
+    sm_clock_mhz: float | None = None  # GPU: clocks when measured
+    memory_clock_mhz: float | None = None
+
+    def per_sample(self, batch_size: int) -> Interval:
+        return Interval(self.joules_per_step, self.joules_per_step_low, self.joules_per_step_high).scaled(
+            1.0 / batch_size
+        )
+
+    def metrics(self, batch_size: int) -> dict[str, float]:
+        sample = self.per_sample(batch_size)
+        return {
+            "energy_j_per_step": self.joules_per_step,
+            "energy_j_per_sample": sample.value,
+            "energy_j_per_sample_ci_low": sample.low,
+            "energy_j_per_sample_ci_high": sample.high,
+            "energy_mean_power_w": self.mean_power_w,
+        }

@@ -24,13 +24,19 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 import torch
 
 from pipeline.common.errors import PipelineError
-from pipeline.profiling.measures import MeasurementConditions
-from pipeline.profiling.statistics import Block, estimate_over_processes, own_spread_pct, process_speeds
+from pipeline.profiling.measures import MeasurementConditions, MemoryPart, StepEnergy, StepMemory
+from pipeline.profiling.statistics import (
+    Block,
+    between_process_interval,
+    estimate_over_processes,
+    own_spread_pct,
+    process_speeds,
+)
 from pipeline.profiling.timing import StepTiming
 from pipeline.profiling.worker import WorkerSpec, serve
 
@@ -46,6 +52,8 @@ class WorkerResult:
     blocks: tuple[tuple[Block, ...], ...]  # per item of the spec, one block per round
     seconds: float  # the worker's timing only
     conditions: MeasurementConditions
+    memory: tuple[StepMemory, ...]  # per item of the spec
+    energy: tuple[dict[str, Any], ...]  # per item where the spec names a counter: its figures, or why none
 
 
 def _parse(answer: str, spec: WorkerSpec) -> WorkerResult:
@@ -61,6 +69,11 @@ def _parse(answer: str, spec: WorkerSpec) -> WorkerResult:
         blocks=tuple(tuple(Block(int(steps), float(seconds)) for steps, seconds in item) for item in timing["items"]),
         seconds=float(timing["seconds"]),
         conditions=MeasurementConditions(**timing["conditions"]),
+        memory=tuple(
+            StepMemory(**{**found, "parts": tuple(MemoryPart(**part) for part in found["parts"])})
+            for found in timing["memory"]
+        ),
+        energy=tuple(timing.get("energy", [])),
     )
 
 
@@ -214,6 +227,8 @@ class PairedTiming:
     timings: tuple[StepTiming, ...]  # per item of the spec
     process_blocks: tuple[tuple[tuple[Block, ...], ...], ...]  # [process][item]: that process's blocks of the item
     speeds: tuple[float, ...]  # per process: the speed factor all its items shared (statistics.process_speeds)
+    memory: tuple[StepMemory, ...]  # per item: the median process's, with the range over processes
+    energy: tuple[StepEnergy | str | None, ...]  # per item: over the processes; why none (str); None: not measured
 
 
 def time_in_processes(
@@ -264,4 +279,42 @@ def combine(results: Sequence[WorkerResult], spec: WorkerSpec) -> PairedTiming:
                 own_ci_pct=own_spread_pct(process_ms, speeds) if len(spec.items) > 1 and len(results) > 1 else None,
             )
         )
-    return PairedTiming(tuple(timings), tuple(result.blocks for result in results), speeds)
+    items = range(len(spec.items))
+    memory = tuple(over_processes([result.memory[index] for result in results]) for index in items)
+    energy = tuple(
+        energy_over_processes([result.energy[index] for result in results]) if spec.energy else None for index in items
+    )
+    return PairedTiming(tuple(timings), tuple(result.blocks for result in results), speeds, memory, energy)
+
+
+def energy_over_processes(found: Sequence[dict[str, Any]]) -> StepEnergy | str:
+    """One item's energy per step over the processes: their median, the interval from their spread (as for the
+    step time); or why there is none, as the first process that had none said."""
+    missing = next((answer["unavailable"] for answer in found if "unavailable" in answer), None)
+    if missing is not None:
+        return str(missing)
+    values = [float(answer["joules_per_step"]) for answer in found]
+    median = statistics.median(values)
+    low, high = between_process_interval(values) or (min(values), max(values))
+    return StepEnergy(
+        joules_per_step=median,
+        joules_per_step_low=low,
+        joules_per_step_high=high,
+        mean_power_w=statistics.median(float(answer["mean_power_w"]) for answer in found),
+        counter=str(found[0]["counter"]),
+        update_period_ms=1000 * statistics.median(float(answer["update_period_s"]) for answer in found),
+        windows=sum(int(answer["windows"]) for answer in found),
+        processes=len(found),
+    )
+
+
+def over_processes(found: Sequence[StepMemory]) -> StepMemory:
+    """One item's memory as the processes measured it: the median process's breakdown (by peak), with the least
+    and the most any process measured."""
+    ordered = sorted(found, key=lambda memory: memory.peak_bytes)
+    return dataclasses.replace(
+        ordered[(len(ordered) - 1) // 2],
+        peak_low_bytes=ordered[0].peak_bytes,
+        peak_high_bytes=ordered[-1].peak_bytes,
+        processes=len(ordered),
+    )

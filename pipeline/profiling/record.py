@@ -28,7 +28,9 @@ from pipeline.profiling.measures import (
     MeasurementConditions,
     RangeStats,
     StepAnatomy,
+    StepEnergy,
     StepEstimate,
+    StepMemory,
 )
 
 # Profiling runs the trained weights in fp32 whatever precision training used: the lab compares
@@ -45,10 +47,12 @@ METRIC_PREFIX = "profile/"
 # `FlopRate.bytes_per_step`) and the memory roof, for the roofline.
 # 6: all combinations of a device timed interleaved in the same processes; the traced pass checked against the
 # timed interval (`TraceCheck`); the machine's drift no longer inside the interval.
-RECORD_FORMAT = 6
+# 7: what a step holds in memory at its peak, by part (`memory`), measured in the timing processes; energy per step
+# where the device has a counter (`energy`), else why not (`energy_unavailable`).
+RECORD_FORMAT = 7
 T = TypeVar("T")
 # Older formats the report still reads (committed records of earlier runs), converted by `_upgrade`.
-READABLE_FORMATS = (2, 3, 4, 5, RECORD_FORMAT)
+READABLE_FORMATS = (2, 3, 4, 5, 6, RECORD_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,9 @@ class OperatorRow:
     # Per step, megabytes the counted calls of this operator read and write (inputs, weights, outputs): FLOPs over
     # these bytes is its arithmetic intensity. None where mflops is None, and in records before format 5.
     mbytes: float | None = None
+    # Per step, MB (10^6 bytes) the allocator handed out on the device while this operator was the innermost one
+    # running (the profiler's memory events). None in records before format 7.
+    allocated_mb: float | None = None
 
     @property
     def intensity_flops_per_byte(self) -> float | None:
@@ -127,7 +134,7 @@ class Timing:
     throughput_samples_per_s: float  # batch size ÷ median
     noisy: bool
     timing_s: float  # wall time the timing took (it stops at the CI target or the time budget)
-    peak_memory_mb: float  # most memory torch had allocated on the device during the traced steps
+    peak_memory_mb: float  # what the step holds at its peak, MB (10^6 bytes): the record's `memory.peak_bytes`
     top_operator_share_pct: float
     # Fresh processes the step was timed in (profile.processes); from 2 on, the interval is their spread.
     # Format-3 records timed in one process.
@@ -326,6 +333,9 @@ class ProfileRecord:
     process_step_times_ms: tuple[float, ...] = ()
     # The operator table's pass against the timed interval (format 6; None before).
     trace_check: TraceCheck | None = None
+    memory: StepMemory | None = None  # format 7; None before
+    energy: StepEnergy | None = None  # format 7, where the device has an energy counter
+    energy_unavailable: str = ""  # format 7: why there is no energy figure ("" where there is one, and before)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -337,6 +347,8 @@ class ProfileRecord:
             **self.conditions.metrics(),
             **self.graph_metrics(),
             **self.allocator_metrics(),
+            **(self.memory.metrics() if self.memory else {}),
+            **(self.energy.metrics(self.combination.batch_size) if self.energy else {}),
         }
 
     def allocator_metrics(self) -> dict[str, float]:

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import gzip
 import itertools
-import json
 import math
 import os
 import resource
@@ -51,6 +49,9 @@ from pipeline.model.checkpoint import checkpoint_digest, load_checkpoint
 from pipeline.model.summary import summarize
 from pipeline.params.schema import ProfileConfig
 from pipeline.profiling.artifacts import RunDescription
+from pipeline.profiling.energy import GpuPowerState, Unavailable, gpu_power_state, rapl_counters
+from pipeline.profiling.measures import StepEnergy, StepMemory
+from pipeline.profiling.memory import BuiltStep, measure_step_memory
 from pipeline.profiling.processes import PairedTiming, WorkerServer, time_in_processes
 from pipeline.profiling.record import (
     PROFILE_PRECISION,
@@ -79,12 +80,10 @@ from pipeline.profiling.trace_analysis import (
     analyse_trace,
     read_trace,
 )
-from pipeline.profiling.worker import WorkerSpec, make_step
+from pipeline.profiling.worker import WorkerSpec, build_step
 from pipeline.tracking.tags import DATA_DIGEST_TAG, MODEL_DIGEST_TAG, hardware_tags
 from pipeline.training.cuda_graph import make_graphable_step, time_graph_replays
 from pipeline.training.runtime import hardware_description, select_device
-
-_MEGABYTE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,7 @@ class ProfileResult:
     combination: Combination
     step_timing: StepTiming
     operators: tuple[OperatorRow, ...]  # every ATen operator, most expensive first
-    peak_memory_mb: float  # most memory torch had allocated on the device during the measured steps
+    memory: StepMemory  # what the step holds at its peak, by part
     analysis: TraceAnalysis  # what the trace says: operators, ranges, kernels, step anatomy
     page_faults_per_step: float  # minor page faults per step, counted after the timing
     bytes_per_step: float = 0.0  # what every operator of one step reads and writes (StepWork)
@@ -100,7 +99,7 @@ class ProfileResult:
 
     def timing(self) -> Timing:
         top = self.operators[0] if self.operators else None
-        return self.step_timing.record(self.peak_memory_mb, top.share_pct if top else 0.0)
+        return self.step_timing.record(self.memory.peak_mb, top.share_pct if top else 0.0)
 
     def block_times_ms(self) -> tuple[float, ...]:
         """Per-step time of each block, to 5 significant digits (a record of ~1000 blocks stays ~10 kB)."""
@@ -112,7 +111,7 @@ TRACE_ATTEMPTS = 3  # passes traced at most, until one runs at the timed speed
 
 def profile_combination(
     combination: Combination,
-    step: Callable[[], None],
+    built: BuiltStep,
     device: torch.device,
     warmup_steps: int,
     active_steps: int,
@@ -121,30 +120,31 @@ def profile_combination(
     ci_target_pct: float,
     time_budget_s: float,
     step_timing: StepTiming | None = None,
+    memory: StepMemory | None = None,
 ) -> ProfileResult:
-    """Warm up, time (unless `step_timing` was measured already, in worker processes), then count page faults,
-    trace (again, up to TRACE_ATTEMPTS passes, until the traced step lies inside the timed interval) and count
-    FLOPs in this process."""
+    """Warm up, time and measure the memory (unless `step_timing` and `memory` were measured already, in worker
+    processes), then count page faults, trace (again, up to TRACE_ATTEMPTS passes, until the traced step lies inside
+    the timed interval) and count FLOPs in this process."""
+    step = built.run
     sync = synchronizer(device)
     for _ in range(warmup_steps):
         step()
     sync()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    if memory is None:
+        memory = measure_step_memory(built, device, sync)
     if step_timing is None:
         step_timing = time_steps(step, device, combination.batch_size, ci_target_pct, time_budget_s)
     faults = page_faults_per_step(step, sync, step_timing.estimate.median_ms)
     on_gpu = device.type == "cuda"
     check, trace = trace_until_timed(step, sync, on_gpu, active_steps, trace_path, step_timing)
-    peak = torch.cuda.max_memory_allocated(device) if on_gpu else _peak_cpu_memory(trace_path)
-    work = count_step_flops(step)  # after the peak memory is read: the counter's step stays out of it
+    work = count_step_flops(step)
     sync()
     analysis = analyse_trace(trace, device.type, work.calls)
     return ProfileResult(
         combination=combination,
         step_timing=step_timing,
         operators=tuple(operator_row(row, on_gpu) for row in analysis.operators),
-        peak_memory_mb=peak / _MEGABYTE,
+        memory=memory,
         analysis=analysis,
         page_faults_per_step=faults,
         bytes_per_step=work.bytes_per_step,
@@ -292,29 +292,13 @@ def operator_row(stats: OperatorStats, on_gpu: bool) -> OperatorRow:
     return row if on_gpu else dataclasses.replace(row, self_device_ms=None, total_device_ms=None)
 
 
-def _peak_cpu_memory(trace_path: Path) -> float:
-    """Peak bytes allocated by torch on the CPU during the traced steps.
-
-    Read from the trace's `[memory]` events, whose `Total Allocated` is the allocator's running
-    total at each allocation and free (weights, inputs, activations, gradients, optimizer state).
-    """
-    with gzip.open(trace_path, "rt") if trace_path.suffix == ".gz" else trace_path.open() as trace:
-        events = json.load(trace)["traceEvents"]
-    totals = [
-        event["args"]["Total Allocated"]
-        for event in events
-        if event.get("name") == "[memory]" and event.get("args", {}).get("Device Type") == 0
-    ]
-    return float(max(totals, default=0))
-
-
 @dataclass(frozen=True)
 class ProfileSetup:
     """Everything one combination is measured with, resolved from params, checkpoint and data."""
 
     combination: Combination
     device: torch.device
-    step: Callable[[], None]
+    step: BuiltStep
     hardware: dict[str, str]
     settings: ProfileSettings
     data_digest: str
@@ -372,7 +356,7 @@ def prepare_profiles(
             ProfileSetup(
                 combination=combination,
                 device=device,
-                step=make_step(model, combination.mode, images, labels, lr),
+                step=build_step(model, combination.mode, images, labels, lr),
                 hardware=hardware,
                 settings=settings,
                 data_digest=checkpoint.data_digest,
@@ -405,16 +389,16 @@ def measure_allocator_whatif(setup: ProfileSetup, seconds: float, defaults: Allo
     `seconds` (the same estimator as the main timing), its page faults counted and `active_steps` traced for
     the operator shares. Run before `tune_allocator`: once tuned, a process cannot go back to the defaults
     (mallopt turns glibc's dynamic threshold off for good)."""
-    settings = setup.settings
+    settings, step = setup.settings, setup.step.run
     sync = synchronizer(setup.device)
     for _ in range(settings.warmup_steps):
-        setup.step()
+        step()
     sync()
-    timing = time_steps(setup.step, setup.device, setup.combination.batch_size, settings.ci_target_pct, seconds)
-    faults = page_faults_per_step(setup.step, sync, timing.estimate.median_ms)
+    timing = time_steps(step, setup.device, setup.combination.batch_size, settings.ci_target_pct, seconds)
+    faults = page_faults_per_step(step, sync, timing.estimate.median_ms)
     with tempfile.TemporaryDirectory(prefix="allocator-whatif-") as scratch:
         trace = Path(scratch) / "trace.json"
-        trace_steps(setup.step, sync, False, settings.active_steps, trace)
+        trace_steps(step, sync, False, settings.active_steps, trace)
         analysis = analyse_trace(read_trace(trace), setup.device.type, ())
     return DefaultAllocatorRun(defaults.description, timing, faults, analysis.operators)
 
@@ -451,7 +435,19 @@ def timing_spec(setups: Sequence[ProfileSetup], config: ProfileConfig, checkpoin
         warmup_steps=config.warmup_steps,
         ci_target_pct=config.ci_target_pct,
         budget_s=config.time_budget_s * len(setups),
+        energy=energy_source(setups[0].device)[0],
     )
+
+
+def energy_source(device: torch.device) -> tuple[str, str]:
+    """The energy counter the timing processes read (pipeline.profiling.energy.open_counter; "" for none) and,
+    where there is none to read, why, in words for the report."""
+    if device.type == "cuda":
+        return f"gpu:{device.index or 0}", ""
+    if device.type == "cpu":
+        found = rapl_counters()
+        return ("rapl", "") if not isinstance(found, Unavailable) else ("", f"CPU energy (RAPL) {found.reason}")
+    return "", f"no energy counter is read on a {device.type} device"
 
 
 def run_device_profile(
@@ -483,11 +479,33 @@ def run_device_profile(
     ]
     allocator = tune_allocator().description
     records = []
-    for setup, timing, path, default_run in zip(setups, paired.timings, trace_paths, default_runs, strict=True):
-        records.append(_profile_record(setup, timing, path, top_k, allocator, default_run))
+    power = gpu_power_state(setups[0].device.index or 0) if setups[0].device.type == "cuda" else None
+    energies = [_energy(found, spec, power) for found in paired.energy]
+    measured = zip(setups, paired.timings, paired.memory, energies, trace_paths, default_runs, strict=True)
+    for setup, timing, memory, (energy, no_energy), path, default_run in measured:
+        record = _profile_record(setup, timing, path, top_k, allocator, default_run, memory)
+        records.append(dataclasses.replace(record, energy=energy, energy_unavailable=no_energy))
         if progress:
             progress(f"traced {setup.combination.name}")
     return records, device_comparisons(setups, paired)
+
+
+def _energy(
+    found: StepEnergy | str | None, spec: WorkerSpec, power: GpuPowerState | Unavailable | None
+) -> tuple[StepEnergy | None, str]:
+    """A combination's energy for its record, with the GPU's power limit and clocks; or why there is none."""
+    if found is None:
+        return None, energy_source(torch.device(spec.device))[1] or "not measured"
+    if isinstance(found, str):
+        return None, found
+    if isinstance(power, GpuPowerState):
+        found = dataclasses.replace(
+            found,
+            power_limit_w=power.power_limit_w,
+            sm_clock_mhz=power.sm_clock_mhz,
+            memory_clock_mhz=power.memory_clock_mhz,
+        )
+    return found, ""
 
 
 def _profile_record(
@@ -497,6 +515,7 @@ def _profile_record(
     top_k: int,
     allocator: str,
     default_run: DefaultAllocatorRun | None,
+    memory: StepMemory,
 ) -> ProfileRecord:
     settings = dataclasses.replace(setup.settings, allocator=allocator)
     result = profile_combination(
@@ -509,6 +528,7 @@ def _profile_record(
         ci_target_pct=settings.ci_target_pct,
         time_budget_s=settings.time_budget_s,
         step_timing=step_timing,
+        memory=memory,
     )
     roofs = setup.roofs
     timing = result.timing()
@@ -544,6 +564,7 @@ def _profile_record(
         allocator_whatif=default_run.whatif(result.page_faults_per_step, top_k) if default_run else None,
         process_step_times_ms=tuple(float(f"{ms:.5g}") for ms in result.step_timing.process_medians_ms),
         trace_check=result.trace_check,
+        memory=result.memory,
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.common.tables import NO_NUMBER
-from pipeline.profiling.measures import KernelStats
+from pipeline.profiling.measures import MEGABYTE, KernelStats
 from pipeline.profiling.record import DeviceComparisons, PairedComparison, ProfileRecord
 from pipeline.profiling.statistics import MIN_ORDER_STATISTIC_PROCESSES, PROCESSES_DISAGREE_ADVICE, two_speeds
 
@@ -172,6 +172,8 @@ def operators_markdown(record: ProfileRecord) -> str:
     on_gpu = combination.device != "cpu"
     ranked_by = "self device (GPU) time" if combination.device == "cuda" else "self CPU time"
     gpu_header = ("self GPU ms | ", "---: | ") if on_gpu else ("", "")
+    allocated = any(row.allocated_mb is not None for row in rows)  # records before format 7 have no such column
+    memory_header = (" allocated MB |", " ---: |") if allocated else ("", "")
     lines = [
         f"### Top {len(rows)} operators: batch {combination.batch_size}, {combination.device}, {combination.mode}",
         "",
@@ -181,8 +183,8 @@ def operators_markdown(record: ProfileRecord) -> str:
         trace_sentence(record),
         "",
         *(f"**Warning:** {warning}.\n" for warning in measurement_warnings(record)),
-        f"| # | operator | calls | self CPU ms | total CPU ms | {gpu_header[0]}share % | MFLOPs |",
-        f"| ---: | --- | ---: | ---: | ---: | {gpu_header[1]}---: | ---: |",
+        f"| # | operator | calls | self CPU ms | total CPU ms | {gpu_header[0]}share % | MFLOPs |{memory_header[0]}",
+        f"| ---: | --- | ---: | ---: | ---: | {gpu_header[1]}---: | ---: |{memory_header[1]}",
     ]
     graph = record.graph_metrics()
     if graph:
@@ -208,8 +210,15 @@ def operators_markdown(record: ProfileRecord) -> str:
         lines.append(
             f"| {rank} | `{row.operator}` | {row.calls_per_step:g} | {row.self_cpu_ms:.3f} | {row.total_cpu_ms:.3f} | "
             f"{gpu}{row.share_pct:.1f} | {_mflops(row.mflops)} |"
+            + (f" {_cell(row.allocated_mb, '.3f')} |" if allocated else "")
         )
     lines += ["", flops_note(record)]
+    if record.memory is not None:
+        lines += [
+            "",
+            f"Allocated MB per step: what the allocator handed out on the {combination.device} while the operator was "
+            "the innermost one running; what the step holds at its peak is in memory.md.",
+        ]
     if record.analysis.ranges:  # record_function ranges: their time is their operators' time, so never ranked
         ranges = "; ".join(
             f"`{r.name}` {r.cpu_ms:.3f} ms CPU" + (f", {r.device_ms:.3f} ms GPU" if combination.device != "cpu" else "")
@@ -277,3 +286,66 @@ def kernel_table_markdown(kernels: Sequence[KernelStats], heading: str) -> str:
             f"{row.mean_us:.1f} | {row.share_pct:.1f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def memory_markdown(record: ProfileRecord) -> str:
+    """memory.md: what the step holds at its peak, by part, and what it draws in energy (or why that is unknown)."""
+    combination, memory = record.combination, record.memory
+    where = f"batch {combination.batch_size}, {combination.device}, {combination.mode}"
+    lines = [f"### Memory at the step's peak: {where}", ""]
+    if memory is None:
+        lines.append(f"_Not measured: a format-{record.format} record; rerun `dvc repro -f {combination.stage_name}`._")
+        return "\n".join(lines) + "\n"
+    spread = (
+        f"{memory.processes} timing processes measured {memory.peak_low_bytes / MEGABYTE:.3f}-"
+        f"{memory.peak_high_bytes / MEGABYTE:.3f} MB"
+        if memory.processes > 1
+        else "one process measured it"
+    )
+    lines += [
+        f"The step holds {memory.peak_mb:.3f} MB at its peak ({spread}): the {memory.start_bytes / MEGABYTE:.3f} MB "
+        f"it starts from ({_start_parts(combination.mode)}) and "
+        f"{memory.peak_above_start_bytes / MEGABYTE:.3f} MB more. Measured from the allocator's record of every "
+        "allocation and free during one step, after the timing; each tensor alive at the peak is counted under "
+        "what it is. MB are 10^6 bytes.",
+        "",
+        "| part | MB | % of peak |",
+        "| --- | ---: | ---: |",
+        *(
+            f"| {part.name} | {part.bytes / MEGABYTE:.3f} | {100 * part.bytes / memory.peak_bytes:.1f} |"
+            for part in memory.parts
+            if memory.peak_bytes
+        ),
+        f"| **peak** | **{memory.peak_mb:.3f}** | 100 |",
+        "",
+        f"Resident: {memory.resident_bytes / MEGABYTE:,.0f} MB, {memory.resident_of}.",
+        "",
+        energy_sentence(record),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _start_parts(mode: str) -> str:
+    """What a step of `mode` holds when it starts."""
+    return "the weights and the batch" if mode == "inference" else "weights, optimizer state, batch, last gradients"
+
+
+def energy_sentence(record: ProfileRecord) -> str:
+    """The step's energy with its interval, or why there is none; never a zero."""
+    energy, batch = record.energy, record.combination.batch_size
+    if energy is None:
+        why = record.energy_unavailable or "not measured (a record from before energy was measured)"
+        return f"Energy: {why}."
+    sample = energy.per_sample(batch)
+    limits = (
+        f"; power limit {energy.power_limit_w:.0f} W, SM clock {energy.sm_clock_mhz:.0f} MHz, memory clock "
+        f"{energy.memory_clock_mhz:.0f} MHz"
+        if energy.power_limit_w is not None and energy.sm_clock_mhz is not None and energy.memory_clock_mhz is not None
+        else ""
+    )
+    return (
+        f"Energy: {energy.joules_per_step * 1000:.3f} mJ per step (95 % CI {energy.joules_per_step_low * 1000:.3f}-"
+        f"{energy.joules_per_step_high * 1000:.3f}, from {energy.processes} processes), {sample.value * 1000:.4f} mJ "
+        f"per sample, at {energy.mean_power_w:.0f} W on average; {energy.counter}, which moved every "
+        f"{energy.update_period_ms:.0f} ms, read across {energy.windows} timed windows{limits}."
+    )

@@ -26,6 +26,11 @@ call itself, or the one operator below it that implements it (`aten::convolution
 → `aten::mkldnn_convolution` / `aten::cudnn_convolution` / `aten::thnn_conv2d` → `aten::_slow_conv2d_forward`).
 Wrappers above or along that chain (`aten::conv2d`, `aten::linear`, `aten::_convolution`) get none, so
 every FLOP is counted once and the operators' FLOPs add up to the step's.
+
+The allocator's events (`[memory]`, recorded with `profile_memory`) give each operator's *allocated MB*: the bytes
+allocated on the combination's device while it was the innermost operator running on that thread, per step; an
+allocation inside a tensor factory (`aten::empty`, `aten::empty_like`, ...) counts for the operator that called it,
+whose output or scratch it is.
 """
 
 from __future__ import annotations
@@ -68,10 +73,28 @@ class TraceEvent:
 
 
 @dataclass(frozen=True)
+class Allocation:
+    """One allocation (`[memory]` event with a positive size) of the traced process."""
+
+    time_us: float
+    bytes: int
+    thread: str  # "pid/tid", as TraceEvent.thread
+    device: str  # cpu | cuda
+
+
+_MEMORY_DEVICES = {0: "cpu", 1: "cuda"}  # the events' `Device Type`
+# Operators that only allocate: their allocations belong to the operator that called them.
+_TENSOR_FACTORIES = frozenset(
+    {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty", "aten::new_empty_strided"}
+)
+
+
+@dataclass(frozen=True)
 class Trace:
     steps: tuple[TraceEvent, ...]  # the ProfilerStep#N ranges, in time order
     host: tuple[TraceEvent, ...]  # operators, ranges and launch calls on CPU threads
     device: tuple[TraceEvent, ...]  # kernels, copies, memsets on GPU streams
+    allocations: tuple[Allocation, ...] = ()  # none where the trace was recorded without profile_memory
 
     @property
     def step_count(self) -> int:
@@ -96,6 +119,7 @@ class OperatorStats:
     mflops: float | None  # per step, the work it runs itself; None: no counted FLOPs (no formula, or a wrapper)
     # Per step, megabytes its counted calls read and write (inputs, weights, outputs); None where mflops is None.
     mbytes: float | None = None
+    allocated_mb: float = 0.0  # per step, MB (10^6 bytes) allocated on the device while it was the innermost operator
 
 
 @dataclass(frozen=True)
@@ -138,7 +162,13 @@ def read_trace(path: Path) -> Trace:
     steps: list[TraceEvent] = []
     host: list[TraceEvent] = []
     device: list[TraceEvent] = []
+    allocations: list[Allocation] = []
     for item in raw:
+        if isinstance(item, dict) and item.get("name") == "[memory]":
+            allocation = _allocation(item)
+            if allocation is not None:
+                allocations.append(allocation)
+            continue
         if not isinstance(item, dict) or item.get("ph") != "X" or "dur" not in item:
             continue
         category = str(item.get("cat", ""))
@@ -167,7 +197,18 @@ def read_trace(path: Path) -> Trace:
             "and `profiler.step()`, so steps cannot be told apart; re-run its profile stage."
         )
     steps.sort(key=lambda event: event.start_us)
-    return Trace(steps=tuple(steps), host=tuple(host), device=tuple(device))
+    return Trace(steps=tuple(steps), host=tuple(host), device=tuple(device), allocations=tuple(allocations))
+
+
+def _allocation(item: dict[str, object]) -> Allocation | None:
+    """A `[memory]` event as an Allocation; None for a free or an event of another kind of device."""
+    args = item.get("args")
+    if not isinstance(args, dict):
+        return None
+    size, device = args.get("Bytes"), _MEMORY_DEVICES.get(int(args.get("Device Type", -1)))
+    if not isinstance(size, int) or size <= 0 or device is None or not isinstance(item.get("ts"), (int, float)):
+        return None
+    return Allocation(float(item["ts"]), size, f"{item.get('pid')}/{item.get('tid')}", device)  # type: ignore[arg-type]
 
 
 def analyse_trace(trace: Trace, device: str, step_flops: Sequence[CountedCall] = ()) -> TraceAnalysis:
@@ -217,7 +258,8 @@ def analyse_trace(trace: Trace, device: str, step_flops: Sequence[CountedCall] =
 
     on_gpu = device != "cpu"
     work = _attribute_flops(host, parents, is_operator, window, step_flops)
-    operators = _rank_operators(host, is_operator, self_cpu, self_device, total_device, steps, on_gpu, work)
+    allocated = _allocated_bytes(trace, host, parents, is_operator, window, "cpu" if device == "cpu" else "cuda")
+    operators = _rank_operators(host, is_operator, self_cpu, self_device, total_device, steps, on_gpu, work, allocated)
     ranges = _ranges(host, total_device, steps)
     kernel_rows = _kernel_rows(kernels, kernel_owners, steps)
     anatomy = _anatomy(trace, host, is_operator, device_events, window, on_gpu, device)
@@ -259,6 +301,43 @@ def _nest(events: Sequence[TraceEvent]) -> list[int | None]:
             parents[index] = stack[-1] if stack else None
             stack.append(index)
     return parents
+
+
+def _allocated_bytes(
+    trace: Trace,
+    host: Sequence[TraceEvent],
+    parents: Sequence[int | None],
+    is_operator: Sequence[bool],
+    window: _Steps,
+    device: str,
+) -> dict[str, float]:
+    """Operator name -> bytes allocated on `device` inside the traced steps while it was the innermost operator
+    on the allocating thread. The innermost event around a moment is the last one to start before it, or one of
+    that event's enclosing events (events on a thread nest)."""
+    starts: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for index, event in enumerate(host):
+        starts[event.thread].append((event.start_us, index))
+    for thread_starts in starts.values():
+        thread_starts.sort()
+    found: dict[str, float] = defaultdict(float)
+    for allocation in trace.allocations:
+        if allocation.device != device or window.index(allocation.time_us) is None:
+            continue
+        thread_starts = starts.get(allocation.thread, [])
+        position = bisect.bisect_right(thread_starts, (allocation.time_us, len(host))) - 1
+        candidate = thread_starts[position][1] if position >= 0 else None
+        while candidate is not None and not (is_operator[candidate] and allocation.time_us <= host[candidate].end_us):
+            candidate = parents[candidate]
+        while candidate is not None and host[candidate].name in _TENSOR_FACTORIES:
+            caller = parents[candidate]
+            while caller is not None and not is_operator[caller]:
+                caller = parents[caller]
+            if caller is None:
+                break
+            candidate = caller
+        if candidate is not None:
+            found[host[candidate].name] += allocation.bytes
+    return found
 
 
 def _depth(parents: Sequence[int | None], index: int) -> int:
@@ -344,6 +423,7 @@ def _rank_operators(
     steps: int,
     on_gpu: bool,
     work: Mapping[str, tuple[float, float]],
+    allocated: Mapping[str, float],
 ) -> tuple[OperatorStats, ...]:
     sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0, 0.0])
     for index, event in enumerate(host):
@@ -368,6 +448,7 @@ def _rank_operators(
             share_pct=100.0 * entry[ranked_by] / total,
             mflops=work[name][0] / steps / 1e6 if name in work else None,
             mbytes=work[name][1] / steps / 1e6 if name in work else None,
+            allocated_mb=allocated.get(name, 0.0) / steps / 1e6,
         )
         for name, entry in sums.items()
     ]

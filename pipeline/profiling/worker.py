@@ -31,7 +31,7 @@ import random
 import signal
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -45,8 +45,13 @@ from pipeline.common.errors import PipelineError
 from pipeline.data.mnist import load_split
 from pipeline.data.tensors import MEMORY_FORMAT, normalize_images
 from pipeline.model.checkpoint import load_checkpoint
-from pipeline.profiling.timing import time_interleaved
+from pipeline.profiling.energy import Unavailable, measure_energy, measure_update_period, open_counter
+from pipeline.profiling.memory import BuiltStep, measure_step_memory
+from pipeline.profiling.timing import synchronizer, time_interleaved
 from pipeline.training.steps import inference_step
+
+# Energy windows per step and timing process: the processes' spread gives the interval, as for the step time.
+ENERGY_WINDOWS = 1
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ class WorkerSpec:
     budget_s: float  # wall time for the timing itself, after the warm-up (all items together)
     seed: int = 0  # draws each round's order
     tune_allocator: bool = True
+    energy: str = ""  # the energy counter to read after the timing (pipeline.profiling.energy.open_counter); "": none
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -84,10 +90,11 @@ class WorkerSpec:
         return f"batch {batches} ({self.device}, {modes})"
 
 
-def make_step(model: nn.Module, mode: str, images: torch.Tensor, labels: torch.Tensor, lr: float) -> Callable[[], None]:
-    """One inference forward (eval, no autograd) or one training step (forward, backward, Adadelta at `lr`)."""
+def build_step(model: nn.Module, mode: str, images: torch.Tensor, labels: torch.Tensor, lr: float) -> BuiltStep:
+    """One inference forward (eval, no autograd) or one training step (forward, backward, Adadelta at `lr`), with
+    the tensors it holds between steps."""
     if mode == "inference":
-        return inference_step(model, images)
+        return BuiltStep(inference_step(model, images), model, (images,), None)
     model.train()
     optimizer = torch.optim.Adadelta(model.parameters(), lr=lr)  # the lab's optimizer: its update is profiled too
 
@@ -96,7 +103,12 @@ def make_step(model: nn.Module, mode: str, images: torch.Tensor, labels: torch.T
         F.nll_loss(model(images), labels).backward()  # type: ignore[no-untyped-call]
         optimizer.step()
 
-    return training_step
+    return BuiltStep(training_step, model, (images, labels), optimizer)
+
+
+def make_step(model: nn.Module, mode: str, images: torch.Tensor, labels: torch.Tensor, lr: float) -> Callable[[], None]:
+    """`build_step`'s step alone."""
+    return build_step(model, mode, images, labels, lr).run
 
 
 def measure(spec: WorkerSpec) -> dict[str, Any]:
@@ -108,21 +120,54 @@ def measure(spec: WorkerSpec) -> dict[str, Any]:
     checkpoint = load_checkpoint(Path(spec.checkpoint))
     test_images, test_labels = load_split(Path(spec.data_root), "test")
     lr = float(checkpoint.train_params["lr"])
-    steps = []
+    built = []
     for batch_size, mode in spec.items:
         model = copy.deepcopy(checkpoint.model).to(device).to(memory_format=MEMORY_FORMAT)
         images = normalize_images(test_images[:batch_size], device).contiguous(memory_format=MEMORY_FORMAT)
         labels = torch.from_numpy(test_labels[:batch_size].astype("int64")).to(device)
-        steps.append(make_step(model, mode, images, labels, lr))
+        built.append(build_step(model, mode, images, labels, lr))
+    steps = [step.run for step in built]
     for step in steps:
         for _ in range(spec.warmup_steps):
             step()
     timing = time_interleaved(steps, device, spec.ci_target_pct, spec.budget_s, random.Random(spec.seed))
+    sync = synchronizer(device)
+    memory = [measure_step_memory(step, device, sync) for step in built]  # after the timing: it profiles two steps
     return {
         "items": [[[block.steps, block.seconds] for block in blocks] for blocks in timing.blocks],
         "seconds": timing.seconds,
         "conditions": dataclasses.asdict(timing.conditions),
+        "memory": [dataclasses.asdict(found) for found in memory],
+        "energy": measure_energies(spec.energy, steps, sync) if spec.energy else [],
     }
+
+
+def measure_energies(
+    source: str, steps: Sequence[Callable[[], None]], sync: Callable[[], None]
+) -> list[dict[str, Any]]:
+    """Each step's energy from the counter `source` names, over ENERGY_WINDOWS windows (after the timing, so that
+    its steps' heat and clocks are the timed ones'); per step, its figures, or why there are none."""
+    counter = open_counter(source)
+    period = counter if isinstance(counter, Unavailable) else measure_update_period(counter)
+    if isinstance(period, Unavailable):
+        return [{"unavailable": period.reason} for _ in steps]
+    assert not isinstance(counter, Unavailable)
+    found: list[dict[str, Any]] = []
+    for step in steps:
+        estimate = measure_energy(step, sync, counter, period.longest_s, windows=ENERGY_WINDOWS)
+        if isinstance(estimate, Unavailable):
+            found.append({"unavailable": estimate.reason})
+            continue
+        found.append(
+            {
+                "joules_per_step": estimate.joules_per_step,
+                "mean_power_w": estimate.mean_power_w,
+                "windows": len(estimate.windows),
+                "update_period_s": period.median_s,
+                "counter": estimate.counter,
+            }
+        )
+    return found
 
 
 def _child(spec: WorkerSpec, output: int) -> None:

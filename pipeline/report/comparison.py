@@ -51,6 +51,8 @@ class ComparisonRow:
     top_operator: str
     top_operator_share_pct: float
     convolution_share_pct: float
+    peak_memory_mb: float | None = None  # what the step holds at its peak (None: not measured in the record)
+    energy_mj_per_sample: Interval | None = None  # where the device has an energy counter
 
     @property
     def combination(self) -> Combination:
@@ -139,6 +141,10 @@ def comparison_rows(profiles: Sequence[ProfileRecord]) -> list[ComparisonRow]:
                 top_operator=top[0].operator if top else "",
                 top_operator_share_pct=top[0].share_pct if top else 0.0,
                 convolution_share_pct=sum(row.share_pct for row in top if CONVOLUTION.search(row.operator)),
+                peak_memory_mb=record.memory.peak_mb if record.memory else None,
+                energy_mj_per_sample=(
+                    record.energy.per_sample(combination.batch_size).scaled(1000) if record.energy else None
+                ),
             )
         )
     return rows

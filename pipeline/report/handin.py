@@ -242,7 +242,7 @@ def batch_table(inputs: ReportInputs, rows: Sequence[ComparisonRow], params: Par
 
 
 def _row_line(row: ComparisonRow, say: Catalogue) -> str:
-    return say(
+    line = say(
         "batch_line",
         device=row.device,
         mode=row.mode,
@@ -252,6 +252,12 @@ def _row_line(row: ComparisonRow, say: Catalogue) -> str:
         per_sample=row.per_sample_ms,
         throughput=row.throughput_samples_per_s,
     )
+    if row.peak_memory_mb is not None:
+        line += " " + say("memory_line", peak=row.peak_memory_mb)
+    if row.energy_mj_per_sample is not None:
+        energy = row.energy_mj_per_sample
+        line += " " + say("energy_line", energy=energy.value, low=energy.low, high=energy.high)
+    return line
 
 
 def _processes(found: PairedComparison, say: Catalogue) -> str:

@@ -43,6 +43,7 @@ from pipeline.report.comparison import (
     comparisons_table,
 )
 from pipeline.report.figures import batch_size_plot, cpu_vs_gpu_figure, read_csv, roofline_figure, training_curves
+from pipeline.report.memory import memory_section, memory_sentences
 from pipeline.report.rendering import GRAPH_FIGURE
 from pipeline.report.roofline import RooflinePoint, roofline_chart, roofline_markdown, roofline_points
 from pipeline.report.step_analysis import (
@@ -250,9 +251,14 @@ def build_report(params: Params, figures: Path) -> Report:
     sections += ["## 9. Memory allocator: glibc's defaults against the tuned allocator\n"]
     sections.append(allocator_markdown(inputs.profiles))
 
-    sections.append("## 10. Analysis\n")
+    sections += ["## 10. Memory and energy per step\n", *memory_section(inputs.profiles, figures)]
+
+    sections.append("## 11. Analysis\n")
     sentences = (
-        comparison_sentences(rows, inputs.comparisons) + step_sentences(facts) + allocator_sentences(inputs.profiles)
+        comparison_sentences(rows, inputs.comparisons)
+        + step_sentences(facts)
+        + allocator_sentences(inputs.profiles)
+        + memory_sentences(inputs.profiles)
     )
     sections.append("".join(f"- {sentence}\n" for sentence in sentences) if rows else "_No profiles to analyse._\n")
 

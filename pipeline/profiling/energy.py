@@ -1,0 +1,485 @@
+"""Energy per step, from a device's energy counter read around windows of steps, and what the GPU ran at.
+
+An energy counter (NVML's total-energy counter on a GPU, RAPL's package counters on a CPU) is not a continuous
+integral: its value moves in steps, once per update period (NVML documents no period; it differs between GPUs and
+drivers, so `measure_update_period` measures it by polling). A reading taken at time t is the energy up to some
+instant in (t - period, t]. The energy between two readings is therefore off by less than one period's energy:
+each reading lags the truth by less than a period, and the two lags enter with opposite signs. At steady power
+that is a relative error below period / window.
+
+`measure_energy` makes each window at least WINDOW_PERIODS update periods long, so one window's energy is within
+1 / WINDOW_PERIODS = 5 % (twice that if the power at one end of the window were double the window's mean). The
+windows run back to back and share their end readings, so the lags at the inner boundaries cancel in the total:
+the energy per step over all windows is within period / (total time), 1 % for the default five windows. Aligning
+the start on an update edge (wait for the value to change, then start) would remove the first reading's lag, but
+only if the driver publishes the energy up to the moment of the update, which NVML does not document; the window
+rule needs only that a reading lags by less than one period. A lead-in of steps before the first reading puts
+that lag inside the step's own power, not in the idle time before it.
+
+A counter that cannot be read, or that does not advance while steps run, is reported as `Unavailable` with a
+one-sentence reason: never as zero energy.
+
+Torch-free: the caller passes its step and its device synchronisation (pipeline.profiling.timing.synchronizer).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+WINDOW_PERIODS = 20  # a window is at least this many update periods: the counter's lag is <= 5 % of its energy
+MIN_WINDOW_S = 0.1  # and at least this long, so a fast-updating counter (RAPL: ~1 ms) still averages many steps
+LEAD_IN_PERIODS = 2  # steps run this many periods before the first reading, so its lag falls in busy time
+WINDOWS = 5  # windows measured: their spread shows the variation, their total is within 1 / (5 x 20) = 1 %
+UPDATE_PROBE_S = 1.0  # polling time of measure_update_period: many updates even for a counter of ~100 ms
+MIN_INTERVALS = 3  # update intervals measure_update_period needs to give a period
+CLEAN_GAP_SHARE = 0.05  # an update interval counts if both its ends were timed to within this share of it
+
+RAPL_ROOT = Path("/sys/class/powercap")
+RAPL_NOT_EXPOSED = "not exposed by this machine"  # VMs, and machines without the powercap driver
+_RAPL_PACKAGE_ZONE = re.compile(r"intel-rapl:(\d+)")  # top-level zones; intel-rapl:0:0 and on are their parts
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """Why an energy figure could not be had, in one sentence a reader understands (it stands in for a number)."""
+
+    reason: str
+
+
+class EnergyCounter(Protocol):
+    """A monotonically increasing energy count in mJ that may move only once per update period."""
+
+    @property
+    def name(self) -> str:
+        """What is counted, for messages and records (`NVIDIA H100 80GB HBM3 (GPU 0)`, `package-0`)."""
+        ...
+
+    def millijoules(self) -> int: ...
+
+
+class NvmlCounter:
+    """A GPU's total-energy counter (nvmlDeviceGetTotalEnergyConsumption: mJ since the driver loaded).
+
+    Made by `open_gpu_counter`; it holds one NVML initialisation (NVML counts them) until `close`.
+    """
+
+    def __init__(self, nvml: Any, handle: Any, index: int, name: str) -> None:
+        self._nvml = nvml
+        self._handle = handle
+        self._open = True
+        self.index = index
+        self.name = name
+
+    def millijoules(self) -> int:
+        return int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._nvml.nvmlShutdown()
+
+    def __enter__(self) -> NvmlCounter:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _init_nvml() -> Any:
+    """The pynvml module, initialised (the caller shuts it down), or Unavailable saying why NVML is not there."""
+    try:
+        import pynvml  # type: ignore[import-untyped]
+    except ImportError as error:
+        return Unavailable(f"NVML could not be loaded: the nvidia-ml-py package is not importable ({error})")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as error:
+        if error.value == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+            return Unavailable("NVML could not be loaded: no NVIDIA driver library (libnvidia-ml.so.1) on this machine")
+        return Unavailable(f"NVML could not be loaded: {error}")
+    return pynvml
+
+
+def _gpu_handle(nvml: Any, index: int) -> Any:
+    """GPU `index`'s NVML handle, or Unavailable saying why there is none."""
+    try:
+        return nvml.nvmlDeviceGetHandleByIndex(index)
+    except nvml.NVMLError as error:
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except nvml.NVMLError:
+            return Unavailable(f"NVML could not open GPU {index} (NVML: {error})")
+        return Unavailable(f"NVML could not open GPU {index}: it sees {count} GPU(s) (NVML: {error})")
+
+
+def open_gpu_counter(index: int) -> NvmlCounter | Unavailable:
+    """GPU `index`'s energy counter, read once to check it works; Unavailable (never an exception) where there is
+    no NVML, no such GPU, or no counter on it (NVML has it on Volta and newer)."""
+    nvml = _init_nvml()
+    if isinstance(nvml, Unavailable):
+        return nvml
+    handle = _gpu_handle(nvml, index)
+    if isinstance(handle, Unavailable):
+        nvml.nvmlShutdown()
+        return handle
+    try:
+        name = f"{nvml.nvmlDeviceGetName(handle)} (GPU {index})"
+        nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+    except nvml.NVMLError as error:
+        nvml.nvmlShutdown()
+        if error.value in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+            return Unavailable(f"this GPU or driver has no total-energy counter (NVML: {error})")
+        return Unavailable(f"the energy counter of GPU {index} could not be read (NVML: {error})")
+    return NvmlCounter(nvml, handle, index, name)
+
+
+@dataclass(frozen=True)
+class GpuPowerState:
+    """What sets a GPU's energy per step besides the work: the GPU and driver, its power cap and its clocks.
+
+    The clocks are read at one moment (boost and power capping move them), so read them while the step runs.
+    None: NVML does not report that value for this GPU.
+    """
+
+    index: int
+    name: str
+    driver_version: str
+    power_limit_w: float | None  # enforced: the lowest of the limits set by the user, the board and the firmware
+    sm_clock_mhz: int | None
+    memory_clock_mhz: int | None
+
+
+def gpu_power_state(index: int) -> GpuPowerState | Unavailable:
+    """GPU `index`'s state through NVML, or Unavailable where there is no NVML or no such GPU."""
+    nvml = _init_nvml()
+    if isinstance(nvml, Unavailable):
+        return nvml
+    try:
+        handle = _gpu_handle(nvml, index)
+        if isinstance(handle, Unavailable):
+            return handle
+
+        def optional(read: Callable[[], Any]) -> int | None:
+            try:
+                return int(read())
+            except nvml.NVMLError:
+                return None
+
+        try:
+            name = str(nvml.nvmlDeviceGetName(handle))
+            driver = str(nvml.nvmlSystemGetDriverVersion())
+        except nvml.NVMLError as error:
+            return Unavailable(f"NVML could not name GPU {index} or its driver (NVML: {error})")
+        limit_mw = optional(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle))
+        return GpuPowerState(
+            index=index,
+            name=name,
+            driver_version=driver,
+            power_limit_w=None if limit_mw is None else limit_mw / 1000,
+            sm_clock_mhz=optional(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+            memory_clock_mhz=optional(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM)),
+        )
+    finally:
+        nvml.nvmlShutdown()
+
+
+@dataclass(frozen=True)
+class UpdatePeriod:
+    """How often a counter's value moves: the intervals between consecutive changes seen while polling it.
+
+    A change happened between two readings of the counter, so it is timed to within the two clock gaps around the
+    poll that saw it; updates cannot hide between two changes seen, as any update in between would have been seen.
+    Only intervals whose two ends were both timed to within CLEAN_GAP_SHARE of the interval count: a poller
+    descheduled on a busy machine (a scheduler slice: milliseconds) sees a change late, or two updates as one, and
+    would make the intervals come out wrong. A counter that changed at nearly every poll updates at least that often.
+    """
+
+    median_s: float
+    shortest_s: float
+    longest_s: float  # the safe period for measure_energy's window rule
+    intervals: int  # timed cleanly, of changes - 1
+    changes: int
+    polls: int
+    seconds: float
+
+    @property
+    def poll_interval_s(self) -> float:
+        return self.seconds / self.polls
+
+
+def measure_update_period(
+    counter: EnergyCounter, duration_s: float = UPDATE_PROBE_S, clock: Callable[[], float] = time.perf_counter
+) -> UpdatePeriod | Unavailable:
+    """Poll `counter` for `duration_s` and time its changes (UpdatePeriod: which intervals count). Polls without
+    pause, as a pause would blur the times. Unavailable if it went backwards, or if fewer than MIN_INTERVALS
+    intervals were timed cleanly: it changed too rarely, or the machine kept the poller from running."""
+    started = clock()
+    now = started
+    last = counter.millijoules()
+    polls = 1
+    changes = 0
+    gap = 0.0
+    changed_at: float | None = None
+    last_bracket = 0.0  # how precisely the last change was timed
+    spans: list[tuple[float, float]] = []  # (interval, the less precise of its ends)
+    while now - started < duration_s:
+        value = counter.millijoules()
+        polled = clock()
+        previous_gap = gap
+        gap, now = polled - now, polled
+        polls += 1
+        if value < last:
+            return Unavailable(f"{counter.name}: the energy counter went backwards ({last} -> {value} mJ)")
+        if value != last:
+            changes += 1
+            bracket = previous_gap + gap  # the change lies between the previous reading and this one
+            if changed_at is not None:
+                spans.append((now - changed_at, max(last_bracket, bracket)))
+            changed_at, last_bracket, last = now, bracket, value
+    seconds = now - started
+    intervals = sorted(interval for interval, bracket in spans if bracket <= CLEAN_GAP_SHARE * interval)
+    if len(intervals) >= MIN_INTERVALS:
+        return UpdatePeriod(
+            median_s=statistics.median(intervals),
+            shortest_s=intervals[0],
+            longest_s=intervals[-1],
+            intervals=len(intervals),
+            changes=changes,
+            polls=polls,
+            seconds=seconds,
+        )
+    if len(spans) < MIN_INTERVALS:
+        return Unavailable(
+            f"{counter.name}: the energy counter changed {changes} time(s) in {seconds:.2f} s of polling, too few "
+            "to tell its update period (it is stuck, or updates less often than that)"
+        )
+    return Unavailable(
+        f"{counter.name}: only {len(intervals)} of the energy counter's {len(spans)} update intervals could be timed "
+        f"in {seconds:.2f} s of polling, as the poller was kept from running (a busy machine)"
+    )
+
+
+@dataclass(frozen=True)
+class EnergyWindow:
+    """Consecutive steps between two readings of the counter, the device synchronised before each."""
+
+    steps: int
+    seconds: float
+    millijoules: int  # > 0: a window the counter did not advance over is never recorded
+
+    @property
+    def joules_per_step(self) -> float:
+        return self.millijoules / 1000 / self.steps
+
+    @property
+    def power_w(self) -> float:
+        return self.millijoules / 1000 / self.seconds
+
+
+@dataclass(frozen=True)
+class EnergyEstimate:
+    """The energy of a step, from back-to-back windows of steps (module docstring: why the windows are so long)."""
+
+    counter: str
+    update_period_s: float
+    windows: tuple[EnergyWindow, ...]
+
+    @property
+    def steps(self) -> int:
+        return sum(window.steps for window in self.windows)
+
+    @property
+    def seconds(self) -> float:
+        return sum(window.seconds for window in self.windows)
+
+    @property
+    def joules(self) -> float:
+        return sum(window.millijoules for window in self.windows) / 1000
+
+    @property
+    def joules_per_step(self) -> float:
+        """Over all windows: their shared readings cancel, so only the two outermost readings' lags remain."""
+        return self.joules / self.steps
+
+    @property
+    def mean_power_w(self) -> float:
+        return self.joules / self.seconds
+
+    @property
+    def window_joules_per_step(self) -> tuple[float, ...]:
+        """Each window's own figure: their spread is the step's variation plus up to ±`window_error_pct` each."""
+        return tuple(window.joules_per_step for window in self.windows)
+
+    @property
+    def window_error_pct(self) -> float:
+        """The most one window's energy can be off by the counter's updates, in % at steady power."""
+        return 100.0 * self.update_period_s / min(window.seconds for window in self.windows)
+
+    @property
+    def error_pct(self) -> float:
+        """The most `joules_per_step` can be off by the counter's updates, in % at steady power."""
+        return 100.0 * self.update_period_s / self.seconds
+
+
+def measure_energy(
+    step: Callable[[], None],
+    sync: Callable[[], None],
+    counter: EnergyCounter,
+    period_s: float,
+    windows: int = WINDOWS,
+    min_steps: int = 1,
+    min_window_s: float = MIN_WINDOW_S,
+    clock: Callable[[], float] = time.perf_counter,
+) -> EnergyEstimate | Unavailable:
+    """The energy of `step` (warmed up) over `windows` back-to-back windows of at least `min_steps` steps and
+    max(WINDOW_PERIODS x `period_s`, `min_window_s`) seconds each.
+
+    `period_s` is the counter's update period: UpdatePeriod.longest_s, so that no interval seen is longer. `sync`
+    waits for the device's queued work; it runs before every reading, so each window's steps have finished inside
+    it. Unavailable, at once, if the counter does not advance over a window or goes backwards. Takes about
+    windows x WINDOW_PERIODS + LEAD_IN_PERIODS update periods (2 s for a counter of 20 ms), or more for long steps.
+    """
+    if not (math.isfinite(period_s) and period_s > 0):
+        raise ValueError(f"the counter's update period must be a positive number of seconds, not {period_s}")
+    if windows < 1 or min_steps < 1:
+        raise ValueError(f"need at least one window of at least one step, not {windows} of {min_steps}")
+    window_s = max(WINDOW_PERIODS * period_s, min_window_s)
+
+    def run(seconds: float, least: int) -> int:
+        started = clock()
+        steps = 0
+        while steps < least or clock() - started < seconds:
+            step()
+            steps += 1
+        return steps
+
+    run(LEAD_IN_PERIODS * period_s, 1)
+    sync()
+    last_time = clock()
+    last_mj = counter.millijoules()
+    measured: list[EnergyWindow] = []
+    for number in range(1, windows + 1):
+        steps = run(window_s, min_steps)
+        sync()
+        now = clock()
+        mj = counter.millijoules()
+        if mj <= last_mj:
+            what = "went backwards" if mj < last_mj else "did not advance"
+            return Unavailable(
+                f"{counter.name}: the energy counter {what} over {steps} steps in {now - last_time:.3f} s "
+                f"(window {number} of {windows}, {(now - last_time) / period_s:.0f} update periods of {period_s} s): "
+                "it is stuck, or updates less often than measured"
+            )
+        measured.append(EnergyWindow(steps=steps, seconds=now - last_time, millijoules=mj - last_mj))
+        last_time, last_mj = now, mj
+    return EnergyEstimate(counter=counter.name, update_period_s=period_s, windows=tuple(measured))
+
+
+class RaplCounter:
+    """A CPU package's RAPL energy counter (powercap's energy_uj, µJ), in mJ and increasing across its wrap-around.
+
+    energy_uj wraps to 0 past max_energy_range_uj (a few hundred kJ: minutes at full power), so a wrap is seen only
+    if readings are less than one range apart; measure_energy reads at every window.
+    """
+
+    def __init__(self, zone: Path, name: str, max_range_uj: int, first_uj: int) -> None:
+        self.zone = zone
+        self.name = name
+        self.max_range_uj = max_range_uj
+        self._last_uj = first_uj
+        self._total_uj = first_uj
+
+    def millijoules(self) -> int:
+        raw = _read_int(self.zone / "energy_uj")
+        if raw < self._last_uj:
+            self._total_uj += self.max_range_uj - self._last_uj + raw
+        else:
+            self._total_uj += raw - self._last_uj
+        self._last_uj = raw
+        return self._total_uj // 1000
+
+
+def _read_int(path: Path) -> int:
+    with open(path) as file:
+        text = file.read()
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"not a number: {text.strip()!r}") from None
+
+
+def _unreadable(path: Path, error: OSError | ValueError) -> Unavailable:
+    if isinstance(error, PermissionError):
+        why = "permission"
+    elif isinstance(error, OSError):
+        why = error.strerror or str(error)
+    else:
+        why = str(error)
+    return Unavailable(f"not readable ({why}): {path}")
+
+
+def rapl_counters(root: Path = RAPL_ROOT) -> list[RaplCounter] | Unavailable:
+    """The energy counters of the CPU packages (top-level RAPL zones named package-N), each read once.
+
+    Unavailable when the machine exposes none, or when any package's counter cannot be read: the kernel lets only
+    root read energy_uj (`not readable (permission)`), and a sum missing one package would undercount. Other
+    top-level zones are left out: psys counts the whole platform, packages included.
+    """
+    if not root.is_dir():
+        return Unavailable(RAPL_NOT_EXPOSED)
+    zones = []
+    for entry in root.iterdir():
+        match = _RAPL_PACKAGE_ZONE.fullmatch(entry.name)
+        if match:
+            zones.append((int(match.group(1)), entry))
+    counters: list[RaplCounter] = []
+    for _, zone in sorted(zones):
+        path = zone / "name"
+        try:
+            name = path.read_text().strip()
+            if not name.startswith("package"):
+                continue
+            path = zone / "max_energy_range_uj"
+            max_range_uj = _read_int(path)
+            path = zone / "energy_uj"
+            first_uj = _read_int(path)
+        except (OSError, ValueError) as error:
+            return _unreadable(path, error)
+        counters.append(RaplCounter(zone, name, max_range_uj, first_uj))
+    if not counters:
+        return Unavailable(RAPL_NOT_EXPOSED)
+    return counters
+
+
+class SummedCounter:
+    """Several counters read as one (the packages of a multi-socket CPU)."""
+
+    def __init__(self, counters: Sequence[EnergyCounter], name: str) -> None:
+        self.counters = tuple(counters)
+        self.name = name
+
+    def millijoules(self) -> int:
+        return sum(counter.millijoules() for counter in self.counters)
+
+
+def open_counter(source: str) -> EnergyCounter | Unavailable:
+    """The counter a profile's timing processes read: `gpu:<index>` (NVML) or `rapl` (every CPU package, summed)."""
+    if source.startswith("gpu:"):
+        return open_gpu_counter(int(source.removeprefix("gpu:")))
+    if source == "rapl":
+        found = rapl_counters()
+        if isinstance(found, Unavailable):
+            return found
+        names = ", ".join(counter.name for counter in found)
+        return SummedCounter(found, f"RAPL energy of the CPU package(s) ({names}: every core, idle ones included)")
+    raise ValueError(f"unknown energy counter {source!r}")
