@@ -269,6 +269,9 @@ class StepMemory:
     peak_low_bytes: int  # the peak in the process that measured the least, and the most
     peak_high_bytes: int
     processes: int = 1  # processes that measured it
+    # CUDA: torch.cuda.max_memory_allocated over the step less memory_allocated at its start, the caching allocator's
+    # own statistic (it should equal peak_above_start_bytes); None on the CPU, whose allocator keeps no statistics.
+    allocator_peak_above_start_bytes: int | None = None
 
     @property
     def peak_above_start_bytes(self) -> int:
@@ -289,6 +292,11 @@ class StepMemory:
             "memory_peak_above_start_mb": self.peak_above_start_bytes / MEGABYTE,
             **parts,
             "memory_resident_mb": self.resident_bytes / MEGABYTE,
+            **(
+                {"memory_allocator_peak_above_start_mb": self.allocator_peak_above_start_bytes / MEGABYTE}
+                if self.allocator_peak_above_start_bytes is not None
+                else {}
+            ),
         }
 
 

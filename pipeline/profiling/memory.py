@@ -244,10 +244,13 @@ def measure_step_memory(step: BuiltStep, device: torch.device, sync: Callable[[]
     with tempfile.TemporaryDirectory(prefix="step-memory-") as scratch:
         profile_one_step(step.run, sync, Path(scratch))
         held = held_tensors(step)
-        if device.type == "cuda":
+        on_gpu = device.type == "cuda"
+        if on_gpu:  # the caching allocator's own statistics, beside its events
             torch.cuda.reset_peak_memory_stats(device)
+            allocated_before = torch.cuda.memory_allocated(device)
         with _noting_activations(step.model) as activations:
             trace = profile_one_step(step.run, sync, Path(scratch))
+        allocator_peak = torch.cuda.max_memory_allocated(device) - allocated_before if on_gpu else None
     gradients = set(_storages([p.grad for p in step.model.parameters() if p.grad is not None]))
     allocations = read_step_allocations(trace, device.type)
     _, parts = breakdown(allocations, held, gradients, activations)
@@ -267,4 +270,5 @@ def measure_step_memory(step: BuiltStep, device: torch.device, sync: Callable[[]
         resident_of=of,
         peak_low_bytes=peak,
         peak_high_bytes=peak,
+        allocator_peak_above_start_bytes=allocator_peak,
     )

@@ -318,7 +318,13 @@ def memory_markdown(record: ProfileRecord) -> str:
         ),
         f"| **peak** | **{memory.peak_mb:.3f}** | 100 |",
         "",
-        f"Resident: {memory.resident_bytes / MEGABYTE:,.0f} MB, {memory.resident_of}.",
+        f"Resident: {memory.resident_bytes / MEGABYTE:,.0f} MB, {memory.resident_of}."
+        + (
+            f" The CUDA allocator's own statistics (max_memory_allocated less memory_allocated at the start) put the "
+            f"peak {memory.allocator_peak_above_start_bytes / MEGABYTE:.3f} MB above the start."
+            if memory.allocator_peak_above_start_bytes is not None
+            else ""
+        ),
         "",
         energy_sentence(record),
     ]
