@@ -299,7 +299,17 @@ def test_matrix_yields_six_tables_with_timing_and_traces(profiled: Path) -> None
         table = (folder / "top_operators.md").read_text()
         assert f"| 1 | `{operators[0]}` |" in table
         assert "self GPU ms" not in table and all(row["self_device_ms"] == "" for row in rows)  # no GPU: no number
-        assert record["format"] == 6 and "MFLOPs per step: convolutions and matrix products" in table
+        assert record["format"] == 7 and "MFLOPs per step: convolutions and matrix products" in table
+        # Memory, measured in the timing processes: parts that add up to the peak, the weights the model's, the
+        # headline and MLflow's metric the same number.
+        memory = record["memory"]
+        parts = {part["name"]: part["bytes"] for part in memory["parts"]}
+        assert sum(parts.values()) == memory["peak_bytes"] and memory["processes"] == 2
+        assert parts["weights"] == 4_799_528 and (parts["optimizer state"] > 0) == name.endswith("train")
+        assert timing["memory_peak_mb"] == pytest.approx(memory["peak_bytes"] / 1e6)
+        headline = json.loads((folder / "metrics.json").read_text())
+        assert headline["memory_mb"] == float(f"{memory['peak_bytes'] / 1e6:.3g}")
+        assert "| **peak** |" in (folder / "memory.md").read_text()
         # Timed in the tiny params' 2 fresh processes: their medians kept, the interval from their spread.
         assert record["settings"]["processes"] == timing["processes"] == 2
         medians = record["process_step_times_ms"]

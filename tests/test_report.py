@@ -333,6 +333,13 @@ def test_report_numbers_equal_the_stage_outputs(reported: Path) -> None:
             .split("\n", 1)[1]
         )
         assert top_table in report
+        # Memory (section 10): this combination's peak and the range over the processes, as its record has them.
+        memory = record["memory"]
+        peak = f"{memory['peak_bytes'] / 1e6:.3f}"
+        span = f"{memory['peak_low_bytes'] / 1e6:.3f}-{memory['peak_high_bytes'] / 1e6:.3f}"
+        assert f"| {name} | {peak} | {span} |" in report, name
+    assert "## 10. Memory and energy per step" in report and "![memory at the step's peak" in report
+    assert report.count("not exposed by this machine") == 1
     assert "## 9. Memory allocator: glibc's defaults against the tuned allocator" in report
     assert f"| Memory allocator (profiles) | {record['settings']['allocator']} |" in report
     assert "## Missing inputs" not in report
@@ -354,11 +361,12 @@ def test_report_numbers_equal_the_stage_outputs(reported: Path) -> None:
         "throughput.png",
         "roofline.png",
         "roofline_intensity.png",
+        "memory.png",
     ):
         with Image.open(reported / "report" / "figures" / figure) as image:
             assert image.width > 300 and image.height > 200
     html = (reported / "report" / "report.html").read_text()
-    assert 'src="figures/' not in html and html.count("data:image/png;base64,") == 5
+    assert 'src="figures/' not in html and html.count("data:image/png;base64,") == 6
     assert "data:image/svg+xml;base64," in html and "<table>" in html
 
 

@@ -142,11 +142,14 @@ def _storages(tensors: Sequence[torch.Tensor]) -> dict[int, int]:
 
 
 def held_tensors(step: BuiltStep) -> HeldTensors:
+    """The step's state on its device (Adadelta keeps its step counts on the CPU when the weights are on a GPU)."""
     parameters = list(step.model.parameters())
+    device = parameters[0].device
     state = [] if step.optimizer is None else list(step.optimizer.state.values())
+    kept = [t for s in state for t in s.values() if isinstance(t, torch.Tensor) and t.numel() and t.device == device]
     return HeldTensors(
         weights=_storages(parameters),
-        optimizer_state=_storages([t for s in state for t in s.values() if isinstance(t, torch.Tensor) and t.numel()]),
+        optimizer_state=_storages(kept),
         inputs=_storages(step.inputs),
         gradients=_storages([p.grad for p in parameters if p.grad is not None]),
     )
