@@ -480,7 +480,8 @@ def run_device_profile(
     allocator = tune_allocator().description
     records = []
     power = gpu_power_state(setups[0].device.index or 0) if setups[0].device.type == "cuda" else None
-    energies = [_energy(found, spec, power) for found in paired.energy]
+    missing = "" if spec.energy else energy_source(setups[0].device)[1]  # why the timing read no counter
+    energies = [_energy(found, missing, power) for found in paired.energy]
     measured = zip(setups, paired.timings, paired.memory, energies, trace_paths, default_runs, strict=True)
     for setup, timing, memory, (energy, no_energy), path, default_run in measured:
         record = _profile_record(setup, timing, path, top_k, allocator, default_run, memory)
@@ -491,11 +492,12 @@ def run_device_profile(
 
 
 def _energy(
-    found: StepEnergy | str | None, spec: WorkerSpec, power: GpuPowerState | Unavailable | None
+    found: StepEnergy | str | None, missing: str, power: GpuPowerState | Unavailable | None
 ) -> tuple[StepEnergy | None, str]:
-    """A combination's energy for its record, with the GPU's power limit and clocks; or why there is none."""
+    """A combination's energy for its record, with the GPU's power limit and clocks; or why there is none
+    (`missing`: why no counter was read at all)."""
     if found is None:
-        return None, energy_source(torch.device(spec.device))[1] or "not measured"
+        return None, missing
     if isinstance(found, str):
         return None, found
     if isinstance(power, GpuPowerState):

@@ -25,11 +25,6 @@ PART_COLOURS = dict(
 )
 
 
-def _part(memory: StepMemory, name: str) -> int:
-    """Bytes of one part at the peak (0 where the step held none of it)."""
-    return sum(part.bytes for part in memory.parts if part.name == name)
-
-
 def _measured(profiles: Sequence[ProfileRecord]) -> list[tuple[ProfileRecord, StepMemory]]:
     return [(record, record.memory) for record in profiles if record.memory is not None]
 
@@ -42,7 +37,7 @@ def memory_section(profiles: Sequence[ProfileRecord], figures: Path) -> list[str
             "_No profile record holds memory figures (records from before they were measured); rerun the "
             "profile stages._\n"
         ]
-    parts = [name for name in MEMORY_PARTS if any(_part(memory, name) for _, memory in measured)]
+    parts = [name for name in MEMORY_PARTS if any(memory.part(name) for _, memory in measured)]
     header = " | ".join(parts)
     lines = [
         "What each combination's step holds in the device's memory at its peak, in MB (10^6 bytes): the state it "
@@ -53,7 +48,7 @@ def memory_section(profiles: Sequence[ProfileRecord], figures: Path) -> list[str
         f"| --- | ---: | ---: | {' | '.join('---:' for _ in parts)} |",
     ]
     for record, memory in measured:
-        cells = " | ".join(f"{_part(memory, name) / MEGABYTE:.3f}" for name in parts)
+        cells = " | ".join(f"{memory.part(name) / MEGABYTE:.3f}" for name in parts)
         spread = f"{memory.peak_low_bytes / MEGABYTE:.3f}-{memory.peak_high_bytes / MEGABYTE:.3f}"
         lines.append(f"| {record.combination.name} | {memory.peak_mb:.3f} | {spread} | {cells} |")
     memory_figure([record for record, _ in measured], figures / Path(MEMORY_FIGURE).name)
@@ -87,7 +82,7 @@ def memory_figure(records: Sequence[ProfileRecord], target: Path) -> None:
         labels = [str(r.combination.batch_size) for r in chosen]
         bottom = [0.0] * len(chosen)
         for name in MEMORY_PARTS:
-            heights = [_part(r.memory, name) / MEGABYTE if r.memory else 0.0 for r in chosen]
+            heights = [r.memory.part(name) / MEGABYTE if r.memory else 0.0 for r in chosen]
             if any(heights):
                 axes.bar(labels, heights, bottom=bottom, color=PART_COLOURS[name], label=name)
                 bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
@@ -103,9 +98,9 @@ def memory_figure(records: Sequence[ProfileRecord], target: Path) -> None:
 def peak_phase(memory: StepMemory) -> str:
     """Where in the step its peak falls, from what is alive there: the optimizer's temporaries exist only inside
     its step, activation gradients only inside the backward pass."""
-    if _part(memory, "optimizer temporaries"):
+    if memory.part("optimizer temporaries"):
         return "peak in the optimizer's step"
-    if _part(memory, "activation gradients"):
+    if memory.part("activation gradients"):
         return "peak in the backward pass"
     return "peak in the forward pass"
 
@@ -122,10 +117,10 @@ def memory_sentences(profiles: Sequence[ProfileRecord]) -> list[str]:
         if len(ordered) < 2:
             continue
         (small, first), (large, last) = ordered[0], ordered[-1]
-        growth = {name: _part(last, name) - _part(first, name) for name in MEMORY_PARTS}
+        growth = {name: last.part(name) - first.part(name) for name in MEMORY_PARTS}
         grows = max(growth, key=lambda name: growth[name])
-        held = "weights and optimizer state" if any(_part(m, "optimizer state") for _, m in ordered) else "weights"
-        states = {_part(m, "weights") + _part(m, "optimizer state") for _, m in ordered}
+        held = "weights and optimizer state" if any(m.part("optimizer state") for _, m in ordered) else "weights"
+        states = {m.part("weights") + m.part("optimizer state") for _, m in ordered}
         state = (
             f"{held} {min(states) / MEGABYTE:.1f} MB at every batch size"
             if len(states) == 1
