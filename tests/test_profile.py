@@ -9,6 +9,7 @@ import gzip
 import json
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -364,9 +365,11 @@ def test_the_device_stage_measures_every_stated_ratio_paired(profiled: Path) -> 
 
 
 @pytest.mark.slow
-def test_every_cpu_combination_times_its_step_with_glibc_defaults_first_then_tuned(profiled: Path) -> None:
-    """The allocator what-if (pipeline.common.allocator): the same step, the same process, both set-ups."""
-    faults = {}
+def test_every_cpu_combination_is_timed_with_glibc_defaults_in_processes_paired_with_the_tuned_ones(
+    profiled: Path,
+) -> None:
+    """The allocator what-if (pipeline.common.allocator): the same steps in as many fresh processes that keep glibc's
+    defaults as tuned ones (2 in the tiny project), each beside a tuned one; the slowdown pair by pair."""
     for name in COMBINATIONS:
         folder = profiled / "profiles" / "cpu" / folder_name(name)
         record = json.loads((folder / "profile.json").read_text())
@@ -374,27 +377,21 @@ def test_every_cpu_combination_times_its_step_with_glibc_defaults_first_then_tun
         assert "malloc, defaults" in whatif["default_allocator"] and "tuned" in record["settings"]["allocator"]
         assert whatif["step_time_ms_ci_low"] <= whatif["step_time_ms_median"] <= whatif["step_time_ms_ci_high"]
         assert timing["default_allocator_step_time_ms_median"] == whatif["step_time_ms_median"]
-        assert timing["default_allocator_slowdown"] == pytest.approx(
-            whatif["step_time_ms_median"] / timing["step_time_ms_median"]
-        )
+        pairs, faults = whatif["process_slowdowns"], whatif["process_page_faults"]
+        assert len(pairs) == len(faults) == len(record["process_step_times_ms"]) == 2
+        assert whatif["slowdown"] == pytest.approx(statistics.median(pairs), rel=1e-4)
+        assert whatif["slowdown_ci_low"] <= whatif["slowdown"] <= whatif["slowdown_ci_high"]
+        assert timing["default_allocator_slowdown"] == whatif["slowdown"]
+        assert whatif["page_faults_per_step"] == pytest.approx(statistics.median(faults), rel=1e-4)
         assert timing["page_faults_per_step"] == whatif["tuned_page_faults_per_step"]
         assert {row["operator"] for row in whatif["operators"]} & {row["operator"] for row in record["top_operators"]}
         assert (
             "Allocator what-if: with glibc malloc's defaults the same step took"
             in (folder / "top_operators.md").read_text()
         )
-        faults[name] = (whatif["page_faults_per_step"], whatif["tuned_page_faults_per_step"])
-    # Structure, not speed: with the defaults a training step maps its large buffers anew and faults them in again
-    # (thousands of pages a step); tuned, they stay on the heap. How many in one process varies: glibc raises its
-    # mmap threshold to the largest block freed so far and trims the heap top only when the free space there passes
-    # twice that, so a small block that lands above the step's buffers can stop the refaulting for good. The
-    # batch-64 what-if of this tiny project faulted 2,529-11,804 times a step in 11 runs on one Zen 5, and 2.6 in
-    # one CI run whose batch 1 and 16 faulted ~2,500. Not zero tuned either: on a loaded machine the kernel
-    # reclaims idle heap pages (this VM runs DAMON reclaim: 462 a step seen, 922 against 8,141 once). So the claim
-    # is made over the three training combinations together.
-    train = [faults[name] for name in COMBINATIONS if name.endswith("-train")]
-    default, tuned = sum(pair[0] for pair in train), sum(pair[1] for pair in train)
-    assert len(train) == 3 and default > 1000 and tuned < default / 5, faults
+    # How many page faults the defaults cost depends on what each process freed before (glibc raises its mmap
+    # threshold to the largest mapped block freed so far): no count is asserted here. tests/test_allocator.py
+    # checks the mechanism itself in fresh processes: a batch-sized buffer mapped with the defaults, kept tuned.
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from pipeline.profiling.record import (
     flop_rate,
 )
 from pipeline.profiling.roofs import MachineRoofs, read_roofs, write_roofs
-from pipeline.profiling.texts import kernel_table_markdown
+from pipeline.profiling.texts import kernel_table_markdown, operators_markdown
 from pipeline.report.allocator_whatif import allocator_markdown, allocator_sentences
 from pipeline.report.figures import cpu_vs_gpu_figure, roofline_figure
 from pipeline.report.roofline import UNDECIDED, roofline_chart, roofline_markdown, roofline_points
@@ -286,6 +287,44 @@ def test_allocator_section_compares_each_cpu_combination_and_says_what_is_not_th
     assert "No measurable difference for 16-cpu-train." in sentence
     assert "Neither set-up page-faulted in 1-cpu-train (0.88x (0.84-0.91x))" in sentence
     assert allocator_sentences([gpu]) == [] and "No allocator what-if in these profiles" in allocator_markdown([gpu])
+
+
+def _paired(record: ProfileRecord, pairs: tuple[float, ...]) -> ProfileRecord:
+    """`record`'s what-if as the stage now measures it: the slowdown of each pair of processes, median and CI."""
+    assert record.allocator_whatif is not None
+    ordered = sorted(pairs)
+    whatif = dataclasses.replace(
+        record.allocator_whatif,
+        slowdown=statistics.median(pairs),
+        slowdown_ci_low=ordered[0],
+        slowdown_ci_high=ordered[-1],
+        process_slowdowns=pairs,
+        process_page_faults=(record.allocator_whatif.page_faults_per_step,) * len(pairs),
+    )
+    return dataclasses.replace(record, allocator_whatif=whatif)
+
+
+def test_a_paired_allocator_whatif_states_the_pairs_ratio_and_a_direction_only_where_its_interval_shows_one() -> None:
+    """Paired, the ratio and its CI are the pairs' own (not built from the two rows' intervals, which here would
+    overlap); a step the defaults ran measurably faster is said to be faster, not hidden under "up to"."""
+    slower = _paired(_with_whatif(make_record(64, "cpu", "train", 50.0), 52.0, 9000, 1), (1.03, 1.04, 1.05))
+    tie = _paired(_with_whatif(make_record(16, "cpu", "train", 20.0), 20.0, 2, 1), (0.99, 1.0, 1.02))
+    faster = _paired(_with_whatif(make_record(1, "cpu", "train", 8.0), 7.6, 2, 1), (0.94, 0.95, 0.96))
+    table = allocator_markdown([slower, tie, faster])
+    assert "| 64 train | 52.000 (50.960-53.040) | 50.000 (49.000-51.000) | 1.04x (1.03-1.05x) | 9,000 | 1 |" in table
+    assert "| 16 train |" in table and "no measurable difference (0.99-1.02x)" in table
+    assert "ratio is taken pair by pair" in table
+    (sentence,) = allocator_sentences([slower, tie, faster])
+    assert "up to 1.04x (1.03-1.05x) as long as with the tuned allocator (batch 64 train)" in sentence
+    assert "Paired: each defaults process ran next to a tuned one" in sentence and "Not paired" not in sentence
+    assert "No measurable difference for 16-cpu-train." in sentence
+    assert "Faster with the defaults: 1-cpu-train (0.95x (0.94-0.96x))." in sentence
+    (none_slower,) = allocator_sentences([tie, faster])
+    assert none_slower == (
+        "Memory allocation: no CPU step measurably slower with glibc malloc's defaults than with the tuned "
+        "allocator; faster with the defaults: 1-cpu-train (0.95x (0.94-0.96x))."
+    )
+    assert "defaults ÷ tuned (paired) 1.04x (1.03-1.05x)" in operators_markdown(slower)
 
 
 def _with_work(record: ProfileRecord, bytes_per_step: float, operators: tuple[OperatorRow, ...]) -> ProfileRecord:

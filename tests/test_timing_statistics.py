@@ -26,6 +26,7 @@ from pipeline.profiling.statistics import (
     measurement_conditions,
     median_interval,
     paired_ratio,
+    ratio_over_pairs,
     t_975,
     two_speeds,
 )
@@ -303,6 +304,26 @@ def test_paired_ratio_per_sample_scale_and_its_refusals() -> None:
         paired_ratio(a, b + b)
     with pytest.raises(ValueError, match="one block of each side in every round"):
         paired_ratio(a, [[Block(1, 0.001)]])
+
+
+def test_a_ratio_over_pairs_of_processes_follows_the_pairs_not_the_minutes_between_them() -> None:
+    """Set-ups that cannot share a process (glibc's allocator settings): each pair ran side by side, so a drift of
+    the machine from pair to pair (here 1.0 to 1.3) moves both sides and leaves each pair's ratio at ~1.05."""
+    drift = [1.0, 1.1, 1.2, 1.3, 1.15, 1.05]
+    tuned = [10.0 * speed for speed in drift]
+    defaults = [10.5 * speed * (1 + 0.002 * (-1) ** index) for index, speed in enumerate(drift)]
+    found = ratio_over_pairs(defaults, tuned)
+    assert found.value == pytest.approx(1.05, rel=3e-3) and found.measurable and found.every_process
+    assert 1.04 < found.low <= found.value <= found.high < 1.06
+    assert found.process_values == tuple(pytest.approx(d / t) for d, t in zip(defaults, tuned, strict=True))
+    # The rows' own intervals (order statistics of 6 medians) overlap: unpaired, no difference could be shown.
+    low_d, high_d = between_process_interval(defaults) or (0.0, 0.0)
+    low_t, high_t = between_process_interval(tuned) or (0.0, 0.0)
+    assert low_d < high_t and low_t < high_d
+    one = ratio_over_pairs([2.0], [1.0])
+    assert one.value == 2.0 and math.isinf(one.high) and not one.measurable
+    with pytest.raises(ValueError, match="same number of processes"):
+        ratio_over_pairs([1.0, 2.0], [1.0])
 
 
 def test_no_measurable_difference_when_the_processes_disagree_on_the_direction() -> None:

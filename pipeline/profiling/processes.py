@@ -52,8 +52,9 @@ class WorkerResult:
     blocks: tuple[tuple[Block, ...], ...]  # per item of the spec, one block per round
     seconds: float  # the worker's timing only
     conditions: MeasurementConditions
-    memory: tuple[StepMemory, ...]  # per item of the spec
+    memory: tuple[StepMemory, ...]  # per item of the spec; empty where the spec measures none
     energy: tuple[dict[str, Any], ...]  # per item where the spec names a counter: its figures, or why none
+    page_faults: tuple[float, ...] = ()  # per item where the spec counts them: minor page faults per step
 
 
 def _parse(answer: str, spec: WorkerSpec) -> WorkerResult:
@@ -74,6 +75,7 @@ def _parse(answer: str, spec: WorkerSpec) -> WorkerResult:
             for found in timing["memory"]
         ),
         energy=tuple(timing.get("energy", [])),
+        page_faults=tuple(float(count) for count in timing.get("page_faults", [])),
     )
 
 
@@ -227,8 +229,11 @@ class PairedTiming:
     timings: tuple[StepTiming, ...]  # per item of the spec
     process_blocks: tuple[tuple[tuple[Block, ...], ...], ...]  # [process][item]: that process's blocks of the item
     speeds: tuple[float, ...]  # per process: the speed factor all its items shared (statistics.process_speeds)
-    memory: tuple[StepMemory, ...]  # per item: the median process's, with the range over processes
+    memory: tuple[StepMemory, ...]  # per item: the median process's, with the range over processes; empty: not measured
     energy: tuple[StepEnergy | str | None, ...]  # per item: over the processes; why none (str); None: not measured
+    page_faults: tuple[tuple[float, ...], ...] = ()  # per item: each process's page faults per step; empty: not counted
+    # The alternate spec's timing (glibc malloc's defaults): its process i ran right after process i of this one.
+    alternate: PairedTiming | None = None
 
 
 def time_in_processes(
@@ -237,24 +242,33 @@ def time_in_processes(
     progress: Callable[[int], object] | None = None,
     server: WorkerServer | None = None,
     servers: int = 1,
+    alternate: WorkerSpec | None = None,
 ) -> PairedTiming:
     """Time every item of `spec` in `processes` workers, each with `spec.budget_s` / `processes` of timing and its
     own round order, forked in turn from `servers` servers: `server` (a `forked_worker_server` or `worker_server`
     the caller started) and new `worker_server`s for the rest. Each new server is a new program start, with its own
     address-space layout and hash seed, which every worker forked from it shares.
 
-    `progress(i)` is called after worker i (1-based) finished."""
+    `alternate`: the same items set up another way (glibc's defaults), timed in as many workers, each right beside
+    its partner of `spec` from the same server (first and second in turn, so that neither set-up always runs
+    first), so that a ratio between the two set-ups can be taken pair by pair. `progress(i)` is called after worker
+    i (1-based) of `spec`, and its partner, finished."""
     results: list[WorkerResult] = []
+    partners: list[WorkerResult] = []
     training = any(mode != "inference" for _, mode in spec.items)
     with contextlib.ExitStack() as stack:
         started = [server] if server is not None else []
         started += [stack.enter_context(worker_server(training=training)) for _ in range(servers - len(started))]
         for index in range(processes):
-            share = dataclasses.replace(spec, budget_s=spec.budget_s / processes, seed=spec.seed + index)
-            results.append(ask(started[index % len(started)], share))
+            pair = ((results, spec), (partners, alternate))
+            for found, kind in pair if index % 2 == 0 else pair[::-1]:
+                if kind is not None:
+                    share = dataclasses.replace(kind, budget_s=kind.budget_s / processes, seed=kind.seed + index)
+                    found.append(ask(started[index % len(started)], share))
             if progress is not None:
                 progress(index + 1)
-    return combine(results, spec)
+    paired = combine(results, spec)
+    return dataclasses.replace(paired, alternate=combine(partners, alternate)) if alternate is not None else paired
 
 
 def combine(results: Sequence[WorkerResult], spec: WorkerSpec) -> PairedTiming:
@@ -280,11 +294,12 @@ def combine(results: Sequence[WorkerResult], spec: WorkerSpec) -> PairedTiming:
             )
         )
     items = range(len(spec.items))
-    memory = tuple(over_processes([result.memory[index] for result in results]) for index in items)
+    memory = tuple(over_processes([result.memory[index] for result in results]) for index in items if spec.memory)
     energy = tuple(
         energy_over_processes([result.energy[index] for result in results]) if spec.energy else None for index in items
     )
-    return PairedTiming(tuple(timings), tuple(result.blocks for result in results), speeds, memory, energy)
+    faults = tuple(tuple(result.page_faults[index] for result in results) for index in items if spec.page_faults)
+    return PairedTiming(tuple(timings), tuple(result.blocks for result in results), speeds, memory, energy, faults)
 
 
 def energy_over_processes(found: Sequence[dict[str, Any]]) -> StepEnergy | str:

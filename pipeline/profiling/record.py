@@ -27,10 +27,12 @@ from pipeline.profiling.measures import (
     KernelStats,
     MeasurementConditions,
     RangeStats,
+    Ratio,
     StepAnatomy,
     StepEnergy,
     StepEstimate,
     StepMemory,
+    ratio,
 )
 
 # Profiling runs the trained weights in fp32 whatever precision training used: the lab compares
@@ -49,10 +51,12 @@ METRIC_PREFIX = "profile/"
 # timed interval (`TraceCheck`); the machine's drift no longer inside the interval.
 # 7: what a step holds in memory at its peak, by part (`memory`), measured in the timing processes; energy per step
 # where the device has a counter (`energy`), else why not (`energy_unavailable`).
-RECORD_FORMAT = 7
+# 8: the allocator what-if timed in fresh processes paired with the tuned ones (`AllocatorWhatIf.slowdown`).
+RECORD_FORMAT = 8
 T = TypeVar("T")
 # Older formats the report still reads (committed records of earlier runs), converted by `_upgrade`.
-READABLE_FORMATS = (2, 3, 4, 5, 6, RECORD_FORMAT)
+READABLE_FORMATS = (2, 3, 4, 5, 6, 7, RECORD_FORMAT)
+COMPARISON_FORMATS = (7, RECORD_FORMAT)  # comparisons.json: unchanged since format 7
 
 
 @dataclass(frozen=True)
@@ -269,16 +273,40 @@ class OperatorShare:
 
 @dataclass(frozen=True)
 class AllocatorWhatIf:
-    """The same step with glibc malloc's defaults, timed first in the same fresh process (CPU only), against
-    the tuned allocator the record's timing ran with (pipeline.common.allocator: the 1.3-1.7x lesson)."""
+    """The same step with glibc malloc's defaults (CPU only), against the tuned allocator the record's timing ran
+    with (pipeline.common.allocator).
+
+    Timed in fresh processes that keep glibc's defaults, as many as the tuned ones, each started next to a tuned
+    one (just before or just after it, in turn) from the same server and timing the same combinations interleaved:
+    the slowdown is taken pair by pair, so that whatever the machine did in that minute it did to both sides.
+    Records before format 8 timed the defaults in the stage's own process, unpaired (`slowdown` 0)."""
 
     default_allocator: str  # what the what-if ran with; the record's `settings.allocator` says the tuned one
     step_time_ms_median: float  # with the defaults; the same estimator as the record's timing
     step_time_ms_ci_low: float
     step_time_ms_ci_high: float
-    page_faults_per_step: float  # minor page faults (getrusage), with the defaults
+    page_faults_per_step: float  # minor page faults (getrusage) per step with the defaults; the median process's
     tuned_page_faults_per_step: float  # the same count with the tuned allocator
     operators: tuple[OperatorShare, ...]  # the default allocator's operator shares, most expensive first
+    slowdown: float = 0.0  # defaults ÷ tuned step time: the median over pairs of processes; 0: not paired
+    slowdown_ci_low: float = 0.0  # its 95 % interval, from the spread of the pairs
+    slowdown_ci_high: float = 0.0
+    process_slowdowns: tuple[float, ...] = ()  # each pair's ratio, in the order they ran
+    process_page_faults: tuple[float, ...] = ()  # each defaults process's page faults per step
+
+    @property
+    def paired(self) -> bool:
+        return self.slowdown > 0
+
+    def step_interval(self) -> Interval:
+        return Interval(self.step_time_ms_median, self.step_time_ms_ci_low, self.step_time_ms_ci_high)
+
+    def slowdown_ratio(self, tuned: Interval) -> Ratio:
+        """Defaults ÷ tuned: the paired ratio where the record has one, else from the two intervals (`tuned`: the
+        record's step interval)."""
+        if self.paired:
+            return Ratio(self.slowdown, self.slowdown_ci_low, self.slowdown_ci_high)
+        return ratio(self.step_interval(), tuned)
 
 
 @dataclass(frozen=True)
@@ -358,7 +386,9 @@ class ProfileRecord:
             return {}
         return {
             "default_allocator_step_time_ms_median": whatif.step_time_ms_median,
-            "default_allocator_slowdown": whatif.step_time_ms_median / self.timing.step_time_ms_median
+            "default_allocator_slowdown": whatif.slowdown
+            if whatif.paired
+            else whatif.step_time_ms_median / self.timing.step_time_ms_median
             if self.timing.step_time_ms_median
             else 0.0,
             "page_faults_per_step": whatif.tuned_page_faults_per_step,
@@ -480,7 +510,7 @@ def read_typed_json(
 def read_comparisons(path: Path, device: str) -> DeviceComparisons:
     """Read `comparisons.json`; a missing field or another device's file is a user error naming the fix."""
     fix = f"rerun `dvc repro -f profile@{device}`."
-    comparisons = read_typed_json(path, DeviceComparisons, "comparison record", (RECORD_FORMAT,), fix)
+    comparisons = read_typed_json(path, DeviceComparisons, "comparison record", COMPARISON_FORMATS, fix)
     if comparisons.device != device:
         raise PipelineError(f"{path} holds device {comparisons.device}, not {device}; {fix}")
     return comparisons

@@ -27,7 +27,7 @@ import dataclasses
 import itertools
 import math
 import os
-import resource
+import statistics
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,7 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-from pipeline.common.allocator import AllocatorSetup, glibc_defaults, plan_allocator, tune_allocator
+from pipeline.common.allocator import glibc_defaults, plan_allocator, tune_allocator
 from pipeline.common.errors import PipelineError
 from pipeline.common.native_stderr import filtered_native_stderr
 from pipeline.data.mnist import load_split
@@ -70,8 +70,8 @@ from pipeline.profiling.record import (
     run_params,
 )
 from pipeline.profiling.roofs import DeviceRoofs, read_roofs
-from pipeline.profiling.statistics import Block, PairedRatio, paired_ratio
-from pipeline.profiling.timing import StepTiming, synchronizer, time_steps
+from pipeline.profiling.statistics import Block, PairedRatio, paired_ratio, ratio_over_pairs
+from pipeline.profiling.timing import StepTiming, page_faults_per_step, synchronizer, time_steps
 from pipeline.profiling.trace_analysis import (
     CountedCall,
     OperatorStats,
@@ -204,24 +204,6 @@ def trace_steps(step: Callable[[], None], sync: Callable[[], None], on_gpu: bool
                 sync()
                 profiler.step()
         profiler.export_chrome_trace(str(path))
-
-
-FAULT_COUNT_S = 0.2  # steps counted for the page-fault rate: about this long, and at least MIN_FAULT_STEPS
-MIN_FAULT_STEPS = 5
-
-
-def page_faults_per_step(step: Callable[[], None], sync: Callable[[], None], step_ms: float) -> float:
-    """Minor page faults per step (getrusage, the whole process), over about `FAULT_COUNT_S` of steps.
-
-    A minor fault is the kernel handing the process a fresh zeroed page on first touch: with glibc's
-    defaults a step's large buffers are mapped anew each step, so they fault in again (pipeline.common.allocator).
-    """
-    steps = max(MIN_FAULT_STEPS, math.ceil(FAULT_COUNT_S * 1000 / step_ms) if step_ms > 0 else MIN_FAULT_STEPS)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(steps):
-        step()
-    sync()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps
 
 
 @dataclass(frozen=True)
@@ -384,30 +366,36 @@ def _device_roofs(path: Path, device: torch.device) -> DeviceRoofs:
     return roofs
 
 
-def measure_allocator_whatif(setup: ProfileSetup, seconds: float, defaults: AllocatorSetup) -> DefaultAllocatorRun:
-    """The step with glibc malloc's defaults, which this fresh process still runs: warmed up, timed for about
-    `seconds` (the same estimator as the main timing), its page faults counted and `active_steps` traced for
-    the operator shares. Run before `tune_allocator`: once tuned, a process cannot go back to the defaults
-    (mallopt turns glibc's dynamic threshold off for good)."""
+def allocator_whatif_spec(spec: WorkerSpec, seconds: float) -> WorkerSpec:
+    """The timing spec with glibc malloc's defaults kept, as a fresh program has them: `seconds` of timing per
+    combination, page faults counted after it; no memory or energy (the tuned processes measure those)."""
+    return dataclasses.replace(
+        spec, budget_s=seconds * len(spec.items), tune_allocator=False, energy="", memory=False, page_faults=True
+    )
+
+
+def trace_with_defaults(setup: ProfileSetup) -> tuple[OperatorStats, ...]:
+    """The what-if's operator shares: one traced pass of the step with glibc malloc's defaults, which this process
+    still runs. Before `tune_allocator`: once tuned, a process cannot go back to the defaults (mallopt turns glibc's
+    dynamic threshold off for good). The what-if's times and page faults come from fresh processes
+    (`allocator_whatif_spec`); this pass says where its time goes."""
     settings, step = setup.settings, setup.step.run
     sync = synchronizer(setup.device)
     for _ in range(settings.warmup_steps):
         step()
     sync()
-    timing = time_steps(step, setup.device, setup.combination.batch_size, settings.ci_target_pct, seconds)
-    faults = page_faults_per_step(step, sync, timing.estimate.median_ms)
     with tempfile.TemporaryDirectory(prefix="allocator-whatif-") as scratch:
         trace = Path(scratch) / "trace.json"
         trace_steps(step, sync, False, settings.active_steps, trace)
-        analysis = analyse_trace(read_trace(trace), setup.device.type, ())
-    return DefaultAllocatorRun(defaults.description, timing, faults, analysis.operators)
+        return analyse_trace(read_trace(trace), setup.device.type, ()).operators
 
 
 @dataclass(frozen=True)
 class DefaultAllocatorRun:
     allocator: str
-    timing: StepTiming
-    page_faults_per_step: float
+    timing: StepTiming  # over the processes that kept glibc's defaults
+    page_faults: tuple[float, ...]  # per step, each of those processes
+    slowdown: PairedRatio  # defaults / tuned, pair by pair (statistics.ratio_over_pairs)
     operators: tuple[OperatorStats, ...]
 
     def whatif(self, tuned_page_faults_per_step: float, top_k: int) -> AllocatorWhatIf:
@@ -417,10 +405,35 @@ class DefaultAllocatorRun:
             step_time_ms_median=estimate.median_ms,
             step_time_ms_ci_low=estimate.ci_low_ms,
             step_time_ms_ci_high=estimate.ci_high_ms,
-            page_faults_per_step=self.page_faults_per_step,
+            page_faults_per_step=statistics.median(self.page_faults),
             tuned_page_faults_per_step=tuned_page_faults_per_step,
             operators=tuple(OperatorShare(row.operator, row.share_pct) for row in self.operators[: 2 * top_k]),
+            slowdown=self.slowdown.value,
+            slowdown_ci_low=self.slowdown.low,
+            slowdown_ci_high=self.slowdown.high,
+            process_slowdowns=tuple(float(f"{value:.5g}") for value in self.slowdown.process_values),
+            process_page_faults=tuple(float(f"{value:.5g}") for value in self.page_faults),
         )
+
+
+def default_allocator_runs(
+    setups: Sequence[ProfileSetup], paired: PairedTiming, allocator: str
+) -> list[DefaultAllocatorRun | None]:
+    """Each combination's what-if from the processes that kept glibc's defaults (`paired.alternate`), its slowdown
+    taken against the tuned process that ran just before each; None everywhere when none ran."""
+    found = paired.alternate
+    if found is None:
+        return [None] * len(setups)
+    return [
+        DefaultAllocatorRun(
+            allocator,
+            found.timings[index],
+            found.page_faults[index],
+            ratio_over_pairs(found.timings[index].process_medians_ms, paired.timings[index].process_medians_ms),
+            trace_with_defaults(setup),
+        )
+        for index, setup in enumerate(setups)
+    ]
 
 
 def timing_spec(setups: Sequence[ProfileSetup], config: ProfileConfig, checkpoint: Path, data_root: Path) -> WorkerSpec:
@@ -467,16 +480,18 @@ def run_device_profile(
     The combinations are first timed interleaved in `processes` fresh processes (pipeline.profiling.processes),
     forked in turn from `program_starts` servers: `server` where the stage started one early
     (`forked_worker_server`, before any tensor code), and new ones for the rest. Then, on a CPU, with
-    `allocator_whatif_s` > 0 and glibc's allocator still at its defaults, this process measures each step with those
-    defaults (`measure_allocator_whatif`); then the allocator is tuned (pipeline.common.allocator) and everything
-    else runs tuned, as in every other torch stage. The timing processes tune their own allocator. `progress(what)`
-    is called after each timing process and each traced combination."""
+    `allocator_whatif_s` > 0 and glibc's allocator still at its defaults, as many more processes keep those defaults,
+    each timed next to a tuned one (`allocator_whatif_spec`), and this process traces each step once with them
+    (`trace_with_defaults`); then its allocator is tuned (pipeline.common.allocator) and everything else runs tuned,
+    as in every other torch stage. `progress(what)` is called after each timing process (with its partner) and each
+    traced combination."""
     on_process = (lambda index: progress(f"timing process {index}")) if progress else None
-    paired = time_in_processes(spec, processes, on_process, server, servers=min(program_starts, processes))
     defaults = glibc_defaults() if setups[0].device.type == "cpu" and allocator_whatif_s > 0 else None
-    default_runs = [
-        measure_allocator_whatif(setup, allocator_whatif_s, defaults) if defaults else None for setup in setups
-    ]
+    alternate = allocator_whatif_spec(spec, allocator_whatif_s) if defaults else None
+    paired = time_in_processes(
+        spec, processes, on_process, server, servers=min(program_starts, processes), alternate=alternate
+    )
+    default_runs = default_allocator_runs(setups, paired, defaults.description if defaults else "")
     allocator = tune_allocator().description
     records = []
     power = gpu_power_state(setups[0].device.index or 0) if setups[0].device.type == "cuda" else None

@@ -252,6 +252,18 @@ def paired_ratio(
     return PairedRatio(value, min(low, value), max(high, value), tuple(values))
 
 
+def ratio_over_pairs(numerators: Sequence[float], denominators: Sequence[float]) -> PairedRatio:
+    """numerator / denominator from pairs of processes that ran one right after the other (a set-up that cannot
+    change inside one process, such as glibc's allocator settings): each pair's ratio of its two medians; the value
+    is their median, the 95 % interval their spread (`between_process_interval`; one pair: no interval)."""
+    if len(numerators) != len(denominators) or not numerators:
+        raise ValueError("ratios over pairs need the same number of processes on both sides")
+    values = [ours / theirs for ours, theirs in zip(numerators, denominators, strict=True)]
+    value = statistics.median(values)
+    low, high = between_process_interval(values) or (0.0, math.inf)
+    return PairedRatio(value, min(low, value), max(high, value), tuple(values))
+
+
 def load_average() -> float:
     """The 1-minute load average (0.0 where the platform has none)."""
     try:

@@ -195,15 +195,16 @@ def operators_markdown(record: ProfileRecord) -> str:
             f"{graph['host_overhead_pct']:.0f} % of the eager step: launching kernels one by one from Python, "
             "which a replay leaves out.",
         ]
-    allocator = record.allocator_metrics()
-    if allocator:
+    whatif = record.allocator_whatif
+    if whatif:
+        paired = " (paired)" if whatif.paired else ""
         lines[3:3] = [
             "",
             f"Allocator what-if: with glibc malloc's defaults the same step took "
-            f"{allocator['default_allocator_step_time_ms_median']:.3f} ms median "
-            f"({allocator['default_allocator_slowdown']:.2f}x), "
-            f"{allocator['default_allocator_page_faults_per_step']:,.0f} page faults per step against "
-            f"{allocator['page_faults_per_step']:,.0f} tuned ({record.settings.allocator}).",
+            f"{whatif.step_time_ms_median:.3f} ms median, defaults ÷ tuned{paired} "
+            f"{whatif.slowdown_ratio(record.timing.step_interval()).describe()}; "
+            f"{whatif.page_faults_per_step:,.0f} page faults per step against "
+            f"{whatif.tuned_page_faults_per_step:,.0f} tuned ({record.settings.allocator}).",
         ]
     for rank, row in enumerate(rows, start=1):
         gpu = f"{_cell(row.self_device_ms, '.3f')} | " if on_gpu else ""

@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import random
+import resource
 import statistics
 import time
 import timeit
@@ -121,6 +122,24 @@ def synchronizer(device: torch.device) -> Callable[[], None]:
     if device.type == "mps":
         return torch.mps.synchronize
     return lambda: None
+
+
+FAULT_COUNT_S = 0.2  # steps counted for the page-fault rate: about this long, and at least MIN_FAULT_STEPS
+MIN_FAULT_STEPS = 5
+
+
+def page_faults_per_step(step: Callable[[], None], sync: Callable[[], None], step_ms: float) -> float:
+    """Minor page faults per step (getrusage, the whole process), over about `FAULT_COUNT_S` of steps.
+
+    A minor fault is the kernel handing the process a fresh zeroed page on first touch: with glibc's
+    defaults a step's large buffers are mapped anew each step, so they fault in again (pipeline.common.allocator).
+    """
+    steps = max(MIN_FAULT_STEPS, math.ceil(FAULT_COUNT_S * 1000 / step_ms) if step_ms > 0 else MIN_FAULT_STEPS)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(steps):
+        step()
+    sync()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps
 
 
 def time_steps(

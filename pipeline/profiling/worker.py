@@ -14,11 +14,12 @@ the checkpoint's loader reach), more than the timing itself. So one server per s
 no tensor code (no thread pool, no allocation by torch), then forks one child per spec read from stdin: the
 profile stage forks the server from itself before its own tensor code
 (pipeline.profiling.processes.forked_worker_server); a caller that has run tensor code starts this module. Each
-child is a new process from that clean state: it tunes the allocator as every torch stage does, builds each
-step from the checkpoint and the first test images, warms them up, times them (pipeline.profiling.timing) for
-its share of the budget and exits; the server prints the blocks as one JSON line. Children share the server's
-library layout and hash seed; a new stage run has a new server, and the calibration test
-(tests/test_timing_calibration.py) checks that intervals hold across stage runs.
+child is a new process from that clean state: it tunes the allocator as every torch stage does (or keeps glibc's
+defaults where the spec asks, for the allocator what-if), builds each step from the checkpoint and the first test
+images, warms them up, times them (pipeline.profiling.timing) for its share of the budget, measures what the spec
+asks after the timing (memory, page faults, energy) and exits; the server prints it all as one JSON line.
+Children share the server's library layout and hash seed; a new stage run has a new server, and the calibration
+test (tests/test_timing_calibration.py) checks that intervals hold across stage runs.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -47,7 +49,7 @@ from pipeline.data.tensors import MEMORY_FORMAT, normalize_images
 from pipeline.model.checkpoint import load_checkpoint
 from pipeline.profiling.energy import Unavailable, measure_energy, measure_update_period, open_counter
 from pipeline.profiling.memory import BuiltStep, measure_step_memory
-from pipeline.profiling.timing import synchronizer, time_interleaved
+from pipeline.profiling.timing import page_faults_per_step, synchronizer, time_interleaved
 from pipeline.training.steps import inference_step
 
 # Energy windows per step and timing process: the processes' spread gives the interval, as for the step time.
@@ -72,8 +74,10 @@ class WorkerSpec:
     ci_target_pct: float
     budget_s: float  # wall time for the timing itself, after the warm-up (all items together)
     seed: int = 0  # draws each round's order
-    tune_allocator: bool = True
+    tune_allocator: bool = True  # False: glibc malloc's defaults, as a fresh program has them (the allocator what-if)
     energy: str = ""  # the energy counter to read after the timing (pipeline.profiling.energy.open_counter); "": none
+    memory: bool = True  # measure each item's memory after the timing (pipeline.profiling.memory)
+    page_faults: bool = False  # count each item's minor page faults per step after the timing
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -132,12 +136,18 @@ def measure(spec: WorkerSpec) -> dict[str, Any]:
             step()
     timing = time_interleaved(steps, device, spec.ci_target_pct, spec.budget_s, random.Random(spec.seed))
     sync = synchronizer(device)
-    memory = [measure_step_memory(step, device, sync) for step in built]  # after the timing: it profiles two steps
+    faults = []
+    if spec.page_faults:
+        for step, blocks in zip(steps, timing.blocks, strict=True):
+            faults.append(page_faults_per_step(step, sync, statistics.median(block.step_ms for block in blocks)))
+    # After the timing, as the memory measure profiles two steps.
+    memory = [measure_step_memory(step, device, sync) for step in built] if spec.memory else []
     return {
         "items": [[[block.steps, block.seconds] for block in blocks] for blocks in timing.blocks],
         "seconds": timing.seconds,
         "conditions": dataclasses.asdict(timing.conditions),
         "memory": [dataclasses.asdict(found) for found in memory],
+        "page_faults": faults,
         "energy": measure_energies(spec.energy, steps, sync) if spec.energy else [],
     }
 

@@ -1,10 +1,9 @@
 """The allocator what-if as report text: the same step with glibc malloc's defaults and tuned, per CPU combination.
 
-Each CPU profile stage also times its step in its own process with glibc's defaults, then tunes that process's
-allocator and traces as usual; its timing processes tune theirs (pipeline.profiling.run, pipeline.common.allocator).
-The record keeps both. The lesson: the same
-model and the same operators, one allocator setting apart, and the operator table charges the page faults
-to whichever operator allocates. Torch-free.
+Each CPU profile stage times its combinations in fresh processes with the tuned allocator and, paired with each,
+in as many that keep glibc's defaults (pipeline.profiling.run, pipeline.common.allocator); the record keeps both and
+their ratio pair by pair. The lesson: the same model and the same operators, one allocator setting apart, and the
+operator table charges the page faults to whichever operator allocates. Torch-free.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.common.tables import markdown_table
-from pipeline.profiling.measures import Interval, ratio
 from pipeline.profiling.record import AllocatorWhatIf, ProfileRecord
 
 SHIFTED_OPERATORS = 2  # operators named per combination: those whose share moves the most
@@ -34,13 +32,13 @@ def allocator_markdown(records: Sequence[ProfileRecord]) -> str:
     rows = []
     for record, whatif in measured:
         tuned = record.timing.step_interval()
-        default = _default_interval(whatif)
+        default = whatif.step_interval()
         rows.append(
             (
                 f"{record.combination.batch_size} {record.combination.mode}",
                 f"{default.value:.3f} ({default.low:.3f}-{default.high:.3f})",
                 f"{tuned.value:.3f} ({tuned.low:.3f}-{tuned.high:.3f})",
-                ratio(default, tuned).describe(),
+                whatif.slowdown_ratio(tuned).describe(),
                 f"{whatif.page_faults_per_step:,.0f}",
                 f"{whatif.tuned_page_faults_per_step:,.0f}",
                 shifted_operators(record, whatif),
@@ -57,13 +55,21 @@ def allocator_markdown(records: Sequence[ProfileRecord]) -> str:
     )
     allocators = sorted({whatif.default_allocator for _, whatif in measured})
     tuned_allocators = sorted({record.settings.allocator for record, _ in measured})
+    how = (
+        "in fresh processes, each started next to a tuned timing process (just before or after it, in turn) and "
+        "timing the same combinations interleaved, so the ratio is taken pair by pair (95 % CI from the pairs' spread)"
+        if all(whatif.paired for _, whatif in measured)
+        else "in the stage's own process, not paired with the tuned timing (the ratio's interval is built from both "
+        "intervals)"
+    )
     return "\n".join(
         [
-            "Every CPU profile stage also times its step with glibc malloc's defaults "
-            f"({'; '.join(allocators)}); everything else, the timing processes and the tables included, runs with "
-            f"the tuned allocator ({'; '.join(tuned_allocators)}). With the defaults, buffers above the mmap "
-            "threshold are mapped and unmapped every step, so each step faults its memory in again page by page; "
-            "the operator that allocates is charged for it.\n",
+            f"Every CPU profile stage also times its steps with glibc malloc's defaults ({'; '.join(allocators)}), "
+            f"{how}; everything else, the tables included, runs with the tuned allocator "
+            f"({'; '.join(tuned_allocators)}). With the defaults, buffers above the mmap threshold can be mapped and "
+            "unmapped every step, so each step faults its memory in again page by page; the operator that allocates "
+            "is charged for it. How often that happens depends on what the process freed before (glibc raises its "
+            "threshold to the largest mapped block freed so far), so the page faults are the median process's.\n",
             *markdown_table(columns, rows),
             "",
         ]
@@ -85,20 +91,33 @@ def allocator_sentences(records: Sequence[ProfileRecord]) -> list[str]:
     measured = whatif_records(records)
     if not measured:
         return []
-    ratios = [(record, ratio(_default_interval(whatif), record.timing.step_interval())) for record, whatif in measured]
+    ratios = [(record, whatif.slowdown_ratio(record.timing.step_interval())) for record, whatif in measured]
+    paired = all(whatif.paired for _, whatif in measured)
     slowest = max(ratios, key=lambda pair: pair[1].value)
     unmeasurable = [record.combination.name for record, value in ratios if not value.measurable]
-    if not slowest[1].measurable:
-        return ["Memory allocation: no measurable difference between glibc malloc's defaults and the tuned allocator."]
+    faster = [f"{record.combination.name} ({value.describe()})" for record, value in ratios if value.high < 1]
+    if not slowest[1].measurable or slowest[1].low < 1:
+        sentence = (
+            "Memory allocation: no CPU step measurably slower with glibc malloc's defaults than with the tuned "
+            "allocator" + (f"; faster with the defaults: {', '.join(faster)}" if faster else "") + "."
+        )
+        return [sentence]
     sentence = (
         f"Memory allocation: with glibc malloc's defaults the CPU steps took up to {slowest[1].describe()} as long "
         f"as with the tuned allocator (batch {slowest[0].combination.batch_size} {slowest[0].combination.mode}), "
-        "with the same operators on the same values and more page faults per step. Not paired: glibc's settings "
-        "cannot be undone inside a process, so the defaults were timed in the stage's own process and the tuned "
-        "step in the timing processes, minutes apart at most."
+        "with the same operators on the same values."
+    )
+    sentence += (
+        " Paired: each defaults process ran next to a tuned one, so the machine's drift between minutes is not "
+        "in these ratios."
+        if paired
+        else " Not paired: the defaults were timed in the stage's own process and the tuned step in the timing "
+        "processes, minutes apart at most."
     )
     if unmeasurable:
         sentence += f" No measurable difference for {', '.join(unmeasurable)}."
+    if faster:
+        sentence += f" Faster with the defaults: {', '.join(faster)}."
     # Where neither set-up page-faulted, a measurable difference cannot be the faults; the data hold no other cause.
     drift = [
         f"{record.combination.name} ({value.describe()})"
@@ -111,10 +130,6 @@ def allocator_sentences(records: Sequence[ProfileRecord]) -> list[str]:
     if drift:
         sentence += (
             f" Neither set-up page-faulted in {', '.join(drift)}: that difference is not page faults, and these "
-            "unpaired measurements do not say what it is."
+            "measurements do not say what it is."
         )
     return [sentence]
-
-
-def _default_interval(whatif: AllocatorWhatIf) -> Interval:
-    return Interval(whatif.step_time_ms_median, whatif.step_time_ms_ci_low, whatif.step_time_ms_ci_high)
