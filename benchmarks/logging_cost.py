@@ -25,7 +25,8 @@ from pipeline.data.tensors import DeviceData
 from pipeline.model.network import LabNet
 from pipeline.params.loading import load_params
 from pipeline.params.schema import TrackingConfig, TrainConfig
-from pipeline.tracking.tracker import Tracker, open_tracker
+from pipeline.tracking.lifecycle import open_tracker
+from pipeline.tracking.tracker import Tracker
 from pipeline.training.loop import TrainingResult, Window, train_epoch
 
 

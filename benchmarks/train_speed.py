@@ -137,7 +137,7 @@ def pipeline_epoch(
     from pipeline.data.mnist import load_split
     from pipeline.data.tensors import first_samples, to_device_data
     from pipeline.params.schema import TrackingConfig
-    from pipeline.tracking.tracker import open_tracker
+    from pipeline.tracking.lifecycle import open_tracker
     from pipeline.training.loop import train_model
     from pipeline.training.runtime import pin_runtime, select_device, select_precision
 

@@ -5,7 +5,7 @@ from pipeline.common.stage_runner import run_stage
 from pipeline.data.artifacts import log_download
 from pipeline.data.mnist import fetch_mnist, mirror_candidates, write_dataset
 from pipeline.params.loading import load_params
-from pipeline.tracking.tracker import open_tracker
+from pipeline.tracking.lifecycle import open_tracker
 
 
 def main() -> None:

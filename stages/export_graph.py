@@ -10,8 +10,8 @@ from pipeline.graph.artifacts import export_graph, log_graph_export
 from pipeline.model.checkpoint import checkpoint_digest, load_checkpoint
 from pipeline.params.loading import load_params
 from pipeline.params.schema import section_as_dict
+from pipeline.tracking.lifecycle import open_tracker
 from pipeline.tracking.tags import DATA_DIGEST_TAG, MODEL_DIGEST_TAG
-from pipeline.tracking.tracker import open_tracker
 
 
 def main() -> None:

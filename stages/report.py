@@ -17,7 +17,7 @@ from pipeline.report.rendering import (
     markdown_to_html,
     tensorboard_image_tag,
 )
-from pipeline.tracking.tracker import STAGE_DESCRIPTIONS, open_tracker
+from pipeline.tracking.lifecycle import STAGE_DESCRIPTIONS, open_tracker
 
 
 def main() -> None:

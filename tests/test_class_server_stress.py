@@ -175,7 +175,7 @@ def test_a_long_outage_stops_the_stage_cleanly_and_the_next_run_succeeds(
     assert f"MLflow tracking store {server.url} failed during the stage" in stderr and "Traceback" not in stderr
     assert "No outputs were written" in stderr and not (project / "models" / "model.pt").exists()
     # Rode out the default retries once (sleeps of 62 s, test_contracts.py), then stopped: the cleanup's calls got
-    # one try each (tracker.ONE_TRY); before that it waited the budget again per call, three minutes in all.
+    # one try each (lifecycle.ONE_TRY); before that it waited the budget again per call, three minutes in all.
     assert 60 < gave_up_s < 100, gave_up_s
     assert server.command("start").returncode == 0
     again = run_command([sys.executable, "-m", "stages.train"], project, environment, STAGE_LIMIT_S)

@@ -282,7 +282,7 @@ def test_stage_runs_of_one_pipeline_run_share_a_parent_and_the_latest_is_current
     from mlflow import MlflowClient
 
     from pipeline.params.schema import TrackingConfig
-    from pipeline.tracking.tracker import open_tracker
+    from pipeline.tracking.lifecycle import open_tracker
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("DVC_EXP_NAME", raising=False)
@@ -323,8 +323,8 @@ def test_a_stage_finds_the_runs_behind_the_bytes_it_read_whichever_dvc_experimen
 
     from pipeline.common.outputs import AtomicOutputs
     from pipeline.params.schema import TrackingConfig
+    from pipeline.tracking.lifecycle import open_tracker
     from pipeline.tracking.lineage import file_md5
-    from pipeline.tracking.tracker import open_tracker
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("DVC_EXP_NAME", raising=False)
@@ -462,7 +462,7 @@ def test_a_failed_artifact_upload_names_the_servers_storage_however_the_client_s
     """The two ways a client saw the class server's full artifact folder in tests/test_class_server_stress.py
     (which of them depends on when the server gave up reading the upload); a store that is down gets the other
     hint."""
-    from pipeline.tracking.tracker import _failure_hint
+    from pipeline.tracking.lifecycle import _failure_hint
 
     url = "/api/2.0/mlflow-artifacts/artifacts/1/0123/artifacts/model/data/model.pt2"
     message = (

@@ -30,7 +30,7 @@ from pipeline.params.schema import Precision, ProfileMode, TrackingConfig, Train
 from pipeline.profiling.record import Combination, read_record, write_record
 from pipeline.profiling.run import prepare_profiles, run_device_profile, timing_spec
 from pipeline.profiling.texts import operators_markdown
-from pipeline.tracking.tracker import open_tracker
+from pipeline.tracking.lifecycle import open_tracker
 from pipeline.training.artifacts import (
     REGISTERED_MODEL_DESCRIPTION,
     log_model,

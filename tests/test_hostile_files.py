@@ -47,8 +47,8 @@ from pipeline.params.parsing import params_from_mapping
 from pipeline.params.schema import DataConfig, TrackingConfig
 from pipeline.profiling.processes import ask, worker_server
 from pipeline.profiling.worker import WorkerSpec
+from pipeline.tracking.lifecycle import open_tracker
 from pipeline.tracking.store import check_tracking_server, credentials_out_of_uri
-from pipeline.tracking.tracker import open_tracker
 from tests.helpers.data import LAB_MODEL, make_synthetic_mnist
 from tests.helpers.projects import clone_project, copy_project, run_command, stage_environment
 from tests.helpers.repo import REPO_ROOT

@@ -33,8 +33,8 @@ from pipeline.machines.report import MachinesReport, build_machines_report
 from pipeline.machines.runs import LeftOut, Machine, ProfileRun, StepTime, read_store
 from pipeline.params.schema import TrackingConfig
 from pipeline.profiling.record import Combination
+from pipeline.tracking.lifecycle import open_tracker
 from pipeline.tracking.tags import ID_TAG, NAME_TAG, identity_tags, machine_tags
-from pipeline.tracking.tracker import open_tracker
 from tests.helpers.projects import run_command, stage_environment
 from tests.helpers.records import copy_profiles, gpu_reference, log_profile_folder, profile_run_params
 from tests.helpers.repo import REPO_ROOT

@@ -30,7 +30,15 @@ from pipeline.model.network import LabNet
 from pipeline.model.summary import summarize
 from pipeline.params.schema import ProfileMode
 from pipeline.profiling.measures import MeasurementConditions, StepAnatomy, StepMemory
-from pipeline.profiling.record import Combination, OperatorRow, TraceCheck, flop_rate, read_comparisons, read_record
+from pipeline.profiling.record import (
+    RECORD_FORMAT,
+    Combination,
+    OperatorRow,
+    TraceCheck,
+    flop_rate,
+    read_comparisons,
+    read_record,
+)
 from pipeline.profiling.roofs import read_roofs
 from pipeline.profiling.run import ProfileResult, profile_combination
 from pipeline.profiling.statistics import Block, estimate_step_time
@@ -300,7 +308,7 @@ def test_matrix_yields_six_tables_with_timing_and_traces(profiled: Path) -> None
         table = (folder / "top_operators.md").read_text()
         assert f"| 1 | `{operators[0]}` |" in table
         assert "self GPU ms" not in table and all(row["self_device_ms"] == "" for row in rows)  # no GPU: no number
-        assert record["format"] == 7 and "MFLOPs per step: convolutions and matrix products" in table
+        assert record["format"] == RECORD_FORMAT and "MFLOPs per step: convolutions and matrix products" in table
         # Memory, measured in the timing processes: parts that add up to the peak, the weights the model's, the
         # headline and MLflow's metric the same number.
         memory = record["memory"]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.profiling.processes import wait_until_ready, worker_server
 from pipeline.profiling.timing import MIN_BLOCKS, device_clock, time_steps
 from tests.helpers.repo import run_python
 
@@ -194,3 +195,20 @@ def test_no_process_that_forks_timing_processes_initialises_cuda_to_ask_for_a_gp
     assert result.returncode == 0, result.stderr[-3000:]
     checks = ast.literal_eval(result.stdout.splitlines()[-1])
     assert checks and set(checks) == {"1"}, checks  # asked, and every time through NVML
+
+
+@pytest.mark.slow  # starts a server that imports torch: seconds, so `make test` only
+def test_a_started_timing_server_is_handed_over_only_once_its_imports_are_done() -> None:
+    """A timing process must not share the cores with a server still importing torch (seconds of CPU), or the
+    first processes time a slower machine than the rest. `worker_server` returns once the server said READY, by
+    which time torch is mapped in it."""
+
+    def torch_mapped(pid: int) -> bool:
+        return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+
+    with worker_server(training=False) as server:
+        assert server.poll() is None and torch_mapped(server.pid)
+    with worker_server(training=False, ready=False) as early:
+        started = torch_mapped(early.pid)  # a fresh interpreter: torch not loaded yet
+        wait_until_ready(early)
+        assert not started and torch_mapped(early.pid)

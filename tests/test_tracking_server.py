@@ -88,7 +88,7 @@ PROBE = """
 import sys
 from pipeline.common.stage_runner import run_stage
 from pipeline.params.schema import TrackingConfig
-from pipeline.tracking.tracker import open_tracker
+from pipeline.tracking.lifecycle import open_tracker
 
 def main() -> None:
     config = TrackingConfig(experiment="server-faults", tensorboard_dir="runs", registered_model="lab-model")
@@ -210,7 +210,7 @@ def test_server_failing_mid_stage_is_reported_and_its_run_marked_failed_later(
 def test_a_store_that_spent_its_retries_is_tried_once_per_cleanup_call(mlflow_server: str, tmp_path: Path) -> None:
     """3 retries with backoff 1 s and no jitter: a call to a dead server fails after sleeping 0 + 2 + 4 s. The
     stage's last flush spends that once; its cleanup (flush what is left, end the run and the parent) then gets one
-    try per call (tracker.ONE_TRY). Without that, each cleanup call waited the budget again: with the defaults,
+    try per call (lifecycle.ONE_TRY). Without that, each cleanup call waited the budget again: with the defaults,
     a minute each, so a student waited three minutes for the message (seen in the class-server stress test)."""
     proxy = _Proxy(mlflow_server)
     budget = {

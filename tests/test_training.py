@@ -21,7 +21,7 @@ from pipeline.model.checkpoint import checkpoint_payload, load_checkpoint, save_
 from pipeline.model.network import Dropout, LabNet
 from pipeline.params.parsing import params_from_mapping
 from pipeline.params.schema import ModelConfig, TrackingConfig, TrainConfig, section_as_dict
-from pipeline.tracking.tracker import open_tracker
+from pipeline.tracking.lifecycle import open_tracker
 from pipeline.training.artifacts import busy_warning, speed_metrics
 from pipeline.training.loop import StepRecord, TrainingResult, evaluate, train_model
 from pipeline.training.runtime import Ran, RuntimeSettings, pin_runtime, select_device, select_precision

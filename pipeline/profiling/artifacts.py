@@ -26,7 +26,7 @@ from pipeline.profiling.texts import (
     operators_markdown,
     timing_summary,
 )
-from pipeline.tracking.tracker import open_tracker
+from pipeline.tracking.lifecycle import open_tracker
 
 
 @dataclass(frozen=True)

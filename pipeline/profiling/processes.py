@@ -38,7 +38,7 @@ from pipeline.profiling.statistics import (
     process_speeds,
 )
 from pipeline.profiling.timing import StepTiming
-from pipeline.profiling.worker import WorkerSpec, serve
+from pipeline.profiling.worker import READY, WorkerSpec, serve
 
 # The NVIDIA driver's device files. NVML opens them in the profile stage before it forks its timing server (the
 # fork-safe CUDA check of pipeline.profiling.timing) and keeps its state in memory the server inherits: the
@@ -92,9 +92,11 @@ class WorkerServer(Protocol):
 
 
 @contextlib.contextmanager
-def worker_server(training: bool = True) -> Iterator[WorkerServer]:
+def worker_server(training: bool = True, ready: bool = True) -> Iterator[WorkerServer]:
     """`python -m pipeline.profiling.worker` in a session of its own, killed with its workers on the way out.
     `training=False`: it will time inference steps only, and skips importing what only training reaches.
+    `ready`: return once it has imported everything; else the caller calls `wait_until_ready` before its first
+    spec (and can start several servers whose imports overlap one another, but no timing).
     For a caller that has run tensor code already (a benchmark, a test); the profile stage forks its server
     (`forked_worker_server`) and saves the server's imports."""
     server = subprocess.Popen(
@@ -105,6 +107,8 @@ def worker_server(training: bool = True) -> Iterator[WorkerServer]:
         start_new_session=True,
     )
     try:
+        if ready:
+            wait_until_ready(server)
         yield server
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -113,6 +117,16 @@ def worker_server(training: bool = True) -> Iterator[WorkerServer]:
         for stream in (server.stdin, server.stdout):
             if stream is not None:
                 stream.close()
+
+
+def wait_until_ready(server: WorkerServer) -> None:
+    """Until a started `worker_server` has done its imports (its READY line)."""
+    assert server.stdout is not None
+    if server.stdout.readline().strip() != READY:
+        raise PipelineError(
+            f"a timing server ended (exit code {server.poll()}) before it was ready; its messages are above. "
+            "Rerun the stage."
+        )
 
 
 @dataclass
@@ -258,7 +272,10 @@ def time_in_processes(
     training = any(mode != "inference" for _, mode in spec.items)
     with contextlib.ExitStack() as stack:
         started = [server] if server is not None else []
-        started += [stack.enter_context(worker_server(training=training)) for _ in range(servers - len(started))]
+        new = [stack.enter_context(worker_server(training, ready=False)) for _ in range(servers - len(started))]
+        for each in new:  # their imports overlap one another, and no timing
+            wait_until_ready(each)
+        started += new
         for index in range(processes):
             pair = ((results, spec), (partners, alternate))
             for found, kind in pair if index % 2 == 0 else pair[::-1]:

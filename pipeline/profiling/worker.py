@@ -199,15 +199,25 @@ def _child(spec: WorkerSpec, output: int) -> None:
     os._exit(code)  # no atexit handlers, no buffers of the server flushed twice
 
 
-def serve(training: bool = True, specs: TextIO | None = None, answers: TextIO | None = None) -> None:
+# The line a server started as a program writes once its imports are done: its starter waits for it, so that no
+# timing process shares the cores with a server still importing torch.
+READY = "ready"
+
+
+def serve(
+    training: bool = True, specs: TextIO | None = None, answers: TextIO | None = None, announce: bool = False
+) -> None:
     """Read one spec per line (from `specs`, else stdin); answer each with a line of JSON (to `answers`, else
     stdout) measured in a freshly forked child. `training`: some spec will time a training step, whose optimizer
     reaches torch._dynamo (1.3-1.5 s to import): imported once here, not per child. An inference step never
-    imports it, so a server for inference only skips it."""
+    imports it, so a server for inference only skips it. `announce`: write READY first, once imported."""
     if training:
         import torch._dynamo  # noqa: F401
 
     specs, answers = specs or sys.stdin, answers or sys.stdout
+    if announce:
+        answers.write(READY + "\n")
+        answers.flush()
     for line in specs:
         spec = WorkerSpec.from_json(line)
         read_end, write_end = os.pipe()
@@ -228,7 +238,7 @@ def serve(training: bool = True, specs: TextIO | None = None, answers: TextIO | 
 def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        serve(training="--inference-only" not in sys.argv[1:])
+        serve(training="--inference-only" not in sys.argv[1:], announce=True)
     except KeyboardInterrupt:
         sys.exit(130)
 

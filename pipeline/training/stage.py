@@ -16,7 +16,7 @@ from pipeline.data.artifacts import log_training_inputs
 from pipeline.data.mnist import load_split, read_manifest
 from pipeline.data.tensors import first_samples, to_device_data
 from pipeline.params.schema import Params, section_as_dict
-from pipeline.tracking.tracker import open_tracker
+from pipeline.tracking.lifecycle import open_tracker
 from pipeline.training.artifacts import (
     busy_warning,
     log_model,

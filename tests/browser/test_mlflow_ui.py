@@ -20,8 +20,8 @@ from mlflow import MlflowClient
 
 from pipeline.common.outputs import AtomicOutputs
 from pipeline.params.schema import TrackingConfig
+from pipeline.tracking.lifecycle import open_tracker
 from pipeline.tracking.store import ui_url
-from pipeline.tracking.tracker import open_tracker
 from tests.helpers.browser import CHROMIUM, NO_CHROMIUM
 from tests.helpers.servers import running_mlflow_server
 

@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.params.schema import TrackingConfig
 from pipeline.tracking.hparams import SHOWN, train_columns
-from pipeline.tracking.tracker import open_tracker
+from pipeline.tracking.lifecycle import open_tracker
 from tests.helpers.browser import CHROMIUM, DEEP_TEXT, NO_CHROMIUM, Page, chromium_page
 from tests.helpers.servers import running_tensorboard
 
