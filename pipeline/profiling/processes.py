@@ -246,7 +246,7 @@ class PairedTiming:
     memory: tuple[StepMemory, ...]  # per item: the median process's, with the range over processes; empty: not measured
     energy: tuple[StepEnergy | str | None, ...]  # per item: over the processes; why none (str); None: not measured
     page_faults: tuple[tuple[float, ...], ...] = ()  # per item: each process's page faults per step; empty: not counted
-    # The alternate spec's timing (glibc malloc's defaults): its process i ran right after process i of this one.
+    # The alternate spec's timing (glibc malloc's defaults): its process i ran next to process i of this one.
     alternate: PairedTiming | None = None
 
 

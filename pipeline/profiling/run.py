@@ -420,7 +420,7 @@ def default_allocator_runs(
     setups: Sequence[ProfileSetup], paired: PairedTiming, allocator: str
 ) -> list[DefaultAllocatorRun | None]:
     """Each combination's what-if from the processes that kept glibc's defaults (`paired.alternate`), its slowdown
-    taken against the tuned process that ran just before each; None everywhere when none ran."""
+    taken against the tuned process that ran next to each; None everywhere when none ran."""
     found = paired.alternate
     if found is None:
         return [None] * len(setups)

@@ -253,7 +253,7 @@ def paired_ratio(
 
 
 def ratio_over_pairs(numerators: Sequence[float], denominators: Sequence[float]) -> PairedRatio:
-    """numerator / denominator from pairs of processes that ran one right after the other (a set-up that cannot
+    """numerator / denominator from pairs of processes that ran one next to the other (a set-up that cannot
     change inside one process, such as glibc's allocator settings): each pair's ratio of its two medians; the value
     is their median, the 95 % interval their spread (`between_process_interval`; one pair: no interval)."""
     if len(numerators) != len(denominators) or not numerators:
