@@ -206,7 +206,7 @@ def test_a_started_timing_server_is_handed_over_only_once_its_imports_are_done()
     def torch_mapped(pid: int) -> bool:
         return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
 
-    with worker_server(training=False) as server:
+    with worker_server(training=False, ready=True) as server:
         assert server.poll() is None and torch_mapped(server.pid)
     with worker_server(training=False, ready=False) as early:
         started = torch_mapped(early.pid)  # a fresh interpreter: torch not loaded yet

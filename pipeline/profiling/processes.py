@@ -92,11 +92,12 @@ class WorkerServer(Protocol):
 
 
 @contextlib.contextmanager
-def worker_server(training: bool = True, ready: bool = True) -> Iterator[WorkerServer]:
+def worker_server(training: bool = True, ready: bool = False) -> Iterator[WorkerServer]:
     """`python -m pipeline.profiling.worker` in a session of its own, killed with its workers on the way out.
     `training=False`: it will time inference steps only, and skips importing what only training reaches.
-    `ready`: return once it has imported everything; else the caller calls `wait_until_ready` before its first
-    spec (and can start several servers whose imports overlap one another, but no timing).
+    `ready`: return once it has imported everything. A caller that times must have every server ready before its
+    first spec, so that no timing shares the cores with a server's imports: `ready=True`, or start several and
+    `wait_until_ready` for each (their imports overlap one another, but no timing).
     For a caller that has run tensor code already (a benchmark, a test); the profile stage forks its server
     (`forked_worker_server`) and saves the server's imports."""
     server = subprocess.Popen(
@@ -227,6 +228,8 @@ def ask(server: WorkerServer, spec: WorkerSpec) -> WorkerResult:
     server.stdin.write(spec.to_json() + "\n")
     server.stdin.flush()
     answer = server.stdout.readline()
+    if answer.strip() == READY:  # a server nobody waited for (`worker_server(ready=False)`): its answer is next
+        answer = server.stdout.readline()
     if not answer:
         raise PipelineError(
             f"the timing server ended (exit code {server.poll()}) before timing {spec.describe()}; its messages are "
