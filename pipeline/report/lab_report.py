@@ -134,9 +134,10 @@ def drift_sentence(drift: dict[str, float]) -> str:
     sizes = ", ".join(f"±{value:.1f} % on the {device}" for device, value in sorted(drift.items()))
     return (
         f"**A rerun minutes later may move every row together by up to {sizes}** (95 %; the `roofs` stage timed a "
-        "fixed workload for `profile.drift_probe_s`). That drift moves all combinations of a device alike, so the "
-        "paired ratios (section 5) are not affected by it; each row's own interval (section 5) is the spread within "
-        "this run.\n"
+        "fixed workload for `profile.drift_probe_s`). Each row's own interval (section 5) is the spread within this "
+        "run. The paired ratios (section 5) cancel whatever slows all combinations of a device alike; a slowdown that "
+        "hits some combinations more than others (a neighbour on the host competing for memory bandwidth slows the "
+        "large batches more) does not cancel, and can move a rerun's ratios outside these intervals.\n"
     )
 
 
