@@ -115,8 +115,20 @@ class OperatorRow:
         return self.mflops / self.mbytes
 
 
+class StepInterval:
+    """The step time's median and 95 % interval as one Interval, for the record types that keep them under these
+    names."""
+
+    step_time_ms_median: float
+    step_time_ms_ci_low: float
+    step_time_ms_ci_high: float
+
+    def step_interval(self) -> Interval:
+        return Interval(self.step_time_ms_median, self.step_time_ms_ci_low, self.step_time_ms_ci_high)
+
+
 @dataclass(frozen=True)
-class Timing:
+class Timing(StepInterval):
     """Step-time estimate of the timed pass (no profiler attached; profiling.timing); field names are metric names.
 
     The step time is the median of per-step block means with its 95 % confidence interval
@@ -181,9 +193,6 @@ class Timing:
     def as_metrics(self) -> dict[str, float]:
         """Numbers only, under the same names for every combination (MLflow Compare, `dvc metrics diff`)."""
         return {name: float(value) for name, value in dataclasses.asdict(self).items() if value is not None}
-
-    def step_interval(self) -> Interval:
-        return Interval(self.step_time_ms_median, self.step_time_ms_ci_low, self.step_time_ms_ci_high)
 
     def per_sample_interval(self, batch_size: int) -> Interval:
         return self.step_interval().scaled(1.0 / batch_size)
@@ -272,7 +281,7 @@ class OperatorShare:
 
 
 @dataclass(frozen=True)
-class AllocatorWhatIf:
+class AllocatorWhatIf(StepInterval):
     """The same step with glibc malloc's defaults (CPU only), against the tuned allocator the record's timing ran
     with (pipeline.common.allocator).
 
@@ -297,9 +306,6 @@ class AllocatorWhatIf:
     @property
     def paired(self) -> bool:
         return self.slowdown > 0
-
-    def step_interval(self) -> Interval:
-        return Interval(self.step_time_ms_median, self.step_time_ms_ci_low, self.step_time_ms_ci_high)
 
     def slowdown_ratio(self, tuned: Interval) -> Ratio:
         """Defaults ÷ tuned: the paired ratio where the record has one, else from the two intervals (`tuned`: the
