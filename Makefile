@@ -8,6 +8,11 @@ BIN := $(abspath $(VENV))/bin
 INSTALLED := $(VENV)/.installed
 # Stages run as `python -m stages.X`: put the venv first so DVC finds its python.
 export PATH := $(BIN):$(PATH)
+# uv installs without compiling bytecode (pip compiles at install): Python writes each module's .pyc at its first
+# import and reads it from then on. With PYTHONDONTWRITEBYTECODE set it never writes one, and every process compiles
+# the sources of torch, MLflow and DVC it imports anew (seconds per stage: docs/measurements.md), so these targets
+# leave it unset.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install repro test test-fast test-stress test-stress-sample test-browser screenshots check requirements
 

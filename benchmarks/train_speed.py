@@ -1,7 +1,7 @@
 """Training speed as a user gets it: this pipeline's loop vs the pytorch/examples MNIST recipe, each in fresh processes.
 
     python -m benchmarks.train_speed [--samples 60000] [--test-samples 10000] [--repeats 3] [--device cpu|cuda]
-                                     [--epochs 1] [--no-stage]
+                                     [--epochs 1] [--no-stage] [--variant NAME ...]
 
 Every variant trains `--epochs` epochs (default 1) over the first `--samples` training images in a process of its
 own, started for that one run, as every DVC stage is (a warm process that has trained before runs faster: glibc
@@ -27,7 +27,9 @@ an NVIDIA H200 where the stage, which pays them in its precision measurement bef
 121,683-128,428). On CUDA use `--epochs 3`. The table also gives the minor page faults per epoch, over all
 epochs trained (`benchmarks.allocator` compares allocators). On CUDA: eager and CUDA-graph-replayed
 (`train.execution`), each in fp32 and bf16, and the graph with tracking. Needs `dvc repro download` (or MNIST in
-data/) first. Writes nothing in the project.
+data/) first. Writes nothing in the project. `--variant NAME` (repeatable) runs only the named variants, for
+example `--variant "cuda_graph bf16" --variant "cuda_graph bf16+tracking"` for what tracking costs alone; the
+ratio column is then against the first one named.
 """
 
 from __future__ import annotations
@@ -233,6 +235,20 @@ def variants_for(config: TrainConfig, device_name: str, stage: bool) -> tuple[li
     return [reference, pipeline, *fp32, tracked, *stage_variant], pipeline
 
 
+def same_loop(a: Variant, b: Variant) -> bool:
+    return (a.recipe, a.execution, a.precision) == (b.recipe, b.execution, b.precision)
+
+
+def select_variants(variants: list[Variant], names: list[str], parser: argparse.ArgumentParser) -> list[Variant]:
+    """The variants named by --variant, in the order named; an unknown name is refused with the known ones."""
+    known = {variant.name: variant for variant in variants}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        listed = ", ".join(repr(name) for name in known)
+        parser.error(f"argument --variant: {unknown[0]!r} is not a variant on this device; choose from {listed}")
+    return [known[name] for name in dict.fromkeys(names)]
+
+
 def worker(
     name: str, samples: int, seed: int, device_name: str, test_samples: int, epochs: int = 1
 ) -> tuple[float, float, float]:
@@ -373,6 +389,12 @@ def main(arguments: list[str] | None = None) -> None:
     )
     add_test_samples_option(parser)
     parser.add_argument("--no-stage", action="store_true", help="leave out the `python -m stages.train` variant")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        metavar="NAME",
+        help="run only this variant (repeatable; the ratio column is against the first named; default: all)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(arguments)
@@ -381,6 +403,8 @@ def main(arguments: list[str] | None = None) -> None:
         return
     config = load_params().train
     variants, headline = variants_for(config, args.device, not args.no_stage)
+    if args.variant:
+        variants = select_variants(variants, args.variant, parser)
     print(
         f"{args.samples} images x {args.epochs} epoch(s), images/s {timed_epochs(args.epochs)}; "
         f"{args.repeats} repeat(s) of {len(variants)} variants, each in a fresh process; "
@@ -397,19 +421,26 @@ def main(arguments: list[str] | None = None) -> None:
         ),
     )
     print()
-    print(table(results, "reference"))
-    paired = ratios(results, headline.name, "reference")
-    spread = f"min-max {min(paired):.2f}-{max(paired):.2f}x"
-    print(
-        f"\n{headline.name} vs reference: {statistics.median(paired):.2f}x ({spread} "
-        f"over {len(paired)} paired repeats). {time.perf_counter() - started:.0f} s."
-    )
-    tracked = next(variant for variant in variants if variant.tracked)
-    same_loop = (tracked.recipe, tracked.execution, tracked.precision)
-    untracked = next(v for v in variants if (v.recipe, v.execution, v.precision) == same_loop and not v.tracked)
-    cost = [100.0 * (1 / ratio - 1) for ratio in ratios(results, tracked.name, untracked.name)]
-    spread = f"min-max {min(cost):+.1f} to {max(cost):+.1f} %"
-    print(f"tracking costs {statistics.median(cost):+.1f} % of the loop's time ({spread}).")
+    print(table(results, "reference" if "reference" in results else variants[0].name))
+    if {headline.name, "reference"} <= results.keys():
+        paired = ratios(results, headline.name, "reference")
+        spread = f"min-max {min(paired):.2f}-{max(paired):.2f}x over {len(paired)} paired repeats"
+        print(f"\n{headline.name} vs reference: {statistics.median(paired):.2f}x ({spread}).")
+    tracked = next((variant for variant in variants if variant.tracked), None)
+    untracked = next((v for v in variants if tracked and same_loop(v, tracked) and not v.tracked), None)
+    if tracked and untracked:
+        kept = [100.0 * ratio for ratio in ratios(results, tracked.name, untracked.name)]
+
+        def cost(share: float) -> float:  # in % of the untracked loop's time per image
+            return 100.0 / share * 100.0 - 100.0
+
+        print(
+            f"tracking costs {cost(statistics.median(kept)):+.1f} % of the loop's time "
+            f"(min-max {cost(max(kept)):+.1f} to {cost(min(kept)):+.1f} %): the tracked loop trains at "
+            f"{statistics.median(kept):.1f} % of the untracked one's images/s "
+            f"(min-max {min(kept):.1f}-{max(kept):.1f} %)."
+        )
+    print(f"{time.perf_counter() - started:.0f} s.")
 
 
 if __name__ == "__main__":

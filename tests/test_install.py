@@ -4,7 +4,9 @@ README and docs/ link only to what exists."""
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,6 +43,21 @@ def test_the_installed_environment_is_exactly_the_pinned_requirements() -> None:
     extra = sorted(set(installed) - set(pins))
     assert not wrong, f"installed versions differ from requirements.txt (pinned, installed): {wrong}"
     assert not extra, f"installed but not pinned in requirements.txt: {extra}"
+
+
+def test_make_targets_let_python_keep_the_bytecode_it_compiles() -> None:
+    """uv installs no .pyc files; a target run with PYTHONDONTWRITEBYTECODE set would compile every import anew."""
+    probe = "probe: ; @python -c 'import sys; print(sys.dont_write_bytecode)'"
+    result = subprocess.run(
+        ["make", "--no-print-directory", "-s", "--eval", probe, "probe"],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
 
 
 def test_requirements_record_no_index_address() -> None:

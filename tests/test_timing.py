@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -198,16 +199,18 @@ def test_no_process_that_forks_timing_processes_initialises_cuda_to_ask_for_a_gp
 
 
 @pytest.mark.slow  # starts a server that imports torch: seconds, so `make test` only
-def test_a_started_timing_server_is_handed_over_only_once_its_imports_are_done() -> None:
+def test_a_started_timing_server_is_handed_over_only_once_its_imports_are_done_and_holds_one_thread() -> None:
     """A timing process must not share the cores with a server still importing torch (seconds of CPU), or the
     first processes time a slower machine than the rest. `worker_server` returns once the server said READY, by
-    which time torch is mapped in it."""
+    which time torch is mapped in it. And the server forks every timing process, so it holds no thread pool: on
+    this interpreter numpy's OpenBLAS starts one worker per core at import unless told otherwise."""
 
     def torch_mapped(pid: int) -> bool:
         return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
 
-    with worker_server(training=False, ready=True) as server:
+    with worker_server(training=True, ready=True) as server:
         assert server.poll() is None and torch_mapped(server.pid)
+        assert psutil.Process(server.pid).num_threads() == 1
     with worker_server(training=False, ready=False) as early:
         started = torch_mapped(early.pid)  # a fresh interpreter: torch not loaded yet
         wait_until_ready(early)

@@ -46,6 +46,11 @@ from pipeline.profiling.worker import READY, WorkerSpec, serve
 # `torch.cuda.synchronize` fails ("invalid argument to exchangeDevice", seen on an H200).
 DRIVER_DEVICES = "/dev/nvidia"
 
+# A server forks every timing process, so it must hold no thread but its own: fork copies only the calling thread,
+# and a pool whose workers vanish can deadlock the child (Python 3.12 warns on every such fork). The only pool
+# importing torch starts is numpy's OpenBLAS (one worker per core, at import); nothing timed uses numpy's BLAS.
+SERVER_ENVIRONMENT = {"OPENBLAS_NUM_THREADS": "1"}
+
 
 @dataclass(frozen=True)
 class WorkerResult:
@@ -106,6 +111,7 @@ def worker_server(training: bool = True, ready: bool = False) -> Iterator[Worker
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        env={**os.environ, **SERVER_ENVIRONMENT},
     )
     try:
         if ready:
