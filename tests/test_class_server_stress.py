@@ -1,4 +1,4 @@
-"""A student's training against the class server while the server fails (issue 24 point 6), all real: the MLflow
+"""A student's training against the class server while the server fails, all real: the MLflow
 server SIGKILLed and started again, SIGSTOPped for 10 s and for 30 s (past three of the 8 s request timeouts),
 PostgreSQL restarted, and the server gone for good. A short outage is ridden out with every metric kept; a long one
 stops the stage with the message, no outputs, and the next stage marks the run it left FAILED. Then two students'

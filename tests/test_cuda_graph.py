@@ -204,7 +204,7 @@ def test_logged_model_loads_and_predicts_on_this_machine(tmp_path: Path, monkeyp
     (registered,) = MlflowClient().search_model_versions("name = 'lab-model'")
     assert version == f"lab-model/{registered.version}" == run.data.tags["model.registered_version"]
     assert registered.run_id == run_id and registered.source == f"models:/{model_id}" == model_uri
-    # Described and tagged (issue 25): the Models page tells versions apart without opening their runs.
+    # Described and tagged: the Models page tells versions apart without opening their runs.
     assert registered.description.startswith("Test accuracy **0.9877**, loss 0.0432 on mnist-test (2,000 images)")
     assert "bf16 on cpu (eager, 2 thread(s))" in registered.description
     assert registered.tags == {

@@ -67,7 +67,7 @@ def test_dvc_repro_downloads_logs_and_is_idempotent(project_copy: Path, run_in: 
     events = EventAccumulator(str(logdir), size_guidance={"images": 0})
     events.Reload()
     (image_event,) = events.Images("data/train_samples_by_class")
-    # The counts are one number each: a table in the Text tab, not four single-point cards in Scalars (issue 25).
+    # The counts are one number each: a table in the Text tab, not four single-point cards in Scalars.
     assert events.Tags()["scalars"] == []
     summary = events.Tensors("data/metrics/text_summary")[0].tensor_proto.string_val[0].decode()
     for key in ("data/train_samples", "data/train_bytes", "data/test_samples", "data/test_bytes"):

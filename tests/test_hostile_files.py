@@ -1,4 +1,4 @@
-"""Bad files and environments (issue 17, points 2, 5-9): secrets, damaged data, checkpoints and stores,
+"""Bad files and environments: secrets, damaged data, checkpoints and stores,
 full or read-only disks, a rename that fails halfway, what killed runs leave behind.
 
 Each case runs the way a stage runs it (pipeline.common.stage_runner.run_stage): exit code 2, one paragraph naming the
@@ -628,8 +628,8 @@ def _leave(folders: list[Path]) -> None:
 
 
 def test_any_stage_removes_what_killed_runs_left_in_every_output_folder(tmp_path: Path, live_pid: int) -> None:
-    # Issue 28: a SIGKILLed download left data/.MNIST.partial-*; the next `dvc repro` did not rerun download, and
-    # the stages it did run swept only their own folders. Now the first stage to start, whichever, removes it.
+    # A SIGKILLed download leaves data/.MNIST.partial-*, and the next `dvc repro` need not rerun download: the
+    # first stage to start, whichever, removes it.
     dead = _dead_pid()
     left = [
         tmp_path / f"data/.MNIST.partial-{dead}-k2j3",
@@ -841,7 +841,7 @@ umount runs
 def test_a_full_tensorboard_folder_fails_the_stage_and_its_run_with_one_message(
     tmp_path: Path, reproduced_project: Path, mnist_mirror: Path
 ) -> None:
-    """Issue 28 point 2: the graph's events cannot be written. The stage exits 2 naming runs/, prints no thread
+    """The graph's events cannot be written. The stage exits 2 naming runs/, prints no thread
     traceback (torch's SummaryWriter wrote from a thread of its own, which printed `Exception in thread` and failed
     the stage with an error blaming the tracer), leaves its outputs as they were, and its run is FAILED."""
     if not _namespaces_work():

@@ -1,4 +1,4 @@
-"""Bad and hostile params.yaml (issue 17, points 1, 3 and 4): no value runs code, no typo costs outputs.
+"""Bad and hostile params.yaml: no value runs code, no typo costs outputs.
 
 The fast tests check each bad value in process. The slow ones use the real `dvc` CLI on one project
 copy reproduced once (validate, download, train, export_graph), then try each bad params.yaml in turn
@@ -456,7 +456,7 @@ def _params_with(repo_params: dict[str, Any], **train: Any) -> Any:
 def test_validate_refuses_what_this_machine_cannot_do(
     repo_params: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 28 point 5, in process: a device the machine lacks, more samples than the split, a mirror folder that
+    """In process: a device the machine lacks, more samples than the split, a mirror folder that
     is gone or empty when the data set is not in place; torch-free (the stage runs at every `dvc repro`)."""
     monkeypatch.chdir(tmp_path)
     no_gpu, one_gpu = tmp_path / "none", tmp_path / "gpus"

@@ -475,8 +475,7 @@ def _hparams_api(url: str, endpoint: str, request: dict[str, Any]) -> dict[str, 
 @pytest.mark.slow
 def test_tensorboard_hparams_compares_the_train_settings_and_every_combination_in_one_table(profiled: Path) -> None:
     """`tensorboard --logdir runs`, as the README says: one HParams table with the train run's settings beside its
-    test accuracy and every profile combination beside its times (issue 25: it showed batch size, device and mode
-    only, and `train.lr` only with `--logdir runs/train`)."""
+    test accuracy and every profile combination beside its times, `train.lr` included, from `--logdir runs`."""
     columns, results = hparams_columns()
     with running_tensorboard(profiled / "runs") as url:
         deadline = time.monotonic() + 60
@@ -498,7 +497,7 @@ def test_tensorboard_hparams_compares_the_train_settings_and_every_combination_i
             if len(groups) == 1 + len(COMBINATIONS) or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-        # Custom Scalars overlays each train run's train and test curves (issue 25: no chart showed both).
+        # Custom Scalars overlays each train run's train and test curves in one chart.
         with urllib.request.urlopen(f"{url}/data/plugin/custom_scalars/layout", timeout=30) as response:
             layout = json.loads(response.read())
         with urllib.request.urlopen(f"{url}/data/plugin/scalars/tags", timeout=30) as response:

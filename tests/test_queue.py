@@ -65,7 +65,7 @@ def test_queued_experiments_run_two_at_a_time_into_one_mlflow_store(
     ]
     assert len(accuracies) == len(LEARNING_RATES) and all(accuracy > 0.9 for accuracy in accuracies)
 
-    # The README's `dvc exp show` recipes (issue 25 point 3) print whole tables in a 160-column terminal: no column
+    # The README's `dvc exp show` recipes print whole tables in a 160-column terminal: no column
     # squeezed to DVC's "…", and the experiment's own param and the headline metric are among the columns.
     recipes = [
         shlex.split(line.split("#")[0])

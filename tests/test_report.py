@@ -137,7 +137,7 @@ def test_batch_scaling_plot_templates_draw_the_interval_columns_of_their_y() -> 
         assert (
             template["encoding"]["color"]["field"] == "series" and template["encoding"]["strokeDash"]["field"] == "rev"
         )
-        # One channel for the revision, so one "revision" legend (issue 25: a `shape` on it too drew a second one),
+        # One channel for the revision, so one "revision" legend (a `shape` on it too would draw a second one),
         # and that legend draws dashes, not the line's points.
         encodings = [template["encoding"], *(layer["encoding"] for layer in template["layer"])]
         on_rev = [channel for encoding in encodings for channel, spec in encoding.items() if spec.get("field") == "rev"]
@@ -217,7 +217,7 @@ def test_report_is_built_from_profile_records_without_running_the_pipeline(
 def test_report_says_when_training_ran_on_a_busy_machine(
     repo_params: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, busy: bool
 ) -> None:
-    """The report quoted 118 images/s from a loaded machine as the machine's speed (issue 25)."""
+    """Images/s measured on a loaded machine is not quoted as the machine's speed."""
     monkeypatch.chdir(tmp_path)
     repo_params["profile"].update(batch_sizes=[1, 64], devices=["cpu"], modes=["inference"])
     write_two_profiles()
@@ -262,7 +262,7 @@ def reported(tmp_path_factory: pytest.TempPathFactory, reproduced_project: Path)
 
 @pytest.mark.slow
 def test_dvc_metrics_are_few_rounded_and_read_as_narrow_tables(reported: Path, run_in: Any) -> None:
-    """Issue 25 point 3: `dvc metrics show` of the README's recipe reads in a terminal. The profile stages' DVC
+    """`dvc metrics show` of the README's recipe reads in a terminal. The profile stages' DVC
     metrics are six rounded numbers with the same keys in every combination (one dense table, a row each), not the
     32 of timing.json + step_analysis.json per combination (214 leaves in all before)."""
     combinations = [f"{b}-cpu-{m}" for b in (1, 16, 64) for m in ("inference", "train")]
@@ -305,7 +305,7 @@ def test_report_numbers_equal_the_stage_outputs(reported: Path) -> None:
         f"Test accuracy **{train['test_accuracy']:.4f}** (first 2,000 test images), test loss {train['test_loss']:.4f}"
         in report
     )
-    # What ran, with the `auto` request beside it (issue 16 point 6).
+    # What ran, with the `auto` request beside it.
     ran = json.loads((reported / "metrics/train_speed.json").read_text())["runtime"]
     assert f"device `cpu` (`auto` in params.yaml), precision `{ran['precision']}` (`auto` in params.yaml)" in report
     requested = read_params(reported)["train"]["threads"]  # 1 in the tests' tiny params, 0 (one per core) by default

@@ -1,4 +1,4 @@
-"""SIGTERM and SIGKILL mid-stage (issue 17, point 10), on the real train stage of a project copy.
+"""SIGTERM and SIGKILL mid-stage, on the real train stage of a project copy.
 
 SIGTERM (what `timeout`, schedulers, CI and container stops send) must end like Ctrl-C: the MLflow run
 KILLED, no output and no temp folder left, exit 143. SIGKILL runs no handler at all: the run it leaves
@@ -113,7 +113,7 @@ def test_sigkill_leaves_a_running_run_that_the_next_stage_marks_failed(downloade
 def test_a_model_version_exists_only_for_a_run_whose_outputs_were_committed(
     downloaded: Path, mnist_mirror: Path
 ) -> None:
-    """Issue 28 point 1: a Ctrl-C after the model was logged but before the outputs were committed leaves no
+    """A Ctrl-C after the model was logged but before the outputs were committed leaves no
     registry version (it used to leave one with no checkpoint behind it); a run that commits registers one."""
     params = read_params(downloaded)
     quick = read_params(downloaded)
@@ -136,7 +136,7 @@ def test_a_model_version_exists_only_for_a_run_whose_outputs_were_committed(
         assert killed.info.status == "KILLED" and "model.id" in killed.data.tags  # the model was logged ...
         assert "model.registered_version" not in killed.data.tags
         assert len(versions()) == before  # ... and never became a registry version
-        # The pipeline parent of that `dvc repro` shows the interruption (issue 28 point 3), not FINISHED.
+        # The pipeline parent of that `dvc repro` shows the interruption, not FINISHED.
         parent_id = killed.data.tags["mlflow.parentRunId"]
         assert client.get_run(parent_id).info.status == "KILLED"
         assert not any((downloaded / relative).exists() for relative in OUTPUTS)

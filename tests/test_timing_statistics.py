@@ -97,7 +97,7 @@ def test_two_to_five_processes_get_students_t_on_the_logarithms() -> None:
 
 @pytest.mark.parametrize("k", [2, 3, 4, 5, 6, 8])
 def test_process_interval_covers_the_true_step_time_at_the_nominal_rate(k: int) -> None:
-    """Processes that settle at lognormally spread speeds (the 23-60 % reruns of issue 21): the interval from
+    """Processes that settle at lognormally spread speeds (as reruns on a small VM are): the interval from
     k processes covers the true median about 95 % of the time (t on logs is exact for lognormal medians)."""
     trials, covered = 2000, 0
     for seed in range(trials):

@@ -82,7 +82,7 @@ def test_failing_server_is_reported_not_retried_for_minutes(project_copy: Path, 
     assert "Traceback" not in result.stderr
 
 
-# ---------------------------------------------------------------- issue 17: credentials, a server that dies or stalls
+# ---------------------------------------------------------------- credentials, a server that dies or stalls
 
 PROBE = """
 import sys

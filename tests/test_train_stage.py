@@ -109,7 +109,7 @@ def test_train_run_in_mlflow_has_params_curves_model_and_data_digest(trained: Pa
     linked = {metric.key: metric for metric in logged.metrics}
     assert {"test/accuracy", "test/loss", "train/epoch_loss", "train/loss"} <= set(linked)
     assert linked["test/accuracy"].value == run.data.metrics["test/accuracy"] and linked["test/accuracy"].step == 100
-    # ... the test metrics on the row of the dataset they were measured on, as the run logged it (issue 25): one
+    # ... the test metrics on the row of the dataset they were measured on, as the run logged it: one
     # value each, not also a copy without the dataset.
     assert [metric.key for metric in logged.metrics].count("test/accuracy") == 1
     test_dataset = ("mnist-test", inputs["mnist-test"].dataset.digest)
@@ -124,7 +124,7 @@ def test_train_run_in_mlflow_has_params_curves_model_and_data_digest(trained: Pa
     assert tags["model.registered_version"] == f"mnist-labnet/{version.version}"
     model = mlflow.pytorch.load_model(f"models:/{logged.model_id}")
     reference = load_checkpoint(trained / "models/model.pt").model
-    # Exported for the device MLflow serves on here (issue 14): on a GPU its convolutions run in TF32.
+    # Exported for the device MLflow serves on here: on a GPU its convolutions run in TF32.
     served_on = run.data.tags["model.serving_device"]
     assert served_on == ("cuda" if torch.cuda.is_available() else "cpu")
     for batch in (1, 16, 64):

@@ -127,7 +127,7 @@ def check_left_nothing(project: Path, moment: str, runs_before: int, stderr: str
     if moment in WITH_RUN:
         assert len(runs) == runs_before + 1, stderr[-3000:]
         assert runs[0].info.status == "KILLED", (runs[0].info.status, stderr[-3000:])
-        # No registry version for a stopped run (issue 28): a model is registered only after the commit point.
+        # No registry version for a stopped run: a model is registered only after the commit point.
         assert "model.registered_version" not in runs[0].data.tags, stderr[-3000:]
         registered = MlflowClient(f"sqlite:///{project / 'mlflow.db'}").search_model_versions(
             f"run_id = '{runs[0].info.run_id}'"
