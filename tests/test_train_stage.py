@@ -45,10 +45,10 @@ def trained(tmp_path_factory: pytest.TempPathFactory, reproduced_project: Path) 
 
 def test_train_stage_outputs_describe_a_learned_model(trained: Path) -> None:
     metrics = json.loads((trained / "metrics/train.json").read_text())
-    assert metrics["test_accuracy"] > 0.90 and metrics["steps"] == 100
+    assert metrics["test_accuracy"] > 0.80 and metrics["steps"] == 50  # learned: chance is 0.10
     checkpoint = load_checkpoint(trained / "models/model.pt")
     assert checkpoint.data_digest == dataset_digest(MNIST_SHA256)
-    assert checkpoint.train_params["train_samples"] == 6400 and checkpoint.train_params["test_samples"] == 2000
+    assert checkpoint.train_params["train_samples"] == 3200 and checkpoint.train_params["test_samples"] == 2000
     # The stated accuracy is that of the first 2,000 test images (train.test_samples), exactly.
     test = to_device_data(*first_samples(*load_split(trained / "data", "test"), 2000, "test"), torch.device("cpu"))
     loss, accuracy = evaluate(checkpoint.model, test, 1000)
@@ -77,11 +77,11 @@ def test_train_run_in_mlflow_has_params_curves_model_and_data_digest(trained: Pa
     assert tags["data.digest"] == dataset_digest(MNIST_SHA256)
     client = MlflowClient(f"sqlite:///{trained / 'mlflow.db'}")
     history = client.get_metric_history(run.info.run_id, "train/loss")
-    assert [m.step for m in history] == [20, 40, 60, 80, 100]
+    assert [m.step for m in history] == [10, 20, 30, 40, 50]
     assert history[-1].value < history[0].value  # it learns
     # One x axis: test and per-epoch values at the optimizer step their epoch ended on, not at epoch 1.
     for key in ("test/accuracy", "test/loss", "train/lr", "train/epoch_loss", "train/images_per_second"):
-        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [100], key
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [50], key
     assert [m.value for m in client.get_metric_history(run.info.run_id, "train/epoch")] == [0.2, 0.4, 0.6, 0.8, 1.0]
     # Grouped: every metric has a section prefix; no single-point `final/*` copies of the curves' last values.
     assert {key.split("/")[0] for key in run.data.metrics} == {"train", "test", "system"}
@@ -97,7 +97,7 @@ def test_train_run_in_mlflow_has_params_curves_model_and_data_digest(trained: Pa
     assert set(inputs) == {"mnist-train", "mnist-test"}
     input_tags = {name: {tag.key: tag.value for tag in item.tags} for name, item in inputs.items()}
     # The test split as evaluated: its first 2,000 images (train.test_samples).
-    assert input_tags["mnist-train"]["samples"] == "6400" and input_tags["mnist-test"]["samples"] == "2000"
+    assert input_tags["mnist-train"]["samples"] == "3200" and input_tags["mnist-test"]["samples"] == "2000"
     assert input_tags["mnist-train"]["mlflow.data.context"] == "training"
     (download,) = client.search_runs([run.info.experiment_id], filter_string="tags.stage = 'download'")
     assert {i.dataset.digest for i in download.inputs.dataset_inputs} == {i.dataset.digest for i in inputs.values()}
@@ -108,7 +108,7 @@ def test_train_run_in_mlflow_has_params_curves_model_and_data_digest(trained: Pa
     # The final metrics (those at the step the model was logged at) are linked to it: the model's page shows them.
     linked = {metric.key: metric for metric in logged.metrics}
     assert {"test/accuracy", "test/loss", "train/epoch_loss", "train/loss"} <= set(linked)
-    assert linked["test/accuracy"].value == run.data.metrics["test/accuracy"] and linked["test/accuracy"].step == 100
+    assert linked["test/accuracy"].value == run.data.metrics["test/accuracy"] and linked["test/accuracy"].step == 50
     # ... the test metrics on the row of the dataset they were measured on, as the run logged it: one
     # value each, not also a copy without the dataset.
     assert [metric.key for metric in logged.metrics].count("test/accuracy") == 1
@@ -117,7 +117,7 @@ def test_train_run_in_mlflow_has_params_curves_model_and_data_digest(trained: Pa
         assert (linked[key].dataset_name, linked[key].dataset_digest) == test_dataset
     # The run's own curve has the final point once (logged with the model, not before it as well).
     history = client.get_metric_history(run.info.run_id, "test/accuracy")
-    assert [point.step for point in history] == [100] and history[0].value == linked["test/accuracy"].value
+    assert [point.step for point in history] == [50] and history[0].value == linked["test/accuracy"].value
     # A registered model version per training run, named by `tracking.registered_model`.
     (version,) = client.search_model_versions("name = 'mnist-labnet'")
     assert version.run_id == run.info.run_id and version.source == f"models:/{logged.model_id}"
@@ -138,8 +138,8 @@ def test_tensorboard_run_folder_holds_curves_and_hparams(trained: Path) -> None:
     assert logdir.name.endswith(run.info.run_id[:8])
     events = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
     events.Reload()
-    assert [event.step for event in events.Scalars("train/loss")] == [20, 40, 60, 80, 100]
-    assert [event.step for event in events.Scalars("test/accuracy")] == [100]
+    assert [event.step for event in events.Scalars("train/loss")] == [10, 20, 30, 40, 50]
+    assert [event.step for event in events.Scalars("test/accuracy")] == [50]
     # Sections: every scalar tag is grouped under a prefix TensorBoard draws as one section.
     assert {tag.split("/")[0] for tag in events.Tags()["scalars"]} == {"train", "test", "hparam"}
     assert set(events.PluginTagToContent("hparams")) == {"_hparams_/session_start_info", "_hparams_/session_end_info"}
