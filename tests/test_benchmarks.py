@@ -63,6 +63,31 @@ def test_train_speed_times_every_variant_in_fresh_processes_and_prints_its_table
     assert re.search(r"tracking costs [+-][\d.]+ % of the loop's time", result.stdout)
 
 
+def test_train_speed_runs_only_the_named_variants_and_states_what_tracking_costs(
+    trained: Path, mnist_mirror: Path
+) -> None:
+    benchmark = [sys.executable, "-m", "benchmarks.train_speed"]
+    refused = run_command([*benchmark, "--variant", "cuda_graph bf16"], trained, stage_environment(mnist_mirror))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert "argument --variant: 'cuda_graph bf16' is not a variant on this device; choose from 'reference'" in (
+        refused.stderr
+    )
+    command = [*benchmark, "--samples", "128", "--test-samples", "100", "--repeats", "1"]
+    command += ["--variant", "pipeline", "--variant", "pipeline+tracking"]
+    result = run_command(command, trained, stage_environment(mnist_mirror))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "1 repeat(s) of 2 variants" in result.stdout
+    assert "| variant | images/s median (min-max) | vs pipeline: median (min-max) |" in result.stdout
+    names = re.findall(r"^\| (pipeline[^|]*?) \| [\d.]+ \(", result.stdout, re.MULTILINE)
+    assert names == ["pipeline", "pipeline+tracking"], result.stdout  # no reference, no train stage
+    assert "vs reference" not in result.stdout
+    kept = re.search(
+        r"the tracked loop trains at ([\d.]+) % of the untracked one's images/s \(min-max ([\d.]+)-([\d.]+) %\)",
+        result.stdout,
+    )
+    assert kept and float(kept[2]) <= float(kept[1]) <= float(kept[3]), result.stdout
+
+
 @pytest.mark.parametrize("epochs", ["0", "101", "two"])
 def test_train_speed_refuses_a_number_of_epochs_it_cannot_run(trained: Path, mnist_mirror: Path, epochs: str) -> None:
     result = run_command(
