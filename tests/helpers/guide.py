@@ -61,16 +61,24 @@ class Shot:
     then: Callable[[Page], None] = lambda page: None  # what a student does before looking (a click, a scroll)
 
 
-def _open_labnet(page: Page) -> None:
-    """Double-click the model's node, as the guide tells the student to, so the graph shows its layers."""
-    box = page.evaluate(
+def _open_labnet(page: Page, timeout_s: float = 60) -> None:
+    """Double-click the model's node, as the guide tells the student to, so the graph shows its layers.
+
+    The graph zooms to fit after it is drawn, so a node found while it moves can be missed: the double-click is
+    repeated, at the node's place then, until the layers show or `timeout_s` runs out."""
+    where = (
         f"(() => {{ const node = {FIND_DEEP}(document, 'g.node[data-name=\"LabNet\"]');"
         " if (!node) return null; const r = node.getBoundingClientRect();"
         " return [r.x + r.width / 2, r.y + r.height / 2]; })()"
     )
-    if box:
-        for kind in ("mousePressed", "mouseReleased"):
-            page.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=2)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        box = page.evaluate(where)
+        if box:
+            for kind in ("mousePressed", "mouseReleased"):
+                page.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=2)
+        if not page.wait_for(("Subgraph",), timeout_s=10)[1]:
+            return
 
 
 def _runs_expanded(page: Page) -> None:
