@@ -15,7 +15,7 @@ import pytest
 from mlflow import MlflowClient
 
 from pipeline.common.machine import machine_fingerprint
-from pipeline.profiling.measures import Interval, ratio
+from pipeline.profiling.measures import Interval
 from pipeline.tracking.tags import ID_TAG, NAME_TAG, identity_tags
 from tests.helpers.projects import (
     copy_without_outputs,
@@ -138,5 +138,5 @@ def test_machines_report_from_the_server_puts_this_machine_beside_the_h100(two_m
     for line in ratio_lines:
         batch = int(line.split(" | ")[1])
         cells = line.strip(" |").split(" | ")[2:]  # one per platform, sorted: the H100's cpu, then its cuda
-        assert cells == [ratio(here[batch], h100[(batch, device)]).describe() for device in ("cpu", "cuda")]
+        assert cells == [(here[batch] / h100[(batch, device)]).describe() for device in ("cpu", "cuda")]
     assert "| train |" not in ratios

@@ -73,17 +73,20 @@ def test_the_state_parts_are_the_models_arithmetic_exactly(
 ) -> None:
     memory = measured[batch, mode]
     train = mode == "train"
-    assert memory.part("weights") == WEIGHT_BYTES == 4_799_528
-    assert memory.part("optimizer state") == (OPTIMIZER_STATE_BYTES if train else 0)
+    assert memory.bytes_of["weights"] == WEIGHT_BYTES == 4_799_528
+    assert memory.bytes_of["optimizer state"] == (OPTIMIZER_STATE_BYTES if train else 0)
     assert memory.step_gradient_bytes == (WEIGHT_BYTES if train else 0)  # every parameter's gradient, once
-    assert memory.part("gradients") <= WEIGHT_BYTES  # those alive at the peak
-    assert memory.part("inputs") == batch * 28 * 28 * FLOAT + (batch * LABEL if train else 0)
+    assert memory.bytes_of["gradients"] <= WEIGHT_BYTES  # those alive at the peak
+    assert memory.bytes_of["inputs"] == batch * 28 * 28 * FLOAT + (batch * LABEL if train else 0)
     assert memory.start_bytes == (
-        memory.part("weights") + memory.part("optimizer state") + memory.part("inputs") + (WEIGHT_BYTES if train else 0)
+        memory.bytes_of["weights"]
+        + memory.bytes_of["optimizer state"]
+        + memory.bytes_of["inputs"]
+        + (WEIGHT_BYTES if train else 0)
     )  # what the step starts from: its state and the last step's gradients
     assert [part.name for part in memory.parts] == list(MEMORY_PARTS)
     assert sum(part.bytes for part in memory.parts) == memory.peak_bytes
-    assert memory.part("other") <= OTHER_AT_MOST * memory.peak_bytes
+    assert memory.bytes_of["other"] <= OTHER_AT_MOST * memory.peak_bytes
     assert memory.peak_above_start_bytes > 0
     assert memory.resident_bytes > memory.peak_bytes and "resident set" in memory.resident_of
 
@@ -117,13 +120,15 @@ def test_memory_rises_with_the_batch_as_activations_predict(measured: dict[tuple
     # together. Per image that is the same at every batch size (batch 1 peaks elsewhere, with less).
     per_image = 2 * LAB_MODEL.conv2_channels * CONV2_SIDE**2 * FLOAT
     for batch in (16, 64):
-        assert measured[batch, "inference"].part("activations") == batch * per_image
+        assert measured[batch, "inference"].bytes_of["activations"] == batch * per_image
     # Training keeps activations for the backward pass and makes their gradients: both grow with the batch,
     # while the state (weights, optimizer state) stays.
     grown = [measured[batch, "train"] for batch in (1, 16, 64)]
-    batch_parts = [m.part("activations") + m.part("activation gradients") for m in grown]
+    batch_parts = [m.bytes_of["activations"] + m.bytes_of["activation gradients"] for m in grown]
     assert batch_parts[-1] > batch_parts[0] and batch_parts[-1] >= 64 * per_image / 2
-    assert {m.part("weights") + m.part("optimizer state") for m in grown} == {WEIGHT_BYTES + OPTIMIZER_STATE_BYTES}
+    assert {m.bytes_of["weights"] + m.bytes_of["optimizer state"] for m in grown} == {
+        WEIGHT_BYTES + OPTIMIZER_STATE_BYTES
+    }
 
 
 def test_cuda_events_are_read_for_the_cuda_device_in_the_caching_allocators_blocks() -> None:

@@ -115,7 +115,7 @@ def test_profile_of_a_real_model_ranks_operators_and_writes_a_trace(mode: Profil
     assert any(CONVOLUTION_OR_LINEAR.search(name) for name in names[:3]), names[:5]
     conv = next(row for row in result.operators if row.operator == "aten::conv2d")
     assert conv.calls_per_step == 2  # 4 traced steps of one cycle, counted once each (acc_events, repeat=1)
-    assert result.memory.part("weights") == sum(p.nbytes for p in model.parameters())
+    assert result.memory.bytes_of["weights"] == sum(p.nbytes for p in model.parameters())
     with gzip.open(trace) as opened:
         assert any(event.get("name") == "aten::conv2d" for event in json.load(opened)["traceEvents"])
     if mode == "train":  # a real optimizer step ran

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from scipy.stats import binom, t  # type: ignore[import-untyped]  # no stubs; an independent oracle
 
-from pipeline.profiling.measures import GOVERNOR_NOT_EXPOSED, Interval, MeasurementConditions, StepEstimate, ratio
+from pipeline.profiling.measures import GOVERNOR_NOT_EXPOSED, Interval, MeasurementConditions, StepEstimate
 from pipeline.profiling.record import Timing
 from pipeline.profiling.roofs import SpeedDrift
 from pipeline.profiling.statistics import (
@@ -172,14 +172,14 @@ def test_estimate_fields_from_known_blocks() -> None:
 
 def test_ratio_interval_and_no_measurable_difference_wording() -> None:
     cpu, gpu = Interval(10.0, 9.5, 10.5), Interval(2.0, 1.9, 2.1)
-    speedup = ratio(cpu, gpu)
+    speedup = cpu / gpu
     assert speedup.value == 5.0
     assert speedup.low == pytest.approx(9.5 / 2.1) and speedup.high == pytest.approx(10.5 / 1.9)
     assert speedup.measurable and speedup.describe() == "5.00x (4.52-5.53x)"
-    close = ratio(Interval(10.0, 9.6, 10.4), Interval(10.2, 10.0, 10.5))
+    close = Interval(10.0, 9.6, 10.4) / Interval(10.2, 10.0, 10.5)
     assert not close.measurable
     assert close.describe() == "no measurable difference (0.91-1.04x)"
-    unbounded = ratio(Interval(10.0, 0.0, 20.0), gpu)  # too few blocks on one side
+    unbounded = Interval(10.0, 0.0, 20.0) / gpu  # too few blocks on one side
     assert not unbounded.measurable and "too few timed blocks" in unbounded.describe()
 
 
@@ -189,14 +189,14 @@ def test_ratio_is_measurable_exactly_when_the_intervals_do_not_overlap() -> None
         a_low, b_low = rng.uniform(1, 3), rng.uniform(1, 3)
         a = Interval(a_low + 0.1, a_low, a_low + rng.uniform(0.2, 1))
         b = Interval(b_low + 0.1, b_low, b_low + rng.uniform(0.2, 1))
-        assert ratio(a, b).measurable == (not a.overlaps(b))
-        assert ratio(a, b).low <= a.value / b.value <= ratio(a, b).high
+        assert (a / b).measurable == (not a.overlaps(b))
+        assert (a / b).low <= a.value / b.value <= (a / b).high
 
 
 def test_per_sample_ratio_batch_1_vs_64_scales_the_intervals() -> None:
     batch_1 = estimate_step_time(_lognormal_blocks(random.Random(4), 200, 0.5, 0.05), 1, 2.0)
     batch_64 = estimate_step_time(_lognormal_blocks(random.Random(5), 200, 8.0, 0.05), 64, 2.0)
-    cheaper = ratio(batch_1.per_sample, batch_64.per_sample)
+    cheaper = batch_1.per_sample / batch_64.per_sample
     assert cheaper.value == pytest.approx((0.5 / 1) / (8.0 / 64), rel=0.05)  # ~4x cheaper per sample at 64
     assert cheaper.measurable and cheaper.low < cheaper.value < cheaper.high
 
@@ -287,9 +287,7 @@ def test_a_paired_ratio_cancels_the_machines_drift_that_unpaired_intervals_carry
     assert paired.value == pytest.approx(1.07, rel=0.01)
     assert paired.low > 1.0 and paired.measurable and paired.every_process
     assert paired.half_width_pct < 3.0
-    unpaired = ratio(
-        estimate_over_processes(batch64, 64, 2.0).interval, estimate_over_processes(batch16, 64, 2.0).interval
-    )
+    unpaired = estimate_over_processes(batch64, 64, 2.0).interval / estimate_over_processes(batch16, 64, 2.0).interval
     assert not unpaired.measurable  # the same data, read as two unpaired rows: "no measurable difference"
 
 

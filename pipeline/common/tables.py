@@ -1,5 +1,5 @@
 """Tables as text: records as CSV (the one format the plot files, operator tables and dvc plots share), and
-markdown tables for the reports."""
+the mark that stands for a missing number."""
 
 from __future__ import annotations
 
@@ -28,10 +28,3 @@ def rows_csv(fieldnames: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> st
 def records_csv(record_type: type, records: Sequence[Any]) -> str:
     """Dataclass records of `record_type`, one column per field."""
     return rows_csv([field.name for field in dataclasses.fields(record_type)], map(dataclasses.asdict, records))
-
-
-def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
-    """Lines of a markdown table. A column named with a leading `>` is right-aligned (numbers): `">batch"`."""
-    header = " | ".join(column.removeprefix(">") for column in columns)
-    rule = " | ".join("---:" if column.startswith(">") else "---" for column in columns)
-    return [f"| {header} |", f"| {rule} |", *("| " + " | ".join(map(str, row)) + " |" for row in rows)]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pipeline.common.errors import PipelineError
 from pipeline.machines.runs import Machine, ProfileRun
-from pipeline.profiling.measures import Interval, Ratio, ratio
+from pipeline.profiling.measures import Interval, Ratio
 from pipeline.profiling.record import Combination
 
 
@@ -165,7 +165,7 @@ def speedup(group: int, baseline: MachineRow, other: MachineRow) -> Speedup:
         machine=other.machine,
         device=other.device,
         value=baseline.per_sample_ms / other.per_sample_ms,
-        interval=ratio(base, this) if base and this else None,
+        interval=base / this if base and this else None,
     )
 
 

@@ -28,9 +28,17 @@ class Interval:
             return math.inf
         return 100.0 * max(self.value - self.low, self.high - self.value) / self.value
 
-    def scaled(self, factor: float) -> Interval:
-        """The same estimate in another unit (factor > 0): per step -> per sample is a division by the batch."""
+    def __mul__(self, factor: float) -> Interval:
+        """The same estimate in another unit (factor > 0): per step -> per sample is `step * (1 / batch)`."""
         return Interval(self.value * factor, self.low * factor, self.high * factor)
+
+    def __truediv__(self, denominator: Interval) -> Ratio:
+        """This estimate over another, as a Ratio whose interval comes from both intervals' ends."""
+        if min(self.low, denominator.low, self.value, denominator.value) <= 0:
+            # An interval reaching 0 (too few blocks) or a zero time: the data bound nothing.
+            value = self.value / denominator.value if denominator.value > 0 else math.inf
+            return Ratio(value, 0.0, math.inf)
+        return Ratio(self.value / denominator.value, self.low / denominator.high, self.high / denominator.low)
 
     def overlaps(self, other: Interval) -> bool:
         return self.low <= other.high and other.low <= self.high
@@ -66,7 +74,7 @@ class StepEstimate:
 
     @property
     def per_sample(self) -> Interval:
-        return self.interval.scaled(1.0 / self.batch_size)
+        return self.interval * (1.0 / self.batch_size)
 
     @property
     def throughput_samples_per_s(self) -> float:
@@ -108,16 +116,6 @@ class Ratio:
         if not self.measurable:
             return f"no measurable difference ({self.bounds()})"
         return f"{_format_ratio(self.value)}x ({self.bounds()})"
-
-
-def ratio(numerator: Interval, denominator: Interval) -> Ratio:
-    if min(numerator.low, denominator.low, numerator.value, denominator.value) <= 0:
-        # An interval reaching 0 (too few blocks) or a zero time: the data bound nothing.
-        value = numerator.value / denominator.value if denominator.value > 0 else math.inf
-        return Ratio(value, 0.0, math.inf)
-    return Ratio(
-        numerator.value / denominator.value, numerator.low / denominator.high, numerator.high / denominator.low
-    )
 
 
 def _format_ratio(value: float) -> str:
@@ -281,8 +279,10 @@ class StepMemory:
     def peak_mb(self) -> float:
         return self.peak_bytes / MEGABYTE
 
-    def part(self, name: str) -> int:
-        return next((part.bytes for part in self.parts if part.name == name), 0)
+    @property
+    def bytes_of(self) -> dict[str, int]:
+        """Bytes per part, by name, for every name of MEMORY_PARTS (0 where the step held none of it)."""
+        return {name: 0 for name in MEMORY_PARTS} | {part.name: part.bytes for part in self.parts}
 
     def metrics(self) -> dict[str, float]:
         """`memory_peak_mb`, `memory_<part>_mb`, ...: the same names for every combination."""
@@ -319,9 +319,7 @@ class StepEnergy:
     memory_clock_mhz: float | None = None
 
     def per_sample(self, batch_size: int) -> Interval:
-        return Interval(self.joules_per_step, self.joules_per_step_low, self.joules_per_step_high).scaled(
-            1.0 / batch_size
-        )
+        return Interval(self.joules_per_step, self.joules_per_step_low, self.joules_per_step_high) * (1.0 / batch_size)
 
     def metrics(self, batch_size: int) -> dict[str, float]:
         sample = self.per_sample(batch_size)

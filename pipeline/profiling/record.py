@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pipeline.common.errors import PipelineError
+from pipeline.common.paths import DeviceProfileOutputs, ProfileOutputs, profile_outputs
 from pipeline.common.typed import Dialect, build
 from pipeline.params.schema import Device, ProfileConfig, ProfileMode
 from pipeline.profiling.measures import (
@@ -32,7 +33,6 @@ from pipeline.profiling.measures import (
     StepEnergy,
     StepEstimate,
     StepMemory,
-    ratio,
 )
 
 # Profiling runs the trained weights in fp32 whatever precision training used: the lab compares
@@ -80,6 +80,11 @@ class Combination:
         """The name of its MLflow run."""
         return f"profile@{self.name}"
 
+    @property
+    def outputs(self) -> ProfileOutputs:
+        """Its files: the record, the tables and the trace its profile stage writes."""
+        return profile_outputs(self.batch_size, self.device, self.mode)
+
 
 def combinations(config: ProfileConfig) -> list[Combination]:
     """Exactly the combinations params.yaml asks for: stale folders of removed values never count."""
@@ -123,6 +128,7 @@ class StepInterval:
     step_time_ms_ci_low: float
     step_time_ms_ci_high: float
 
+    @property
     def step_interval(self) -> Interval:
         return Interval(self.step_time_ms_median, self.step_time_ms_ci_low, self.step_time_ms_ci_high)
 
@@ -193,9 +199,6 @@ class Timing(StepInterval):
     def as_metrics(self) -> dict[str, float]:
         """Numbers only, under the same names for every combination (MLflow Compare, `dvc metrics diff`)."""
         return {name: float(value) for name, value in dataclasses.asdict(self).items() if value is not None}
-
-    def per_sample_interval(self, batch_size: int) -> Interval:
-        return self.step_interval().scaled(1.0 / batch_size)
 
 
 @dataclass(frozen=True)
@@ -307,13 +310,6 @@ class AllocatorWhatIf(StepInterval):
     def paired(self) -> bool:
         return self.slowdown > 0
 
-    def slowdown_ratio(self, tuned: Interval) -> Ratio:
-        """Defaults ÷ tuned: the paired ratio where the record has one, else from the two intervals (`tuned`: the
-        record's step interval)."""
-        if self.paired:
-            return Ratio(self.slowdown, self.slowdown_ci_low, self.slowdown_ci_high)
-        return ratio(self.step_interval(), tuned)
-
 
 @dataclass(frozen=True)
 class TraceCheck:
@@ -370,6 +366,27 @@ class ProfileRecord:
     memory: StepMemory | None = None  # format 7; None before
     energy: StepEnergy | None = None  # format 7, where the device has an energy counter
     energy_unavailable: str = ""  # format 7: why there is no energy figure ("" where there is one, and before)
+
+    @property
+    def per_sample(self) -> Interval:
+        """The step time's interval per sample (ms)."""
+        return self.timing.step_interval * (1.0 / self.combination.batch_size)
+
+    @property
+    def energy_per_sample(self) -> Interval | None:
+        """Joules per sample with the interval, where the device has an energy counter."""
+        return self.energy.per_sample(self.combination.batch_size) if self.energy else None
+
+    @property
+    def allocator_slowdown(self) -> Ratio | None:
+        """glibc's defaults ÷ the tuned allocator's step time where the what-if ran: the paired ratio where the record
+        has one, else from the two intervals."""
+        whatif = self.allocator_whatif
+        if whatif is None:
+            return None
+        if whatif.paired:
+            return Ratio(whatif.slowdown, whatif.slowdown_ci_low, whatif.slowdown_ci_high)
+        return whatif.step_interval / self.timing.step_interval
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -480,8 +497,15 @@ class DeviceComparisons:
         speeds = self.process_speeds
         return 100.0 * (max(speeds) / min(speeds) - 1) if speeds and min(speeds) > 0 else 0.0
 
-    def find(self, numerator: str, denominator: str) -> PairedComparison | None:
-        return next((c for c in self.comparisons if c.numerator == numerator and c.denominator == denominator), None)
+    @property
+    def by_pair(self) -> dict[tuple[str, str], PairedComparison]:
+        """Each ratio under (numerator, denominator), the combinations' names."""
+        return {(c.numerator, c.denominator): c for c in self.comparisons}
+
+    def between(self, names: set[str]) -> DeviceComparisons:
+        """Only the ratios between the combinations named: a batch size removed from params.yaml leaves none."""
+        kept = tuple(c for c in self.comparisons if c.numerator in names and c.denominator in names)
+        return dataclasses.replace(self, comparisons=kept)
 
 
 def write_comparisons(comparisons: DeviceComparisons) -> str:
@@ -529,6 +553,35 @@ def read_record(path: Path, combination: Combination) -> ProfileRecord:
     if record.combination != combination:
         raise PipelineError(f"{path} holds combination {record.combination.name}, not {combination.name}; {fix}")
     return record
+
+
+@dataclass(frozen=True)
+class ProfileInputs:
+    """What the profile stages left for a reader, as params.yaml asks for it (in its order), and one sentence per
+    missing file, naming the command that writes it."""
+
+    records: list[ProfileRecord]
+    comparisons: list[DeviceComparisons]  # one per profiled device
+    missing: list[str]
+
+
+def read_profiles(config: ProfileConfig) -> ProfileInputs:
+    """Every combination's record and every device's paired comparisons that `config` asks for and exist."""
+    wanted = combinations(config)
+    records, comparisons, missing = [], [], []
+    for combination in wanted:
+        path = combination.outputs.record
+        if path.exists():
+            records.append(read_record(path, combination))
+        else:
+            missing.append(f"`{path}` is missing: run `dvc repro {combination.stage_name}`.")
+    for device in config.devices:
+        path = DeviceProfileOutputs(device).comparisons
+        if path.exists():
+            comparisons.append(read_comparisons(path, device).between({c.name for c in wanted}))
+        else:
+            missing.append(f"`{path}` is missing: run `dvc repro profile@{device}`.")
+    return ProfileInputs(records, comparisons, missing)
 
 
 def _upgrade(raw: dict[str, Any]) -> dict[str, Any]:

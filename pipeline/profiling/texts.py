@@ -195,14 +195,14 @@ def operators_markdown(record: ProfileRecord) -> str:
             f"{graph['host_overhead_pct']:.0f} % of the eager step: launching kernels one by one from Python, "
             "which a replay leaves out.",
         ]
-    whatif = record.allocator_whatif
-    if whatif:
+    whatif, slowdown = record.allocator_whatif, record.allocator_slowdown
+    if whatif and slowdown:
         paired = " (paired)" if whatif.paired else ""
         lines[3:3] = [
             "",
             f"Allocator what-if: with glibc malloc's defaults the same step took "
             f"{whatif.step_time_ms_median:.3f} ms median, defaults ÷ tuned{paired} "
-            f"{whatif.slowdown_ratio(record.timing.step_interval()).describe()}; "
+            f"{slowdown.describe()}; "
             f"{whatif.page_faults_per_step:,.0f} page faults per step against "
             f"{whatif.tuned_page_faults_per_step:,.0f} tuned ({record.settings.allocator}).",
         ]

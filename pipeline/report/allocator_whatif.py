@@ -10,14 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.common.tables import markdown_table
+from pipeline.profiling.measures import Ratio
 from pipeline.profiling.record import AllocatorWhatIf, ProfileRecord
+from pipeline.report.tables import markdown_table
 
 SHIFTED_OPERATORS = 2  # operators named per combination: those whose share moves the most
 
 
-def whatif_records(records: Sequence[ProfileRecord]) -> list[tuple[ProfileRecord, AllocatorWhatIf]]:
-    return [(record, record.allocator_whatif) for record in records if record.allocator_whatif is not None]
+def whatif_records(records: Sequence[ProfileRecord]) -> list[tuple[ProfileRecord, AllocatorWhatIf, Ratio]]:
+    """Each record the what-if ran for, with the what-if and its defaults ÷ tuned ratio."""
+    return [
+        (record, record.allocator_whatif, record.allocator_slowdown)
+        for record in records
+        if record.allocator_whatif is not None and record.allocator_slowdown is not None
+    ]
 
 
 def allocator_markdown(records: Sequence[ProfileRecord]) -> str:
@@ -30,15 +36,15 @@ def allocator_markdown(records: Sequence[ProfileRecord]) -> str:
             "`MALLOC_*` variables or an allocator in `LD_PRELOAD`).\n"
         )
     rows = []
-    for record, whatif in measured:
-        tuned = record.timing.step_interval()
-        default = whatif.step_interval()
+    for record, whatif, slowdown in measured:
+        tuned = record.timing.step_interval
+        default = whatif.step_interval
         rows.append(
             (
                 f"{record.combination.batch_size} {record.combination.mode}",
                 f"{default.value:.3f} ({default.low:.3f}-{default.high:.3f})",
                 f"{tuned.value:.3f} ({tuned.low:.3f}-{tuned.high:.3f})",
-                whatif.slowdown_ratio(tuned).describe(),
+                slowdown.describe(),
                 f"{whatif.page_faults_per_step:,.0f}",
                 f"{whatif.tuned_page_faults_per_step:,.0f}",
                 shifted_operators(record, whatif),
@@ -53,12 +59,12 @@ def allocator_markdown(records: Sequence[ProfileRecord]) -> str:
         ">tuned",
         "operators whose share moves most (defaults → tuned)",
     )
-    allocators = sorted({whatif.default_allocator for _, whatif in measured})
-    tuned_allocators = sorted({record.settings.allocator for record, _ in measured})
+    allocators = sorted({whatif.default_allocator for _, whatif, _ in measured})
+    tuned_allocators = sorted({record.settings.allocator for record, _, _ in measured})
     how = (
         "in fresh processes, each started next to a tuned timing process (just before or after it, in turn) and "
         "timing the same combinations interleaved, so the ratio is taken pair by pair (95 % CI from the pairs' spread)"
-        if all(whatif.paired for _, whatif in measured)
+        if all(whatif.paired for _, whatif, _ in measured)
         else "in the stage's own process, not paired with the tuned timing (the ratio's interval is built from both "
         "intervals)"
     )
@@ -91,8 +97,8 @@ def allocator_sentences(records: Sequence[ProfileRecord]) -> list[str]:
     measured = whatif_records(records)
     if not measured:
         return []
-    ratios = [(record, whatif.slowdown_ratio(record.timing.step_interval())) for record, whatif in measured]
-    paired = all(whatif.paired for _, whatif in measured)
+    ratios = [(record, slowdown) for record, _, slowdown in measured]
+    paired = all(whatif.paired for _, whatif, _ in measured)
     slowest = max(ratios, key=lambda pair: pair[1].value)
     unmeasurable = [record.combination.name for record, value in ratios if not value.measurable]
     faster = [f"{record.combination.name} ({value.describe()})" for record, value in ratios if value.high < 1]

@@ -64,7 +64,7 @@ class ComparisonRow:
 
     @property
     def per_sample_interval(self) -> Interval:
-        return self.step_interval.scaled(1.0 / self.batch_size)
+        return self.step_interval * (1.0 / self.batch_size)
 
     @property
     def flags(self) -> str:
@@ -109,8 +109,8 @@ def comparison_rows(profiles: Sequence[ProfileRecord]) -> list[ComparisonRow]:
     for record in profiles:
         combination, timing, conditions = record.combination, record.timing, record.conditions
         top = record.top_operators
-        per_sample = timing.per_sample_interval(combination.batch_size)
-        throughput = rate_interval(1000.0 * combination.batch_size, timing.step_interval())
+        per_sample = record.per_sample
+        throughput = rate_interval(1000.0 * combination.batch_size, timing.step_interval)
         rows.append(
             ComparisonRow(
                 batch_size=combination.batch_size,
@@ -142,9 +142,7 @@ def comparison_rows(profiles: Sequence[ProfileRecord]) -> list[ComparisonRow]:
                 top_operator_share_pct=top[0].share_pct if top else 0.0,
                 convolution_share_pct=sum(row.share_pct for row in top if CONVOLUTION.search(row.operator)),
                 peak_memory_mb=record.memory.peak_mb if record.memory else None,
-                energy_mj_per_sample=(
-                    record.energy.per_sample(combination.batch_size).scaled(1000) if record.energy else None
-                ),
+                energy_mj_per_sample=(record.energy_per_sample * 1000 if record.energy_per_sample else None),
             )
         )
     return rows
@@ -257,7 +255,7 @@ def batch_scaling_sentence(series: Sequence[ComparisonRow], mode: str, compariso
     device = ordered[0].device
     steps = []
     for smaller, larger in itertools.pairwise(ordered):
-        found = comparisons.find(larger.combination.name, smaller.combination.name)
+        found = comparisons.by_pair.get((larger.combination.name, smaller.combination.name))
         if found is None:
             continue
         direction = _direction(found)
@@ -288,7 +286,7 @@ def _cheapest(ordered: Sequence[ComparisonRow], comparisons: DeviceComparisons) 
         if row is cheapest:
             continue
         small, large = sorted((row, cheapest), key=lambda r: r.batch_size)
-        found = comparisons.find(large.combination.name, small.combination.name)
+        found = comparisons.by_pair.get((large.combination.name, small.combination.name))
         if found is None or _direction(found) == 0:
             tied.append(row.batch_size)
     if not tied:

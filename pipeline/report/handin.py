@@ -16,7 +16,6 @@ from pathlib import Path
 
 from pipeline.common.paths import GRAPH_SVG, TRAIN_EPOCHS_PLOT, TRAIN_STEPS_PLOT
 from pipeline.params.schema import Params
-from pipeline.profiling.measures import ratio
 from pipeline.profiling.record import Combination, DeviceComparisons, PairedComparison
 from pipeline.report.catalogue import HTML_LANGUAGE, Catalogue, load_catalogue
 from pipeline.report.comparison import ComparisonRow
@@ -228,7 +227,7 @@ def batch_table(inputs: ReportInputs, rows: Sequence[ComparisonRow], params: Par
                 if smaller:
                     lines.append(_per_sample_line(found, row.combination, smaller[-1], say))
                 lines += _flag_lines(row, say)
-            paired = found.find(f"{batch}-{device}-train", f"{batch}-{device}-inference") if found else None
+            paired = found.by_pair.get((f"{batch}-{device}-train", f"{batch}-{device}-inference")) if found else None
             if paired is not None:
                 lines.append(_mode_line(paired, device, say))
         if not lines:
@@ -275,7 +274,7 @@ def _per_sample_line(
     """Per-sample time against the next smaller batch: its paired ratio, with a direction only where it is
     measurable."""
     smaller = dataclasses.replace(combination, batch_size=previous)
-    found = comparisons.find(combination.name, smaller.name) if comparisons else None
+    found = comparisons.by_pair.get((combination.name, smaller.name)) if comparisons else None
     if found is None:
         return say("per_sample_unpaired", previous=previous, device=combination.device)
     values = {"ratio": found.value, "low": found.low, "high": found.high, "previous": previous}
@@ -333,7 +332,7 @@ def gpu_section(rows: Sequence[ComparisonRow], say: Catalogue) -> str:
     header = [say(key) for key in ("gpu_batch", "gpu_mode", "gpu_cpu_ms", "gpu_gpu_ms", "gpu_speedup")]
     lines = ["| " + " | ".join(header) + " |", "| ---: | --- | ---: | ---: | --- |"]
     for cpu, gpu in sorted(pairs, key=lambda pair: (pair[0].mode, pair[0].batch_size)):
-        speedup = ratio(cpu.per_sample_interval, gpu.per_sample_interval)
+        speedup = cpu.per_sample_interval / gpu.per_sample_interval
         values = {"ratio": speedup.value, "low": speedup.low, "high": speedup.high}
         cell = say("speedup", **values) if speedup.measurable else say("speedup_none", **values)
         lines.append(f"| {cpu.batch_size} | {cpu.mode} | {cpu.per_sample_ms:.4f} | {gpu.per_sample_ms:.4f} | {cell} |")

@@ -27,13 +27,12 @@ from pipeline.common.paths import (
     TRAIN_METRICS,
     TRAIN_SPEED,
     TRAIN_STEPS_PLOT,
-    DeviceProfileOutputs,
     profile_outputs,
 )
 from pipeline.params.schema import Params, ProfileConfig
-from pipeline.profiling.record import DeviceComparisons, ProfileRecord, combinations, read_comparisons, read_record
+from pipeline.profiling.record import DeviceComparisons, ProfileRecord, read_profiles
 from pipeline.profiling.roofs import read_roofs
-from pipeline.profiling.texts import kernels_markdown, process_speed_sentence
+from pipeline.profiling.texts import process_speed_sentence
 from pipeline.report.allocator_whatif import allocator_markdown, allocator_sentences
 from pipeline.report.comparison import (
     ComparisonRow,
@@ -81,21 +80,8 @@ def read_json(path: Path, producer: str, missing: list[str]) -> Any:
 
 
 def read_inputs(config: ProfileConfig) -> ReportInputs:
-    missing: list[str] = []
-    profiles = []
-    for combination in combinations(config):
-        path = profile_outputs(combination.batch_size, combination.device, combination.mode).record
-        if path.exists():
-            profiles.append(read_record(path, combination))
-        else:
-            missing.append(f"`{path}` is missing: run `dvc repro {combination.stage_name}`.")
-    comparisons = []
-    for device in config.devices:
-        path = DeviceProfileOutputs(device).comparisons
-        if path.exists():
-            comparisons.append(_wanted(read_comparisons(path, device), {c.name for c in combinations(config)}))
-        else:
-            missing.append(f"`{path}` is missing: run `dvc repro profile@{device}`.")
+    profiles = read_profiles(config)
+    missing = list(profiles.missing)
     drift = {}
     if HARDWARE_ROOFS.exists():
         drift = {
@@ -114,17 +100,11 @@ def read_inputs(config: ProfileConfig) -> ReportInputs:
         train_speed=read_json(TRAIN_SPEED, "train", missing),
         graph_metrics=read_json(GRAPH_METRICS, "export_graph", missing),
         model_summary=model_summary,
-        profiles=profiles,
-        comparisons=comparisons,
+        profiles=profiles.records,
+        comparisons=profiles.comparisons,
         drift=drift,
         missing=missing,
     )
-
-
-def _wanted(found: DeviceComparisons, names: set[str]) -> DeviceComparisons:
-    """Only the ratios between combinations params.yaml lists: a removed batch size's ratios cannot leak in."""
-    kept = tuple(c for c in found.comparisons if c.numerator in names and c.denominator in names)
-    return dataclasses.replace(found, comparisons=kept)
 
 
 def drift_sentence(drift: dict[str, float]) -> str:
@@ -221,11 +201,10 @@ def build_report(params: Params, figures: Path) -> Report:
 
     sections.append("## 4. Top operators (and GPU kernels) per combination\n")
     for record in inputs.profiles:
-        combination = record.combination
-        table = profile_outputs(combination.batch_size, combination.device, combination.mode).table_markdown.read_text()
-        sections.append(table.replace("### ", "#### ", 1))
+        outputs = record.combination.outputs
+        sections.append(outputs.table_markdown.read_text().replace("### ", "#### ", 1))
         if record.analysis.top_kernels:
-            sections.append(kernels_markdown(record).replace("### ", "#### ", 1))
+            sections.append(outputs.kernel_table_markdown.read_text().replace("### ", "#### ", 1))
     if not inputs.profiles:
         sections.append("_No profile available (see Missing inputs)._\n")
 

@@ -37,7 +37,7 @@ def memory_section(profiles: Sequence[ProfileRecord], figures: Path) -> list[str
             "_No profile record holds memory figures (records from before they were measured); rerun the "
             "profile stages._\n"
         ]
-    parts = [name for name in MEMORY_PARTS if any(memory.part(name) for _, memory in measured)]
+    parts = [name for name in MEMORY_PARTS if any(memory.bytes_of[name] for _, memory in measured)]
     header = " | ".join(parts)
     lines = [
         "What each combination's step holds in the device's memory at its peak, in MB (10^6 bytes): the state it "
@@ -48,7 +48,7 @@ def memory_section(profiles: Sequence[ProfileRecord], figures: Path) -> list[str
         f"| --- | ---: | ---: | {' | '.join('---:' for _ in parts)} |",
     ]
     for record, memory in measured:
-        cells = " | ".join(f"{memory.part(name) / MEGABYTE:.3f}" for name in parts)
+        cells = " | ".join(f"{memory.bytes_of[name] / MEGABYTE:.3f}" for name in parts)
         spread = f"{memory.peak_low_bytes / MEGABYTE:.3f}-{memory.peak_high_bytes / MEGABYTE:.3f}"
         lines.append(f"| {record.combination.name} | {memory.peak_mb:.3f} | {spread} | {cells} |")
     memory_figure([record for record, _ in measured], figures / Path(MEMORY_FIGURE).name)
@@ -82,7 +82,7 @@ def memory_figure(records: Sequence[ProfileRecord], target: Path) -> None:
         labels = [str(r.combination.batch_size) for r in chosen]
         bottom = [0.0] * len(chosen)
         for name in MEMORY_PARTS:
-            heights = [r.memory.part(name) / MEGABYTE if r.memory else 0.0 for r in chosen]
+            heights = [r.memory.bytes_of[name] / MEGABYTE if r.memory else 0.0 for r in chosen]
             if any(heights):
                 axes.bar(labels, heights, bottom=bottom, color=PART_COLOURS[name], label=name)
                 bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
@@ -98,9 +98,9 @@ def memory_figure(records: Sequence[ProfileRecord], target: Path) -> None:
 def peak_phase(memory: StepMemory) -> str:
     """Where in the step its peak falls, from what is alive there: the optimizer's temporaries exist only inside
     its step, activation gradients only inside the backward pass."""
-    if memory.part("optimizer temporaries"):
+    if memory.bytes_of["optimizer temporaries"]:
         return "peak in the optimizer's step"
-    if memory.part("activation gradients"):
+    if memory.bytes_of["activation gradients"]:
         return "peak in the backward pass"
     return "peak in the forward pass"
 
@@ -117,10 +117,10 @@ def memory_sentences(profiles: Sequence[ProfileRecord]) -> list[str]:
         if len(ordered) < 2:
             continue
         (small, first), (large, last) = ordered[0], ordered[-1]
-        growth = {name: last.part(name) - first.part(name) for name in MEMORY_PARTS}
+        growth = {name: last.bytes_of[name] - first.bytes_of[name] for name in MEMORY_PARTS}
         grows = max(growth, key=lambda name: growth[name])
-        held = "weights and optimizer state" if any(m.part("optimizer state") for _, m in ordered) else "weights"
-        states = {m.part("weights") + m.part("optimizer state") for _, m in ordered}
+        held = "weights and optimizer state" if any(m.bytes_of["optimizer state"] for _, m in ordered) else "weights"
+        states = {m.bytes_of["weights"] + m.bytes_of["optimizer state"] for _, m in ordered}
         state = (
             f"{held} {min(states) / MEGABYTE:.1f} MB at every batch size"
             if len(states) == 1

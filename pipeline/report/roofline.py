@@ -20,11 +20,11 @@ import matplotlib
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from pipeline.common.tables import markdown_table
 from pipeline.profiling.measures import Interval
 from pipeline.profiling.record import ProfileRecord
 from pipeline.report.comparison import rate_interval
 from pipeline.report.figures import save_figure
+from pipeline.report.tables import markdown_table
 
 matplotlib.use("Agg")  # no display: CI and servers
 
@@ -98,7 +98,7 @@ def _record_points(record: ProfileRecord) -> list[RooflinePoint]:
     points = []
     step_intensity = rate.intensity_flops_per_byte
     if step_intensity is not None:
-        achieved = rate_interval(rate.flops_per_step / 1e6, record.timing.step_interval())  # FLOP/ms / 1e6 = GFLOP/s
+        achieved = rate_interval(rate.flops_per_step / 1e6, record.timing.step_interval)  # FLOP/ms / 1e6 = GFLOP/s
         points.append(place(WHOLE_STEP, step_intensity, achieved, rate.bytes_per_step / 1e6))
     for row in record.top_operators:
         intensity = row.intensity_flops_per_byte

@@ -10,10 +10,11 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeline.common.tables import NO_NUMBER, markdown_table
-from pipeline.profiling.measures import Interval, KernelStats, StepAnatomy, ratio
+from pipeline.common.tables import NO_NUMBER
+from pipeline.profiling.measures import Interval, KernelStats, StepAnatomy
 from pipeline.profiling.record import FlopRate, ProfileRecord
 from pipeline.report.comparison import rate_interval
+from pipeline.report.tables import markdown_table
 
 
 def add_a_gpu(facts: Sequence[StepFacts]) -> str:
@@ -61,8 +62,8 @@ def step_facts(records: Sequence[ProfileRecord]) -> list[StepFacts]:
             batch_size=record.combination.batch_size,
             device=record.combination.device,
             mode=record.combination.mode,
-            step=record.timing.step_interval(),
-            per_sample=record.timing.per_sample_interval(record.combination.batch_size),
+            step=record.timing.step_interval,
+            per_sample=record.per_sample,
             anatomy=record.analysis.anatomy,
             kernels=record.analysis.top_kernels,
             rate=record.analysis.flop_rate,
@@ -164,7 +165,7 @@ def cpu_vs_gpu_markdown(facts: Sequence[StepFacts]) -> str:
             cpu.mode,
             f"{cpu.per_sample.value:.4f}",
             f"{gpu.per_sample.value:.4f}",
-            ratio(cpu.per_sample, gpu.per_sample).describe(),
+            (cpu.per_sample / gpu.per_sample).describe(),
             f"{gpu.anatomy.busy_pct:.1f}" if gpu.anatomy else NO_NUMBER,
         )
         for cpu, gpu in pairs
@@ -202,7 +203,7 @@ def step_sentences(facts: Sequence[StepFacts]) -> list[str]:
                 f"{top.launches_per_step:g} launch(es) per step, launched by `{top.launched_by}`)."
             )
     for cpu, gpu in _device_pairs(facts):
-        speed = ratio(cpu.step, gpu.step)
+        speed = cpu.step / gpu.step
         times = f"{gpu.step.value:.3f} vs {cpu.step.value:.3f} ms per step"
         if not speed.measurable:
             sentences.append(f"At batch {cpu.batch_size} {cpu.mode} {gpu.device} vs cpu: {speed.describe()} ({times}).")
@@ -213,7 +214,7 @@ def step_sentences(facts: Sequence[StepFacts]) -> list[str]:
                 if gpu.anatomy
                 else ""
             )
-            slower = ratio(gpu.step, cpu.step)
+            slower = gpu.step / cpu.step
             sentences.append(
                 f"At batch {cpu.batch_size} {cpu.mode} {gpu.device} is slower than cpu ({times}; "
                 f"{slower.value:.2f}x the time, 95 % CI {slower.bounds()}){why}."
