@@ -421,7 +421,7 @@ def main(arguments: list[str] | None = None) -> None:
         ),
     )
     print()
-    print(table(results, "reference" if "reference" in results else variants[0].name))
+    print(table(results, variants[0].name if args.variant else "reference"))
     if {headline.name, "reference"} <= results.keys():
         paired = ratios(results, headline.name, "reference")
         spread = f"min-max {min(paired):.2f}-{max(paired):.2f}x over {len(paired)} paired repeats"

@@ -13,7 +13,7 @@ import sys
 from tqdm import tqdm
 
 from pipeline.common.outputs import AtomicOutputs
-from pipeline.common.paths import DATA_ROOT, HARDWARE_ROOFS, MODEL_CHECKPOINT, DeviceProfileOutputs, profile_outputs
+from pipeline.common.paths import DATA_ROOT, HARDWARE_ROOFS, MODEL_CHECKPOINT, DeviceProfileOutputs
 from pipeline.common.stage_runner import run_stage
 from pipeline.params.loading import load_params
 from pipeline.profiling.artifacts import log_profile, write_comparison_outputs, write_profile_outputs
@@ -36,7 +36,7 @@ def main() -> None:
         server = stack.enter_context(forked_worker_server(training=training)) if config.processes > 1 else None
         setups = prepare_profiles(wanted, config, MODEL_CHECKPOINT, DATA_ROOT, HARDWARE_ROOFS)
         spec = timing_spec(setups, config, MODEL_CHECKPOINT, DATA_ROOT)
-        paths = [profile_outputs(c.batch_size, c.device, c.mode) for c in wanted]
+        paths = [c.outputs for c in wanted]
         device_paths = DeviceProfileOutputs(device)
         with AtomicOutputs() as outputs, tqdm(total=config.processes + len(wanted), unit="pass") as bar:
             records, comparisons = run_device_profile(

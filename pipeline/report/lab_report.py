@@ -27,7 +27,6 @@ from pipeline.common.paths import (
     TRAIN_METRICS,
     TRAIN_SPEED,
     TRAIN_STEPS_PLOT,
-    profile_outputs,
 )
 from pipeline.params.schema import Params, ProfileConfig
 from pipeline.profiling.record import DeviceComparisons, ProfileRecord, read_profiles
@@ -170,10 +169,7 @@ def report_input_runs(report: Report) -> dict[str, Path]:
     read = {
         "train": TRAIN_SPEED,
         "export_graph": GRAPH_METRICS,
-        **{
-            row.combination.run_name: profile_outputs(row.batch_size, row.device, row.mode).record
-            for row in report.rows
-        },
+        **{row.combination.run_name: row.combination.outputs.record for row in report.rows},
     }
     return {name: path for name, path in read.items() if path.is_file()}
 

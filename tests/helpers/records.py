@@ -105,7 +105,7 @@ def make_comparisons(
 def write_two_profiles() -> None:
     """Profile records and tables of batch 1 and 64 (cpu, inference) and their paired comparison in the current
     folder, as the profile stage writes them: the report's inputs without running the pipeline."""
-    from pipeline.common.paths import DeviceProfileOutputs, profile_outputs
+    from pipeline.common.paths import DeviceProfileOutputs
     from pipeline.profiling.record import write_comparisons, write_record
     from pipeline.profiling.texts import operators_markdown
 
@@ -113,8 +113,7 @@ def write_two_profiles() -> None:
         make_record(1, "cpu", "inference", 0.5, (("aten::mkldnn_convolution", 40.0),)),
         make_record(64, "cpu", "inference", 8.0, (("aten::max_pool2d", 30.0),)),
     ):
-        combination = record.combination
-        paths = profile_outputs(combination.batch_size, combination.device, combination.mode)
+        paths = record.combination.outputs
         paths.folder.mkdir(parents=True)
         paths.record.write_text(write_record(record))
         paths.table_markdown.write_text(operators_markdown(record))
