@@ -210,3 +210,53 @@ def test_class_server_load_benchmark_runs_clients_and_prints_its_table() -> None
     assert row, result.stdout
     assert int(row["runs"]) == int(row["finished"]) >= 2 and int(row["sent"]) == int(row["stored"]) > 0
     assert int(row["requests"]) >= 5 * int(row["runs"]) and int(row["memory"]) > 50
+
+
+def test_switch_cost_shows_each_step_after_a_switch_against_steady_and_the_stages_warm_up(
+    trained: Path, mnist_mirror: Path
+) -> None:
+    params = read_params(trained)
+    params["profile"].update(batch_sizes=[1, 16], modes=["inference"])
+    write_params(trained, params)
+    command = [sys.executable, "-m", "benchmarks.switch_cost", "--seconds", "1", "--steps", "12"]
+    result = run_command(command, trained, stage_environment(mnist_mirror))
+    assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.startswith("machine: ") and "device cpu" in result.stdout
+    number = r"[\d.]+"
+    rows = {}
+    for name in ("1-cpu-inference", "16-cpu-inference"):
+        row = re.search(
+            rf"^\| {name} \| ({number}) \| ((?:{number} \| ){{8}})±({number}) % \| (\d+) steps?, {number} ms \| "
+            rf"(\d+) steps? \| ({number}) \|$",
+            result.stdout,
+            re.M,
+        )
+        assert row, result.stdout
+        steady, ratios, warm_within, cold = float(row[1]), row[2].split(" | ")[:8], float(row[3]), int(row[4])
+        warmup, first_timed = int(row[5]), row[6]
+        assert warm_within >= 2.0  # --tolerance-pct, or the steady steps' own noise where that is more
+        assert steady > 0 and all(float(ratio) > 0 for ratio in ratios) and 0 <= cold <= 12
+        # The stage's warm-up for this step: about 3 ms of it (the steady time is printed rounded), so the shorter
+        # step gets more steps; the first timed step is the one after them.
+        assert abs(warmup - 3.0 / steady) <= 0.51
+        assert warmup >= len(ratios) or first_timed == ratios[warmup]
+        rows[name] = (float(first_timed), warmup, warm_within)
+    assert rows["1-cpu-inference"][1] >= rows["16-cpu-inference"][1]
+    uncovered = [name for name, (first, _, within) in rows.items() if first > 1 + within / 100]
+    assert result.returncode == (1 if uncovered else 0)
+    assert ("leaves a cold start in" in result.stdout) == bool(uncovered), result.stdout
+    refused = run_command([*command[:3], "--seconds", "0"], trained, stage_environment(mnist_mirror))
+    assert refused.returncode == 2 and "--seconds must be above 0" in refused.stderr
+
+
+def test_switch_cost_counts_the_cold_start_until_a_step_is_warm() -> None:
+    from benchmarks.switch_cost import cold_start, positions_over_steady
+
+    runs = [
+        [2.0e-3, 1.2e-3, 1.01e-3, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3],
+        [2.4e-3, 1.4e-3, 1.0e-3, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3],
+    ]
+    steady, ratios, noise = positions_over_steady(runs)
+    assert steady == pytest.approx(1e-3) and ratios[:3] == pytest.approx([2.2, 1.3, 1.005]) and noise == 0.0
+    assert cold_start(ratios, steady, 0.02) == (2, pytest.approx(3.5e-3))  # two cold steps: 2.2 + 1.3 ms
+    assert cold_start([1.0, 1.0], steady, 0.02) == (0, 0.0)

@@ -41,7 +41,7 @@ from pipeline.profiling.record import (
 )
 from pipeline.profiling.roofs import read_roofs
 from pipeline.profiling.run import ProfileResult, profile_combination
-from pipeline.profiling.statistics import Block, estimate_step_time
+from pipeline.profiling.statistics import Block, estimate_step_time, prediction_interval
 from pipeline.profiling.texts import measurement_warnings, operators_markdown
 from pipeline.profiling.timing import StepTiming
 from pipeline.profiling.trace_analysis import TraceAnalysis
@@ -338,12 +338,20 @@ def test_matrix_yields_six_tables_with_timing_and_traces(profiled: Path) -> None
         # The machine's drift is in no row's interval (the report states it once); the table's pass is checked
         # against the timed interval, and the table says where it lay.
         assert "drift_pct" not in timing and "drift" not in table
-        check = TraceCheck(**record["trace_check"])
+        check = TraceCheck(**{key: tuple(v) if isinstance(v, list) else v for key, v in record["trace_check"].items()})
         assert 1 <= check.attempts <= 3 and check.traced_step_ms > 0
         assert (check.timed_low_ms, check.timed_high_ms) == (
             timing["step_time_ms_ci_low"],
             timing["step_time_ms_ci_high"],
         )
+        # The untraced steps around the kept pass (one more than it traced) against where one more timing process
+        # would run; the traced ones are the pass's.
+        active = record["settings"]["active_steps"]
+        assert len(check.traced_steps_ms) == active and len(check.untraced_steps_ms) == active + 1
+        assert check.traced_step_ms == pytest.approx(statistics.median(check.traced_steps_ms), rel=1e-4)
+        # From the medians as the record keeps them (5 digits): with 2 processes, t = 12.7 magnifies the rounding.
+        expected = prediction_interval(medians)
+        assert (check.expected_low_ms, check.expected_high_ms) == pytest.approx(expected, rel=1e-3)
         assert (check.inside and check.attempts >= 1) or check.attempts == 3  # retraced until inside, at most 3 passes
         assert check.describe() in table
     drift = read_roofs(profiled / "hardware" / "roofs.json").devices[0].speed_drift

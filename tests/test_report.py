@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -349,7 +350,16 @@ def test_report_numbers_equal_the_stage_outputs(reported: Path) -> None:
             (reported / "profiles" / "cpu" / name.replace("-cpu-", "-") / "step_analysis.json").read_text()
         )
         batch, _, mode = name.split("-")
-        anatomy = rf"^\| {batch} \| cpu \| {mode} \| [\d.]+ \| [\d.]+ \| {step['busy_pct']:.1f} \| "
+        # Untraced: the median of the steps run around the traced pass; hooks: the traced step beyond it.
+        check = json.loads((reported / "profiles" / "cpu" / name.replace("-cpu-", "-") / "profile.json").read_text())[
+            "trace_check"
+        ]
+        untraced = statistics.median(check["untraced_steps_ms"])
+        hooks = 100 * (check["traced_step_ms"] / untraced - 1)
+        anatomy = (
+            rf"^\| {batch} \| cpu \| {mode} \| [\d.]+ \| {untraced:.3f} \| {check['traced_step_ms']:.3f} \| "
+            rf"{re.escape(f'{hooks:+.1f}')} \| {step['busy_pct']:.1f} \| "
+        )
         assert re.search(anatomy, report, re.MULTILINE), name
         assert (
             f"| {step['achieved_gflops_per_s']:.2f} | {step['peak_gflops_per_s']:.0f} | {step['peak_pct']:.2f} |"

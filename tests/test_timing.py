@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import itertools
 import os
 import random
 import statistics
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from pipeline.profiling.processes import wait_until_ready, worker_server
-from pipeline.profiling.timing import MIN_BLOCKS, device_clock, time_steps
+from pipeline.profiling.timing import MIN_BLOCKS, SWITCH_WARMUP_S, device_clock, time_interleaved, time_steps
 from tests.helpers.repo import run_python
 
 CPU = torch.device("cpu")
@@ -75,6 +76,33 @@ def test_stops_as_soon_as_the_median_is_pinned_down(two_threads: None) -> None:
         *timing.record().as_metrics(),
         *timing.conditions.metrics(),
     }
+
+
+def test_interleaved_blocks_time_each_step_warm_after_another_ones_block(two_threads: None) -> None:
+    """A short step right after another combination's block starts cold (on a 2-vCPU EPYC a batch-1 inference step
+    took 2.3x its warm time, fading over ~2.5 ms). Here a 0.5 ms step costs 1.15 ms first after the other step, 0.7 ms
+    second: each block follows SWITCH_WARMUP_S of untimed steps, so every block times it warm, exactly 0.5 ms; the
+    8 ms step, longer than twice that, gets none."""
+    clock = VirtualClock()
+    calls: list[str] = []
+
+    def short() -> None:
+        since_switch = next((i for i, name in enumerate(reversed(calls)) if name != "short"), len(calls))
+        clock.now += (1.15e-3, 0.7e-3)[since_switch] if since_switch < 2 else 0.5e-3
+        calls.append("short")
+
+    def long() -> None:
+        clock.now += 8e-3
+        calls.append("long")
+
+    timing = time_interleaved([short, long], CPU, 2.0, 5.0, random.Random(1), clock=clock)
+    short_blocks, long_blocks = timing.blocks
+    assert len(short_blocks) >= MIN_BLOCKS
+    assert {round(block.step_ms, 9) for block in short_blocks} == {0.5}
+    assert {round(block.step_ms, 9) for block in long_blocks} == {8.0}
+    runs = [len(list(group)) for name, group in itertools.groupby(calls) if name == "short"]
+    warmup = round(SWITCH_WARMUP_S / 0.5e-3)
+    assert warmup == 6 and runs[-1] == warmup + short_blocks[-1].steps  # the last round: warm-up, then the block
 
 
 def test_blocks_sized_on_a_stalled_probe_are_dropped_and_resized(two_threads: None) -> None:

@@ -26,6 +26,7 @@ from pipeline.profiling.statistics import (
     measurement_conditions,
     median_interval,
     paired_ratio,
+    prediction_interval,
     ratio_over_pairs,
     t_975,
     two_speeds,
@@ -106,6 +107,31 @@ def test_process_interval_covers_the_true_step_time_at_the_nominal_rate(k: int) 
         low, high = between_process_interval(medians) or (0.0, 0.0)
         covered += low <= 4.0 <= high
     assert 0.93 < covered / trials < 0.995, covered / trials
+
+
+@pytest.mark.parametrize("k", [2, 3, 6, 10])
+def test_one_more_process_falls_inside_the_prediction_interval_at_the_nominal_rate(k: int) -> None:
+    """The trace check's reference: where a process like the timing ones would run. From k lognormal process medians,
+    one more process lands inside about 95 % of the time, where the interval of the median (what a row states) would
+    hold it far less often."""
+    trials, inside, inside_median_interval = 2000, 0, 0
+    for seed in range(trials):
+        rng = random.Random(seed)
+        medians = [rng.lognormvariate(math.log(4.0), 0.05) for _ in range(k)]
+        one_more = rng.lognormvariate(math.log(4.0), 0.05)
+        low, high = prediction_interval(medians) or (0.0, 0.0)
+        inside += low <= one_more <= high
+        low, high = between_process_interval(medians) or (0.0, 0.0)
+        inside_median_interval += low <= one_more <= high
+    assert 0.93 < inside / trials < 0.97, inside / trials
+    if k >= 6:
+        assert inside_median_interval / trials < 0.8, inside_median_interval / trials
+    logs = [math.log(v) for v in (4.0, 4.2, 3.9)]
+    mean, sd = sum(logs) / 3, math.sqrt(sum((x - sum(logs) / 3) ** 2 for x in logs) / 2)
+    half = t.ppf(0.975, 2) * sd * math.sqrt(1 + 1 / 3)
+    expected = (math.exp(mean - half), math.exp(mean + half))
+    assert prediction_interval([4.0, 4.2, 3.9]) == pytest.approx(expected, rel=1e-3)  # t hard-coded to 4 digits
+    assert prediction_interval([4.0]) is None and prediction_interval([4.0, 0.0]) is None
 
 
 def test_estimate_over_processes_is_the_median_of_the_process_medians() -> None:

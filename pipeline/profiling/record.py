@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 import typing
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from pipeline.profiling.measures import (
     StepEstimate,
     StepMemory,
 )
+from pipeline.profiling.statistics import median_interval
 
 # Profiling runs the trained weights in fp32 whatever precision training used: the lab compares
 # operators and batch sizes, and a mixed-precision step would be a different program.
@@ -52,10 +54,11 @@ METRIC_PREFIX = "profile/"
 # 7: what a step holds in memory at its peak, by part (`memory`), measured in the timing processes; energy per step
 # where the device has a counter (`energy`), else why not (`energy_unavailable`).
 # 8: the allocator what-if timed in fresh processes paired with the tuned ones (`AllocatorWhatIf.slowdown`).
-RECORD_FORMAT = 8
+# 9: steps run untraced around the traced pass, in its process (`TraceCheck.untraced_steps_ms`): the check is theirs.
+RECORD_FORMAT = 9
 T = TypeVar("T")
 # Older formats the report still reads (committed records of earlier runs), converted by `_upgrade`.
-READABLE_FORMATS = (2, 3, 4, 5, 6, 7, RECORD_FORMAT)
+READABLE_FORMATS = (2, 3, 4, 5, 6, 7, 8, RECORD_FORMAT)
 COMPARISON_FORMATS = (7, RECORD_FORMAT)  # comparisons.json: unchanged since format 7
 
 
@@ -313,33 +316,81 @@ class AllocatorWhatIf(StepInterval):
 
 @dataclass(frozen=True)
 class TraceCheck:
-    """Whether the traced pass (the operator table's) ran at the speed the timing measured.
+    """Whether the traced pass (the operator table's) ran the step the timing measured.
 
-    The profiler's hooks slow every operator a little and a process can settle at its own speed, so a traced step
-    can be far from the timed one; its shares then describe another step. The stage traces up to
-    `attempts` times and keeps the first pass whose step lies inside the timed interval, else the closest."""
+    Two things part a traced step from the timed one: the process that traces can run at its own speed (its heap,
+    page placement and kernels are its own), and the profiler's hooks add to every operator. The stage runs steps
+    untraced around each traced pass, in the same process: the first is their median against the timed interval,
+    the second the traced steps against them. The untraced steps' median is held against where one more timing
+    process would run (`expected_low_ms`-`expected_high_ms`). It traces up to `attempts` times and keeps the first
+    pass inside, else the closest. Records before format 9 have no untraced steps: their check is the traced step
+    itself against the timed interval."""
 
     traced_step_ms: float  # median ProfilerStep span of the kept pass
     timed_low_ms: float  # the timed step's 95 % interval
     timed_high_ms: float
     attempts: int  # passes traced
+    # Format 9: each step run untraced around the kept pass (half before it, half after), and each of its traced steps.
+    untraced_steps_ms: tuple[float, ...] = ()
+    traced_steps_ms: tuple[float, ...] = ()
+    # Format 9: where one more timing process's median would fall (95 % prediction from the processes' medians); the
+    # timed interval where there was one process.
+    expected_low_ms: float = 0.0
+    expected_high_ms: float = 0.0
+
+    @property
+    def bounds_ms(self) -> tuple[float, float]:
+        """What the checked step is held against: the prediction for one more process, else the timed interval."""
+        if self.expected_high_ms > 0:
+            return self.expected_low_ms, self.expected_high_ms
+        return self.timed_low_ms, self.timed_high_ms
+
+    @property
+    def untraced_step_ms(self) -> float | None:
+        return statistics.median(self.untraced_steps_ms) if self.untraced_steps_ms else None
+
+    @property
+    def checked_ms(self) -> float:
+        """The step held against the timed interval: the untraced steps' median where the record has them."""
+        untraced = self.untraced_step_ms
+        return self.traced_step_ms if untraced is None else untraced
 
     @property
     def inside(self) -> bool:
-        return self.timed_low_ms <= self.traced_step_ms <= self.timed_high_ms
+        low, high = self.bounds_ms
+        return low <= self.checked_ms <= high
+
+    @property
+    def hooks_high_ms(self) -> float | None:
+        """The most the profiler's hooks add to a step at 95 % confidence (never below 0): the high end of the traced
+        steps' median interval less the low end of the untraced ones'. None where either has too few steps."""
+        traced, untraced = median_interval(self.traced_steps_ms), median_interval(self.untraced_steps_ms)
+        return None if traced is None or untraced is None else max(traced[1] - untraced[0], 0.0)
 
     def describe(self) -> str:
-        """One sentence: where the traced step lies against the timed interval."""
+        """One sentence: where the checked step lies against the timed interval, and what the hooks added."""
+        checked, (low, high) = self.checked_ms, self.bounds_ms
         if self.inside:
             where = "inside"
-        elif self.traced_step_ms > self.timed_high_ms:
-            where = f"{100 * (self.traced_step_ms / self.timed_high_ms - 1):.1f} % above"
+        elif checked > high:
+            where = f"{100 * (checked / high - 1):.1f} % above"
         else:
-            where = f"{100 * (1 - self.traced_step_ms / self.timed_low_ms):.1f} % below"
+            where = f"{100 * (1 - checked / low):.1f} % below"
+        bounds = f"{low:.3f}-{high:.3f} ms"
+        passes = f"{self.attempts} pass{'es' if self.attempts != 1 else ''} traced"
+        if self.untraced_step_ms is None:
+            traced = f"the traced step took {self.traced_step_ms:.3f} ms"
+            return f"{traced}, {where} the timed step's 95 % CI ({bounds}; {passes})"
+        against = (
+            f"the range one more timing process would run in ({bounds}, 95 % prediction from their medians)"
+            if self.expected_high_ms > 0
+            else f"the timed step's 95 % CI ({bounds})"
+        )
+        speed = "" if self.inside else ": this process ran at another speed"
         return (
-            f"the traced step took {self.traced_step_ms:.3f} ms, {where} the timed step's 95 % CI "
-            f"({self.timed_low_ms:.3f}-{self.timed_high_ms:.3f} ms; {self.attempts} pass"
-            f"{'es' if self.attempts != 1 else ''} traced)"
+            f"the {len(self.untraced_steps_ms)} steps run untraced around the traced pass took {checked:.3f} ms "
+            f"(median), {where} {against}{speed}; traced, the step took {self.traced_step_ms:.3f} ms, "
+            f"{100 * (self.traced_step_ms / checked - 1):+.1f} % ({passes})"
         )
 
 
@@ -376,6 +427,28 @@ class ProfileRecord:
     def energy_per_sample(self) -> Interval | None:
         """Joules per sample with the interval, where the device has an energy counter."""
         return self.energy.per_sample(self.combination.batch_size) if self.energy else None
+
+    @property
+    def hooks_share_points(self) -> float | None:
+        """On the CPU, the most any operator's share (of the traced step's operator time) can owe to the profiler's
+        hooks, in percentage points: their time per step H, all of it inside operators at worst, moves a share by at
+        most H / (operator time - H). None where the hooks were not measured or the table is of device time."""
+        check, top = self.trace_check, self.top_operators
+        hooks = check.hooks_high_ms if check is not None else None
+        if self.combination.device != "cpu" or hooks is None or not top or not top[0].share_pct:
+            return None
+        operator_ms = 100 * top[0].self_cpu_ms / top[0].share_pct
+        return 100 * hooks / (operator_ms - hooks) if operator_ms > hooks else math.inf
+
+    @property
+    def top_operator_ranked(self) -> bool:
+        """Whether the table's first operator leads the second by more than the profiler's hooks could have added to
+        it (True where there is no second, or the hooks were not measured)."""
+        check, top = self.trace_check, self.top_operators
+        hooks = check.hooks_high_ms if check is not None else None
+        if self.hooks_share_points is None or hooks is None or len(top) < 2:
+            return True
+        return top[0].self_cpu_ms - top[1].self_cpu_ms > hooks
 
     @property
     def allocator_slowdown(self) -> Ratio | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.profiling.record import read_typed_json
-from pipeline.profiling.statistics import t_975
+from pipeline.profiling.statistics import prediction_interval
 
 # 2: each device's speed drift (`SpeedDrift`), which the report states once as the machine's.
 # 3: the compute roof is the fastest of every fp32 product library timed (`matmul_kernels`), not torch.mm's alone.
@@ -63,11 +63,8 @@ class SpeedDrift:
     def half_width_pct(self) -> float:
         """95 % prediction half-width for the speed of one more window, in %: t(n-1) · s · sqrt(1 + 1/n) on the
         log scale (0 when not measured)."""
-        windows = len(self.window_medians_ms)
-        if windows < 2:
-            return 0.0
-        log_half = t_975(windows - 1) * self.spread_pct / 100.0 * math.sqrt(1 + 1 / windows)
-        return 100.0 * math.expm1(log_half)
+        found = prediction_interval(self.window_medians_ms)
+        return 0.0 if found is None else 100.0 * math.expm1(math.log(found[1] / found[0]) / 2)
 
     @property
     def method(self) -> str:

@@ -5,8 +5,10 @@ First every combination is timed with no profiler attached (profiler hooks would
 in the same fresh processes (pipeline.profiling.processes): each combination's step time with its interval, and
 each ratio the report states measured paired. Then, in this process, after an untimed warm-up (oneDNN/cuDNN
 create kernels per input shape, so a cold first step can cost 20x a warm one), `active_steps` steps of each
-combination are traced by torch.profiler for the Chrome/Perfetto trace, and the traced step is checked against
-the timed interval (`TraceCheck`).
+combination are traced by torch.profiler for the Chrome/Perfetto trace, with as many steps run untraced around
+the traced pass (half before, half after) in the same process: those are checked against the timed interval (does
+this process run at the timed speed?), and the traced step against them (what the profiler's hooks add), in
+`TraceCheck`.
 The operator table, kernel table and step anatomy are read from that trace (pipeline.profiling.trace_analysis:
 each microsecond counted once, profiler ranges kept apart). One more step runs under
 torch.utils.flop_counter, whose FLOPs per call (convolutions and matrix products, forward and backward)
@@ -29,6 +31,7 @@ import math
 import os
 import statistics
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +73,13 @@ from pipeline.profiling.record import (
     run_params,
 )
 from pipeline.profiling.roofs import DeviceRoofs, read_roofs
-from pipeline.profiling.statistics import Block, PairedRatio, paired_ratio, ratio_over_pairs
+from pipeline.profiling.statistics import (
+    Block,
+    PairedRatio,
+    paired_ratio,
+    prediction_interval,
+    ratio_over_pairs,
+)
 from pipeline.profiling.timing import StepTiming, page_faults_per_step, synchronizer, time_steps
 from pipeline.profiling.trace_analysis import (
     CountedCall,
@@ -161,27 +170,57 @@ def trace_until_timed(
     timing: StepTiming,
     attempts: int = TRACE_ATTEMPTS,
 ) -> tuple[TraceCheck, Trace]:
-    """Trace into `path` until the traced step (median ProfilerStep span) lies inside the timed interval, at most
+    """Trace into `path` until the steps run untraced beside the traced pass lie where one more timing process would
+    run (95 % prediction from the processes' medians; the timed interval where there was one process): this process
+    then runs like the timing processes, and the traced step differs from it by the profiler's hooks. At most
     `attempts` passes; keep the first pass inside, else the one closest to it (on the log scale). Returns the check
     and the kept pass, read."""
     low, high = timing.estimate.ci_low_ms, timing.estimate.ci_high_ms
-    best: tuple[float, Trace] | None = None  # (distance, the pass)
+    expected = prediction_interval(timing.process_medians_ms)
+    bound_low, bound_high = expected or (low, high)
+    best: tuple[float, list[float], Trace] | None = None  # (distance, untraced steps' ms, the pass)
     for attempt in range(1, attempts + 1):
         candidate = path.with_name(f"pass{attempt}-{path.name}")  # same suffix: the export gzips .gz
+        around = untraced_steps_ms(step, sync, (steps + 1) // 2)
         trace_steps(step, sync, on_gpu, steps, candidate)
+        around += untraced_steps_ms(step, sync, steps // 2 + 1)
+        speed = statistics.median(around)
         trace = read_trace(candidate)
-        traced = trace.median_step_ms()
         # How far outside, on the log scale; an interval whose low end is 0 (too few blocks) bounds only above.
-        distance = math.log(traced / high) if traced > high else math.log(low / traced) if traced < low else 0.0
+        distance = (
+            math.log(speed / bound_high)
+            if speed > bound_high
+            else math.log(bound_low / speed)
+            if speed < bound_low
+            else 0.0
+        )
         if best is None or distance < best[0]:
-            best = (distance, trace)
+            best = (distance, around, trace)
             os.replace(candidate, path)
         else:
             candidate.unlink()
         if distance == 0.0:
             break
     assert best is not None
-    return TraceCheck(best[1].median_step_ms(), low, high, attempt), best[1]
+    _, around, trace = best
+    traced = tuple(float(f"{event.duration_us / 1000:.5g}") for event in trace.steps)
+    untraced = tuple(float(f"{ms:.5g}") for ms in around)
+    check = TraceCheck(trace.median_step_ms(), low, high, attempt, untraced, traced, *(expected or (0.0, 0.0)))
+    return check, trace
+
+
+def untraced_steps_ms(step: Callable[[], None], sync: Callable[[], None], steps: int) -> list[float]:
+    """Each of `steps` steps' wall time in ms, as a ProfilerStep span measures it: from one step's start (after the
+    previous one synchronised) to the next's."""
+    times = []
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+        sync()
+        now = time.perf_counter()
+        times.append(1000 * (now - started))
+        started = now
+    return times
 
 
 def trace_steps(step: Callable[[], None], sync: Callable[[], None], on_gpu: bool, steps: int, path: Path) -> None:

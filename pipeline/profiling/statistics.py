@@ -175,6 +175,22 @@ def between_process_interval(medians: Sequence[float], confidence: float = CONFI
     return min(math.exp(centre - half), median), max(math.exp(centre + half), median)
 
 
+def prediction_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Where one more value of the kind would fall, 95 % (one more process's median, one more window's time):
+    Student's t prediction interval on the logarithms, exp(mean ± t·s·√(1 + 1/K)) (None for fewer than 2 values or a
+    value of 0). Log-normal, like between_process_interval: speeds spread as ratios.
+
+    Not the interval of the median: that one narrows as values are added, while a single new one keeps the spread
+    of its kind. Not order statistics either: [min, max] of 6 values holds a 7th only 5 times in 7.
+    """
+    if len(values) < 2 or min(values) <= 0 or confidence != CONFIDENCE:
+        return None
+    logs = [math.log(value) for value in values]
+    half = t_975(len(logs) - 1) * statistics.stdev(logs) * math.sqrt(1 + 1 / len(logs))
+    centre = statistics.fmean(logs)
+    return math.exp(centre - half), math.exp(centre + half)
+
+
 def estimate_over_processes(
     processes: Sequence[Sequence[Block]], batch_size: int, ci_target_pct: float
 ) -> StepEstimate:

@@ -37,10 +37,12 @@ def measurement_warnings(record: ProfileRecord) -> list[str]:
         )
     check = record.trace_check
     if check is not None and not check.inside:
-        warnings.append(
-            f"the operator table is not the timed step: {check.describe()}; its shares describe that slower or faster "
-            "step (the profiler's hooks weigh most on short operators)"
+        cause = (
+            "that slower or faster step (the profiler's hooks weigh most on short operators)"
+            if check.untraced_step_ms is None
+            else f"that process's step; `dvc repro -f profile@{record.combination.device}` traces in a new process"
         )
+        warnings.append(f"the operator table is not the timed step: {check.describe()}; its shares describe {cause}")
     return warnings
 
 
@@ -102,16 +104,28 @@ def timing_summary(record: ProfileRecord) -> str:
 
 
 def trace_sentence(record: ProfileRecord) -> str:
-    """What the table's pass was, against the timed step."""
+    """What the table's pass was, against the timed step, and how far the profiler's hooks can move its shares ("" where
+    the pass is not the timed step: the row's warning says so)."""
     check = record.trace_check
     if check is None:
         return "The traced pass was not checked against the timed step (a record from before that check)."
-    if check.inside:
-        return f"The table's pass ran at the timed speed: {check.describe()}."
-    return (
-        f"**The table's pass is not the timed step**: {check.describe()}. Its shares describe the traced step, "
-        "not the timed one."
+    if not check.inside:
+        return ""
+    like = "ran at the timed speed" if check.untraced_step_ms is None else "ran like the timing processes"
+    sentence = f"The table's pass {like}: {check.describe()}."
+    points, hooks, top = record.hooks_share_points, check.hooks_high_ms, record.top_operators
+    if points is None or hooks is None:
+        return sentence
+    sentence += (
+        f" The profiler's hooks add at most {hooks:.3f} ms to a step (95 % bound from both sets of steps); even were "
+        f"all of it inside one operator, no share would be off by more than {points:.1f} points"
     )
+    if not record.top_operator_ranked:
+        sentence += (
+            f"; the first two operators (`{top[0].operator}` {top[0].share_pct:.1f} %, `{top[1].operator}` "
+            f"{top[1].share_pct:.1f} %) lie closer than the hooks' time, so this trace cannot rank them"
+        )
+    return sentence + "."
 
 
 def comparisons_markdown(comparisons: DeviceComparisons) -> str:
@@ -180,8 +194,7 @@ def operators_markdown(record: ProfileRecord) -> str:
         f"{timing_summary(record)} ATen operators ranked by {ranked_by}; times are per traced step, and the share "
         "is of the traced step's operator time.",
         "",
-        trace_sentence(record),
-        "",
+        *((sentence, "") if (sentence := trace_sentence(record)) else ()),
         *(f"**Warning:** {warning}.\n" for warning in measurement_warnings(record)),
         f"| # | operator | calls | self CPU ms | total CPU ms | {gpu_header[0]}share % | MFLOPs |{memory_header[0]}",
         f"| ---: | --- | ---: | ---: | ---: | {gpu_header[1]}---: | ---: |{memory_header[1]}",

@@ -65,6 +65,11 @@ MIN_BLOCK_S = 0.010  # shortest block: ~10^4 x the clock's overhead, several sch
 MIN_BLOCKS = 20  # never stop on fewer: an interval from a handful of blocks is too coarse to trust
 PROBE_S = 0.05  # the probe that sizes the blocks (it also finishes any warm-up the caller left)
 ROUND_S_LIMITS = (0.2, 2.0)  # a round is budget/10 within these: short enough to stop soon after the target
+# Interleaved timing runs about this long of a step untimed before each of its blocks (none where one step is longer
+# than twice this): a short step that follows another combination's block starts with cold caches and branch
+# predictors, and on a 2-vCPU EPYC a batch-1 CPU inference step then took 2.3x its warm time, the excess fading over
+# about 2.5 ms; longer steps showed no such start. A block so measures the step warm, as a run of consecutive steps.
+SWITCH_WARMUP_S = 0.003
 
 
 @dataclass(frozen=True)
@@ -224,7 +229,8 @@ def time_interleaved(
     """Time `steps` (warmed up) in rounds: each round times one block of every step, in an order drawn from
     `order`, so that a change of the machine's speed lands on all of them within one round.
 
-    Each step's block is sized by its own probe to at least `min_block_s`. Rounds go on until every step's median
+    Each step's block is sized by its own probe to at least `min_block_s`, and follows about SWITCH_WARMUP_S of the
+    same step untimed. Rounds go on until every step's median
     is known to `ci_target_pct` within this process (after at least MIN_BLOCKS rounds), or the next round would not
     fit in `time_budget_s`. Blocks run timeit's compiled loop on the device clock; the caller has set the thread count.
     """
@@ -237,9 +243,10 @@ def time_interleaved(
         names = {"step": step}
         probe = Timer("step()", globals=names, timer=clock, num_threads=threads).blocked_autorange(min_run_time=PROBE_S)
         steps_per_block = _steps_for(min_block_s, min(probe.times))
+        warmup = round(SWITCH_WARMUP_S / min(probe.times))
         # The standard library's timeit.Timer, which torch's Timer wraps: its timeit() adds no warm-up runs.
         block = timeit.Timer(f"for _ in range({steps_per_block}):\n    step()", timer=clock, globals=names)
-        timers.append((block, steps_per_block))
+        timers.append((block, steps_per_block, warmup, step))
     deadline = started + time_budget_s
     blocks: list[list[Block]] = [[] for _ in steps]
     round_s = 0.0
@@ -248,7 +255,9 @@ def time_interleaved(
         if blocks[0] and deadline - round_started < round_s:
             break
         for index in order.sample(range(len(steps)), len(steps)):
-            timer, steps_per_block = timers[index]
+            timer, steps_per_block, warmup, step = timers[index]
+            for _ in range(warmup):
+                step()
             blocks[index].append(Block(steps_per_block, timer.timeit(1)))
         round_s = time.perf_counter() - round_started
         if len(blocks[0]) >= MIN_BLOCKS and not any(

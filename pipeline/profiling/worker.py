@@ -115,9 +115,9 @@ def make_step(model: nn.Module, mode: str, images: torch.Tensor, labels: torch.T
     return build_step(model, mode, images, labels, lr).run
 
 
-def measure(spec: WorkerSpec) -> dict[str, Any]:
-    """Build the step of every item of `spec` in this process (each on its own copy of the model), warm them up and
-    time them interleaved: the blocks of each item, in round order, as plain JSON values."""
+def build_items(spec: WorkerSpec) -> list[BuiltStep]:
+    """The step of every item of `spec`, built in this process on `spec.threads` threads (each on its own copy of the
+    model, fed the first test images) and warmed up."""
     if spec.threads:
         torch.set_num_threads(spec.threads)
     device = torch.device(spec.device)
@@ -130,10 +130,18 @@ def measure(spec: WorkerSpec) -> dict[str, Any]:
         images = normalize_images(test_images[:batch_size], device).contiguous(memory_format=MEMORY_FORMAT)
         labels = torch.from_numpy(test_labels[:batch_size].astype("int64")).to(device)
         built.append(build_step(model, mode, images, labels, lr))
-    steps = [step.run for step in built]
-    for step in steps:
+    for step in built:
         for _ in range(spec.warmup_steps):
-            step()
+            step.run()
+    return built
+
+
+def measure(spec: WorkerSpec) -> dict[str, Any]:
+    """Build the step of every item of `spec` in this process and time them interleaved: the blocks of each item, in
+    round order, as plain JSON values."""
+    device = torch.device(spec.device)
+    built = build_items(spec)
+    steps = [step.run for step in built]
     timing = time_interleaved(steps, device, spec.ci_target_pct, spec.budget_s, random.Random(spec.seed))
     sync = synchronizer(device)
     faults = []

@@ -51,6 +51,10 @@ class ComparisonRow:
     top_operator: str
     top_operator_share_pct: float
     convolution_share_pct: float
+    # The table's second operator, and whether the first leads it by more than the profiler's hooks could have added.
+    second_operator: str = ""
+    second_operator_share_pct: float = 0.0
+    top_operator_ranked: bool = True
     peak_memory_mb: float | None = None  # what the step holds at its peak (None: not measured in the record)
     energy_mj_per_sample: Interval | None = None  # where the device has an energy counter
 
@@ -141,6 +145,9 @@ def comparison_rows(profiles: Sequence[ProfileRecord]) -> list[ComparisonRow]:
                 top_operator=top[0].operator if top else "",
                 top_operator_share_pct=top[0].share_pct if top else 0.0,
                 convolution_share_pct=sum(row.share_pct for row in top if CONVOLUTION.search(row.operator)),
+                second_operator=top[1].operator if len(top) > 1 else "",
+                second_operator_share_pct=top[1].share_pct if len(top) > 1 else 0.0,
+                top_operator_ranked=record.top_operator_ranked,
                 peak_memory_mb=record.memory.peak_mb if record.memory else None,
                 energy_mj_per_sample=(record.energy_per_sample * 1000 if record.energy_per_sample else None),
             )
@@ -168,7 +175,8 @@ def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
     """What the comparison table's numbers are, and what each raised flag means, for the rows that raised it."""
     notes = [
         "Step time: each of `profile.processes` fresh processes times every combination of the device interleaved, "
-        "one block of consecutive steps per combination per round, in random order; a row's step time is the "
+        "one block of consecutive steps per combination per round, in random order, each after about 3 ms of the "
+        "same step untimed (so it starts warm); a row's step time is the "
         "median over the processes of their medians, its 95 % CI the spread between processes (within this run: "
         "how far the machine's speed drifts between runs is stated once, under Environment). IQR is the spread of "
         "all blocks."
@@ -197,9 +205,11 @@ def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
     mismatched = [row for row in rows if not row.trace_inside]
     if mismatched:
         notes.append(
-            f"**Table not the timed step** ({names(mismatched)}): none of the traced passes ran inside the timed "
-            "interval (each table says by how much); their operator shares describe the traced step, and the "
-            "analysis does not quote them."
+            f"**Table not the timed step** ({names(mismatched)}): in none of the traced passes did the tracing "
+            "process run like the timing processes (each table says by how much, from the steps run untraced around "
+            "the pass against where one more timing process would run; in records before format 9, from the traced "
+            "step itself against the timed interval); their operator shares describe another step, and the analysis "
+            "does not quote them."
         )
     return notes
 
@@ -215,7 +225,15 @@ def comparison_sentences(rows: Sequence[ComparisonRow], comparisons: Sequence[De
     for (device, mode), series in sorted(by_series.items()):
         series.sort(key=lambda row: row.batch_size)
         largest = series[-1]
-        if largest.trace_inside:
+        if largest.trace_inside and not largest.top_operator_ranked:
+            sentences.append(
+                f"**{device} {mode}**: at batch {largest.batch_size} the first two operators, `{largest.top_operator}` "
+                f"({largest.top_operator_share_pct:.1f} % of the traced step's operator time) and "
+                f"`{largest.second_operator}` ({largest.second_operator_share_pct:.1f} %), lie closer than the "
+                "profiler's hooks could move them: the trace cannot rank them. Convolution operators together take "
+                f"{largest.convolution_share_pct:.1f} % of it."
+            )
+        elif largest.trace_inside:
             sentences.append(
                 f"**{device} {mode}**: at batch {largest.batch_size} the top operator is `{largest.top_operator}` "
                 f"({largest.top_operator_share_pct:.1f} % of the traced step's operator time) and convolution "

@@ -195,11 +195,11 @@ def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigur
             if check is not None and not check.inside:
                 lines.append(
                     say(
-                        "table_not_timed",
+                        "table_not_timed" if check.untraced_step_ms is None else "table_process_not_timed",
                         combination=record.combination.name,
-                        traced=check.traced_step_ms,
-                        low=check.timed_low_ms,
-                        high=check.timed_high_ms,
+                        traced=check.checked_ms,
+                        low=check.bounds_ms[0],
+                        high=check.bounds_ms[1],
                     )
                 )
         operators = "<br>".join(lines)

@@ -42,6 +42,7 @@ class StepFacts:
     kernels: tuple[KernelStats, ...] = ()
     rate: FlopRate | None = None
     peak_method: str = ""  # how the device's peak was measured
+    untraced_ms: float | None = None  # median of the steps run untraced around the traced pass (records from format 9)
 
     @property
     def label(self) -> str:
@@ -68,6 +69,7 @@ def step_facts(records: Sequence[ProfileRecord]) -> list[StepFacts]:
             kernels=record.analysis.top_kernels,
             rate=record.analysis.flop_rate,
             peak_method=record.analysis.peak_method,
+            untraced_ms=record.trace_check.untraced_step_ms if record.trace_check else None,
         )
         for record in records
     ]
@@ -86,19 +88,41 @@ def anatomy_markdown(facts: Sequence[StepFacts]) -> str:
         if shorter
         else " Here every traced step is within or above the timed step's 95 % interval."
     )
+    untraced = any(fact.untraced_ms is not None for fact in rows)
+    hooks = (
+        " Untraced: the median of the steps run without the profiler around the traced pass, in the same process; "
+        "hooks: what the traced step took beyond it."
+        if untraced
+        else ""
+    )
     lines = [
         "Busy: on a GPU, kernels, copies and memsets running (overlaps counted once); on the CPU, time inside "
         "ATen operators. Both are measured in the traced steps (`ProfilerStep#N`), a pass of its own after the "
-        "timing: the profiler's hooks add to every operator, so a traced step is usually the longer one." + traced,
+        "timing: the profiler's hooks add to every operator, so a traced step is usually the longer one."
+        + traced
+        + hooks,
     ]
-    columns = (">batch", "device", "mode", ">timed step ms", ">traced step ms", ">busy %", ">idle %", ">kernels/step")
+    columns = (
+        ">batch",
+        "device",
+        "mode",
+        ">timed step ms",
+        *((">untraced ms",) if untraced else ()),
+        ">traced step ms",
+        *((">hooks %",) if untraced else ()),
+        ">busy %",
+        ">idle %",
+        ">kernels/step",
+    )
     table = [
         (
             fact.batch_size,
             fact.device,
             fact.mode,
             f"{fact.step.value:.3f}",
+            *((_ms(fact.untraced_ms),) if untraced else ()),
             f"{anatomy.step_ms:.3f}",
+            *((_hooks_pct(anatomy.step_ms, fact.untraced_ms),) if untraced else ()),
             f"{anatomy.busy_pct:.1f}",
             f"{anatomy.idle_pct:.1f}",
             f"{anatomy.launches_per_step:.0f}" if fact.device != "cpu" else NO_NUMBER,
@@ -111,6 +135,14 @@ def anatomy_markdown(facts: Sequence[StepFacts]) -> str:
     lines.append("")
     lines.extend(f"- {fact.label}: **{fact.anatomy.words}**: {fact.anatomy.reason}." for fact in rows if fact.anatomy)
     return "\n".join(lines) + "\n"
+
+
+def _ms(value: float | None) -> str:
+    return NO_NUMBER if value is None else f"{value:.3f}"
+
+
+def _hooks_pct(traced_ms: float, untraced_ms: float | None) -> str:
+    return NO_NUMBER if not untraced_ms else f"{100 * (traced_ms / untraced_ms - 1):+.1f}"
 
 
 def flop_rate_markdown(facts: Sequence[StepFacts]) -> str:
