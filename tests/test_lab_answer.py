@@ -247,11 +247,15 @@ def test_processes_that_moved_together_flag_no_row_and_the_speed_is_said_once() 
 
 
 def _traced_in_process(
-    record: ProfileRecord, untraced_ms: float, traced_ms: float, operators: tuple[tuple[str, float], ...]
+    record: ProfileRecord,
+    untraced_ms: float,
+    traced_ms: float,
+    operators: tuple[tuple[str, float, float], ...],
+    calls_per_step: float = 20,
 ) -> ProfileRecord:
     """A format-9 trace check: 31 untraced steps around 30 traced ones (each set spread ±1 %), held against the
-    prediction from the record's timing processes; operator rows with self times that add up to 90 % of the traced
-    step."""
+    prediction from the record's timing processes; (operator, share %, calls) rows whose self times are their share of
+    an operator time of 90 % of the traced step, which makes `calls_per_step` operator calls."""
     untraced = tuple(untraced_ms * (1 + (i - 15) / 1500) for i in range(31))
     traced = tuple(traced_ms * (1 + (i - 15) / 1500) for i in range(30))
     expected = prediction_interval(record.process_step_times_ms)
@@ -268,23 +272,28 @@ def _traced_in_process(
     )
     operator_ms = 0.9 * traced_ms
     rows = tuple(
-        OperatorRow(name, 1.0, operator_ms * share / 100, operator_ms * share / 100, None, None, share, None)
-        for name, share in operators
+        OperatorRow(name, calls, operator_ms * share / 100, operator_ms * share / 100, None, None, share, None)
+        for name, share, calls in operators
     )
-    return dataclasses.replace(record, trace_check=check, top_operators=rows)
+    anatomy = dataclasses.replace(record.analysis.anatomy, operator_calls_per_step=calls_per_step)
+    analysis = dataclasses.replace(record.analysis, anatomy=anatomy)
+    return dataclasses.replace(record, trace_check=check, top_operators=rows, analysis=analysis)
 
 
-def _batch_one(operators: tuple[tuple[str, float], ...] = (("aten::mkldnn_convolution", 53.8),)) -> ProfileRecord:
+def _batch_one() -> ProfileRecord:
     """Batch-1 inference timed at 0.509 ms (CI 0.500-0.520) in six processes that agree within 4 %."""
-    record = make_record(1, "cpu", "inference", 0.509, operators, ci_pct=2.0)
+    record = make_record(1, "cpu", "inference", 0.509, ci_pct=2.0)
     return dataclasses.replace(record, process_step_times_ms=(0.500, 0.504, 0.508, 0.510, 0.515, 0.520))
+
+
+BATCH_ONE_OPERATORS = (("aten::mkldnn_convolution", 53.8, 1), ("aten::addmm", 21.1, 2), ("aten::clamp_min", 3.2, 3))
 
 
 def test_a_traced_step_slower_by_the_profilers_hooks_alone_is_the_timed_step() -> None:
     """The Zen 4 report of 23d0521 flagged 5 of 6 rows: traced steps 1-4 % above the timed interval. Measured beside
     the trace, the process ran at the timed speed and the profiler's hooks made the difference: no flag, the table
-    says what the hooks add and how far they can move a share, and the analysis quotes it."""
-    record = _traced_in_process(_batch_one(), 0.507, 0.542, (("aten::mkldnn_convolution", 53.8), ("aten::addmm", 21.1)))
+    says what the hooks add per operator call and how far that can move a share, and the analysis quotes it."""
+    record = _traced_in_process(_batch_one(), 0.507, 0.542, BATCH_ONE_OPERATORS)
     check = record.trace_check
     assert check is not None and check.inside and check.traced_step_ms > record.timing.step_time_ms_ci_high
     (row,) = comparison_rows([record])
@@ -297,14 +306,24 @@ def test_a_traced_step_slower_by_the_profilers_hooks_alone_is_the_timed_step() -
     assert "traced, the step took 0.542 ms, +6.9 % (1 pass traced)" in table
     hooks = check.hooks_high_ms
     assert hooks is not None and 0.035 < hooks < 0.045  # the traced set's high end less the untraced set's low end
-    operator_ms = 0.9 * 0.542
-    assert f"no share would be off by more than {100 * hooks / (operator_ms - hooks):.1f} points" in table
-    assert "**Warning:**" not in table
+    # At the same cost per call: each row loses calls x hooks/20 of its self time, the operator time 20 x that.
+    per_call, operator_ms = hooks / 20, 0.9 * 0.542
+    left = [
+        (share / 100 * operator_ms - calls * per_call) / (operator_ms - hooks)
+        for _, share, calls in BATCH_ONE_OPERATORS
+    ]
+    points = max(abs(share - 100 * rest) for (_, share, _), rest in zip(BATCH_ONE_OPERATORS, left, strict=True))
+    assert (
+        f"The profiler's hooks add at most {hooks:.3f} ms to a step (95 % bound from both sets of steps), over its 20 "
+        f"operator calls: at the same cost per call, at most {1000 * per_call:.1f} µs each, which moves no share in "
+        f"this table by more than {points:.1f} points." in table
+    )
+    assert "**Warning:**" not in table and "cannot rank" not in table
     assert any("`aten::mkldnn_convolution` (53.8 %" in sentence for sentence in comparison_sentences([row], []))
 
 
 def test_a_tracing_process_at_another_speed_is_flagged_with_its_own_numbers() -> None:
-    record = _traced_in_process(_batch_one(), 0.470, 0.538, (("aten::mkldnn_convolution", 53.8), ("aten::addmm", 21.1)))
+    record = _traced_in_process(_batch_one(), 0.470, 0.538, BATCH_ONE_OPERATORS)
     check = record.trace_check
     assert check is not None and not check.inside and check.expected_low_ms > 0.470
     (row,) = comparison_rows([record])
@@ -321,19 +340,23 @@ def test_a_tracing_process_at_another_speed_is_flagged_with_its_own_numbers() ->
     assert table.count("0.470 ms") == 1 and "The table's pass" not in table
 
 
-def test_two_operators_closer_than_the_hooks_are_not_ranked() -> None:
-    """1-cpu-train: `aten::sqrt_` (16 calls) 17.8 % against `aten::add` 11.5 %, the hooks up to 0.6 ms of a 7.5 ms
-    step: the trace cannot tell which costs more."""
+def test_two_operators_the_hooks_could_reorder_are_not_ranked() -> None:
+    """A 7.5 ms training step whose hooks add up to ~0.5 ms over 60 operator calls (~8 µs each): `aten::sqrt_`, 16
+    short calls, leads `aten::addmm`, 2 long ones, by less than 14 calls' hooks; with them taken off it could trail."""
     record = make_record(1, "cpu", "train", 7.2, ci_pct=2.0)
     record = dataclasses.replace(record, process_step_times_ms=(7.0, 7.1, 7.2, 7.2, 7.3, 7.4))
-    close = _traced_in_process(record, 7.1, 7.6, (("aten::sqrt_", 17.8), ("aten::add", 11.5)))
+    close = _traced_in_process(record, 7.1, 7.6, (("aten::sqrt_", 17.8, 16), ("aten::addmm", 16.0, 2)), 60)
     assert not close.top_operator_ranked
     (row,) = comparison_rows([close])
     (sentence,) = [s for s in comparison_sentences([row], []) if "aten::sqrt_" in s]
-    assert "`aten::sqrt_` (17.8 % of the traced step's operator time) and `aten::add` (11.5 %)" in sentence
+    assert "`aten::sqrt_` (17.8 % of the traced step's operator time) and `aten::addmm` (16.0 %)" in sentence
     assert "the trace cannot rank them" in sentence and "the top operator is" not in sentence
-    assert "this trace cannot rank them" in operators_markdown(close)
-    apart = _traced_in_process(record, 7.1, 7.6, (("aten::sqrt_", 40.0), ("aten::add", 11.5)))
-    assert apart.top_operator_ranked
-    (row,) = comparison_rows([apart])
+    assert (
+        "with it taken off, `aten::addmm` (16.0 %, 2 calls) could lead `aten::sqrt_` (17.8 %, 16), so this trace "
+        "cannot rank them." in operators_markdown(close)
+    )
+    # As many calls each: the hooks take the same off both, and the lead stands.
+    same_calls = _traced_in_process(record, 7.1, 7.6, (("aten::sqrt_", 17.8, 16), ("aten::add", 16.0, 16)), 60)
+    assert same_calls.top_operator_ranked
+    (row,) = comparison_rows([same_calls])
     assert any("the top operator is `aten::sqrt_`" in s for s in comparison_sentences([row], []))

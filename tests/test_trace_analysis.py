@@ -257,6 +257,9 @@ def test_cpu_trace_ranks_operators_and_measures_time_inside_them(tmp_path: Path)
     assert 0 < anatomy.busy_pct < 100
     assert anatomy.traced_steps == 3
     assert anatomy.launches_per_step == 0
+    # Every ATen call inside the steps, wrappers included: the calls the profiler's hooks run on.
+    calls = [e for e in operators if any(s["ts"] <= e[0] < s["ts"] + s["dur"] for s in steps)]
+    assert anatomy.operator_calls_per_step == len(calls) / 3 == sum(row.calls_per_step for row in analysis.operators)
     # On a CPU there is no second device to wait for: the words say where the step's time goes.
     assert anatomy.verdict == ("overhead-bound" if anatomy.busy_pct < 50 else "operator-bound") == anatomy.words
     assert "inside ATen operators" in anatomy.reason
@@ -406,6 +409,7 @@ def test_hand_written_trace_gives_the_known_answers(tmp_path: Path) -> None:
     assert anatomy.verdict == anatomy.words == "GPU-bound" and not anatomy.host_bound
     assert anatomy.launches_per_step == 5
     assert anatomy.launch_call_ms == pytest.approx(0.009)
+    assert anatomy.operator_calls_per_step == 3  # _foreach_mul_, linear, addmm; the one outside every step is not
     assert anatomy.step_ms == pytest.approx(0.1)
 
 

@@ -208,6 +208,7 @@ class StepAnatomy:
     launch_call_ms: float  # per step, CPU time in the calls that launched device work (cudaLaunchKernel & co.)
     verdict: str  # anatomy_verdict's words (records before format 4: host-bound | device-bound)
     reason: str  # one line with the numbers behind the verdict
+    operator_calls_per_step: float = 0.0  # ATen operator calls per traced step, wrappers included (format 9; 0 before)
 
     @property
     def host_bound(self) -> bool:

@@ -429,26 +429,48 @@ class ProfileRecord:
         return self.energy.per_sample(self.combination.batch_size) if self.energy else None
 
     @property
-    def hooks_share_points(self) -> float | None:
-        """On the CPU, the most any operator's share (of the traced step's operator time) can owe to the profiler's
-        hooks, in percentage points: their time per step H, all of it inside operators at worst, moves a share by at
-        most H / (operator time - H). None where the hooks were not measured or the table is of device time."""
-        check, top = self.trace_check, self.top_operators
+    def hooks_per_call_ms(self) -> float | None:
+        """On the CPU, the most the profiler's hooks add to one operator call (95 %): their time per step
+        (`TraceCheck.hooks_high_ms`) over the step's operator calls, at the same cost per call. None where the hooks
+        or the calls were not measured, or the table is of device time (the hooks run on the host)."""
+        check, anatomy = self.trace_check, self.analysis.anatomy
         hooks = check.hooks_high_ms if check is not None else None
-        if self.combination.device != "cpu" or hooks is None or not top or not top[0].share_pct:
+        if self.combination.device != "cpu" or hooks is None or anatomy.operator_calls_per_step <= 0:
+            return None
+        return hooks / anatomy.operator_calls_per_step
+
+    def _without_hooks(self) -> list[float] | None:
+        """Each table row's share (%) with the hooks' most per call taken off its self time and off the operator
+        time; None where that leaves no operator time (or the hooks were not measured)."""
+        per_call, top = self.hooks_per_call_ms, self.top_operators
+        if per_call is None or not top or not top[0].share_pct:
             return None
         operator_ms = 100 * top[0].self_cpu_ms / top[0].share_pct
-        return 100 * hooks / (operator_ms - hooks) if operator_ms > hooks else math.inf
+        left = operator_ms - per_call * self.analysis.anatomy.operator_calls_per_step
+        if left <= 0:
+            return None
+        return [100 * max(row.self_cpu_ms - row.calls_per_step * per_call, 0.0) / left for row in top]
+
+    @property
+    def hooks_share_points(self) -> float | None:
+        """The most a share of this table moves, in percentage points, with the hooks' most per call taken off every
+        call (`hooks_per_call_ms`); inf where that could be all of the operator time; None where not measured."""
+        if self.hooks_per_call_ms is None or not self.top_operators or not self.top_operators[0].share_pct:
+            return None
+        shares = self._without_hooks()
+        if shares is None:
+            return math.inf
+        return max(abs(row.share_pct - share) for row, share in zip(self.top_operators, shares, strict=True))
 
     @property
     def top_operator_ranked(self) -> bool:
-        """Whether the table's first operator leads the second by more than the profiler's hooks could have added to
-        it (True where there is no second, or the hooks were not measured)."""
-        check, top = self.trace_check, self.top_operators
-        hooks = check.hooks_high_ms if check is not None else None
-        if self.hooks_share_points is None or hooks is None or len(top) < 2:
+        """Whether the table's first operator still leads the second with the hooks' most per call taken off each of
+        their calls (True where there is no second, or the hooks were not measured)."""
+        top, per_call = self.top_operators, self.hooks_per_call_ms
+        if per_call is None or len(top) < 2:
             return True
-        return top[0].self_cpu_ms - top[1].self_cpu_ms > hooks
+        first, second = (row.self_cpu_ms - row.calls_per_step * per_call for row in top[:2])
+        return first > second
 
     @property
     def allocator_slowdown(self) -> Ratio | None:

@@ -4,6 +4,7 @@ markdown tables and the FLOPs note. Torch-free (it reads a ProfileRecord).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from pipeline.common.tables import NO_NUMBER
@@ -113,17 +114,22 @@ def trace_sentence(record: ProfileRecord) -> str:
         return ""
     like = "ran at the timed speed" if check.untraced_step_ms is None else "ran like the timing processes"
     sentence = f"The table's pass {like}: {check.describe()}."
-    points, hooks, top = record.hooks_share_points, check.hooks_high_ms, record.top_operators
-    if points is None or hooks is None:
+    points, hooks, per_call = record.hooks_share_points, check.hooks_high_ms, record.hooks_per_call_ms
+    if points is None or hooks is None or per_call is None:
         return sentence
+    calls, top = record.analysis.anatomy.operator_calls_per_step, record.top_operators
     sentence += (
-        f" The profiler's hooks add at most {hooks:.3f} ms to a step (95 % bound from both sets of steps); even were "
-        f"all of it inside one operator, no share would be off by more than {points:.1f} points"
+        f" The profiler's hooks add at most {hooks:.3f} ms to a step (95 % bound from both sets of steps), over its "
+        f"{calls:.0f} operator calls: at the same cost per call, at most {1000 * per_call:.1f} µs each, "
     )
+    if math.isinf(points):
+        return sentence + "which could be all of the operator time: this trace cannot apportion the step."
+    sentence += f"which moves no share in this table by more than {points:.1f} points"
     if not record.top_operator_ranked:
         sentence += (
-            f"; the first two operators (`{top[0].operator}` {top[0].share_pct:.1f} %, `{top[1].operator}` "
-            f"{top[1].share_pct:.1f} %) lie closer than the hooks' time, so this trace cannot rank them"
+            f"; with it taken off, `{top[1].operator}` ({top[1].share_pct:.1f} %, {top[1].calls_per_step:.0f} calls) "
+            f"could lead `{top[0].operator}` ({top[0].share_pct:.1f} %, {top[0].calls_per_step:.0f}), so this trace "
+            "cannot rank them"
         )
     return sentence + "."
 

@@ -539,6 +539,7 @@ def _anatomy(
         launch_call_ms=launch_calls if on_gpu else 0.0,
         verdict=verdict,
         reason=reason,
+        operator_calls_per_step=sum(is_operator) / steps,
     )
 
 
