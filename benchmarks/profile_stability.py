@@ -94,16 +94,7 @@ def main() -> None:
     )
     if config.threads:
         torch.set_num_threads(config.threads)
-    spec = WorkerSpec(
-        checkpoint=str(MODEL_CHECKPOINT.resolve()),
-        data_root=str(DATA_ROOT.resolve()),
-        device=args.device,
-        items=items,
-        threads=config.threads,
-        warmup_steps=config.warmup_steps,
-        ci_target_pct=config.ci_target_pct,
-        budget_s=config.time_budget_s * len(items),
-    )
+    spec = WorkerSpec.for_device(config, args.device, MODEL_CHECKPOINT, DATA_ROOT)
     pairs = [(a, b) for a in range(len(items)) for b in range(len(items)) if _compared(items[a], items[b])]
     started = time.perf_counter()
     estimates: dict[str, list[StepEstimate]] = {name: [] for name in names}

@@ -76,17 +76,8 @@ def main() -> None:
         flush=True,
     )
     tune_allocator()  # as every timing process (before any tensor)
-    items = tuple((batch, mode) for batch in config.batch_sizes for mode in config.modes)
-    spec = WorkerSpec(
-        checkpoint=str(MODEL_CHECKPOINT.resolve()),
-        data_root=str(DATA_ROOT.resolve()),
-        device=args.device,
-        items=items,
-        threads=config.threads,
-        warmup_steps=config.warmup_steps,
-        ci_target_pct=config.ci_target_pct,
-        budget_s=0.0,
-    )
+    spec = WorkerSpec.for_device(config, args.device, MODEL_CHECKPOINT, DATA_ROOT)
+    items = spec.items
     steps = [built.run for built in build_items(spec)]
     sync = synchronizer(torch.device(args.device))
     runs: list[list[list[float]]] = [[] for _ in steps]

@@ -47,6 +47,7 @@ from pipeline.common.errors import PipelineError
 from pipeline.data.mnist import load_split
 from pipeline.data.tensors import MEMORY_FORMAT, normalize_images
 from pipeline.model.checkpoint import load_checkpoint
+from pipeline.params.schema import ProfileConfig
 from pipeline.profiling.energy import Unavailable, measure_energy, measure_update_period, open_counter
 from pipeline.profiling.memory import BuiltStep, measure_step_memory
 from pipeline.profiling.timing import page_faults_per_step, synchronizer, time_interleaved
@@ -78,6 +79,22 @@ class WorkerSpec:
     energy: str = ""  # the energy counter to read after the timing (pipeline.profiling.energy.open_counter); "": none
     memory: bool = True  # measure each item's memory after the timing (pipeline.profiling.memory)
     page_faults: bool = False  # count each item's minor page faults per step after the timing
+
+    @classmethod
+    def for_device(cls, config: ProfileConfig, device: str, checkpoint: Path, data_root: Path) -> WorkerSpec:
+        """Every batch size x mode of `config` on `device`, as the profile stage times them: its threads, warm-up,
+        target and `time_budget_s` per combination."""
+        items = tuple((batch, mode) for batch in config.batch_sizes for mode in config.modes)
+        return cls(
+            checkpoint=str(checkpoint.resolve()),
+            data_root=str(data_root.resolve()),
+            device=device,
+            items=items,
+            threads=config.threads,
+            warmup_steps=config.warmup_steps,
+            ci_target_pct=config.ci_target_pct,
+            budget_s=config.time_budget_s * len(items),
+        )
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
