@@ -34,7 +34,8 @@ from pipeline.common.allocator import tune_allocator
 from pipeline.common.machine import cpu_model, machine_fingerprint
 from pipeline.common.paths import DATA_ROOT, MODEL_CHECKPOINT
 from pipeline.params.loading import load_params
-from pipeline.profiling.timing import SWITCH_WARMUP_S, synchronizer
+from pipeline.profiling.statistics import SWITCH_WARMUP_S
+from pipeline.profiling.timing import synchronizer
 from pipeline.profiling.worker import WorkerSpec, build_items
 
 SHOWN_STEPS = 8  # steps after the switch shown in the table

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from pipeline.profiling.processes import wait_until_ready, worker_server
-from pipeline.profiling.timing import MIN_BLOCKS, SWITCH_WARMUP_S, device_clock, time_interleaved, time_steps
+from pipeline.profiling.statistics import SWITCH_WARMUP_S
+from pipeline.profiling.timing import MIN_BLOCKS, device_clock, time_interleaved, time_steps
 from tests.helpers.repo import run_python
 
 CPU = torch.device("cpu")

@@ -47,6 +47,12 @@ PROCESSES_DISAGREE_ADVICE = (
 
 TWO_SPEEDS_MIN_GAP_PCT = 10.0  # a jump between processes' medians this large (and clear of their spread) is flagged
 
+# Interleaved timing runs about this long of a step untimed before each of its blocks (none where one step is longer
+# than twice this): a short step that follows another combination's block starts with cold caches and branch
+# predictors, and on a 2-vCPU EPYC a batch-1 CPU inference step then took 2.3x its warm time, the excess fading over
+# about 2.5 ms; longer steps showed no such start. A block so measures the step warm, as a run of consecutive steps.
+SWITCH_WARMUP_S = 0.003
+
 
 def two_speeds(
     process_ms: Sequence[float], min_gap_pct: float = TWO_SPEEDS_MIN_GAP_PCT

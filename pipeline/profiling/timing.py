@@ -43,7 +43,13 @@ import torch
 
 from pipeline.profiling.measures import MeasurementConditions, StepEstimate
 from pipeline.profiling.record import Timing
-from pipeline.profiling.statistics import Block, estimate_step_time, load_average, measurement_conditions
+from pipeline.profiling.statistics import (
+    SWITCH_WARMUP_S,
+    Block,
+    estimate_step_time,
+    load_average,
+    measurement_conditions,
+)
 
 # torch.utils.benchmark imports torch.utils.cpp_extension (for Timer's C++ mode, unused here), and that
 # import logs "No CUDA runtime is found, using CUDA_HOME=..." on machines with a CUDA toolkit but no GPU:
@@ -65,11 +71,6 @@ MIN_BLOCK_S = 0.010  # shortest block: ~10^4 x the clock's overhead, several sch
 MIN_BLOCKS = 20  # never stop on fewer: an interval from a handful of blocks is too coarse to trust
 PROBE_S = 0.05  # the probe that sizes the blocks (it also finishes any warm-up the caller left)
 ROUND_S_LIMITS = (0.2, 2.0)  # a round is budget/10 within these: short enough to stop soon after the target
-# Interleaved timing runs about this long of a step untimed before each of its blocks (none where one step is longer
-# than twice this): a short step that follows another combination's block starts with cold caches and branch
-# predictors, and on a 2-vCPU EPYC a batch-1 CPU inference step then took 2.3x its warm time, the excess fading over
-# about 2.5 ms; longer steps showed no such start. A block so measures the step warm, as a run of consecutive steps.
-SWITCH_WARMUP_S = 0.003
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pipeline.profiling.measures import Interval
 from pipeline.profiling.record import Combination, DeviceComparisons, PairedComparison, ProfileRecord
-from pipeline.profiling.statistics import PROCESSES_DISAGREE_ADVICE
+from pipeline.profiling.statistics import PROCESSES_DISAGREE_ADVICE, SWITCH_WARMUP_S
 from pipeline.profiling.texts import every_process_words, ratio_table
 
 CONVOLUTION = re.compile(r"conv", re.IGNORECASE)
@@ -51,7 +51,7 @@ class ComparisonRow:
     top_operator: str
     top_operator_share_pct: float
     convolution_share_pct: float
-    # The table's second operator, and whether the first leads it by more than the profiler's hooks could have added.
+    # The table's second operator, and whether the first still leads it with the profiler's hooks taken off their calls.
     second_operator: str = ""
     second_operator_share_pct: float = 0.0
     top_operator_ranked: bool = True
@@ -175,8 +175,8 @@ def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
     """What the comparison table's numbers are, and what each raised flag means, for the rows that raised it."""
     notes = [
         "Step time: each of `profile.processes` fresh processes times every combination of the device interleaved, "
-        "one block of consecutive steps per combination per round, in random order, each after about 3 ms of the "
-        "same step untimed (so it starts warm); a row's step time is the "
+        "one block of consecutive steps per combination per round, in random order, each after about "
+        f"{1000 * SWITCH_WARMUP_S:g} ms of the same step untimed (so it starts warm); a row's step time is the "
         "median over the processes of their medians, its 95 % CI the spread between processes (within this run: "
         "how far the machine's speed drifts between runs is stated once, under Environment). IQR is the spread of "
         "all blocks."
