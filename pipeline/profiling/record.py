@@ -320,11 +320,10 @@ class TraceCheck:
 
     Two things part a traced step from the timed one: the process that traces can run at its own speed (its heap,
     page placement and kernels are its own), and the profiler's hooks add to every operator. The stage runs steps
-    untraced around each traced pass, in the same process: the first is their median against the timed interval,
-    the second the traced steps against them. The untraced steps' median is held against where one more timing
-    process would run (`expected_low_ms`-`expected_high_ms`). It traces up to `attempts` times and keeps the first
-    pass inside, else the closest. Records before format 9 have no untraced steps: their check is the traced step
-    itself against the timed interval."""
+    untraced around each traced pass, in the same process: for the first, their median is held against where one
+    more timing process would run (`expected_low_ms`-`expected_high_ms`); for the second, the traced steps against
+    them. It traces up to `attempts` times and keeps the first pass inside, else the closest. Records before format 9
+    have no untraced steps: their check is the traced step itself against the timed interval."""
 
     traced_step_ms: float  # median ProfilerStep span of the kept pass
     timed_low_ms: float  # the timed step's 95 % interval
@@ -361,6 +360,12 @@ class TraceCheck:
         return low <= self.checked_ms <= high
 
     @property
+    def hooks_pct(self) -> float | None:
+        """The traced step over the untraced steps' median, in % (None where the record has no untraced steps)."""
+        untraced = self.untraced_step_ms
+        return None if not untraced else 100 * (self.traced_step_ms / untraced - 1)
+
+    @property
     def hooks_high_ms(self) -> float | None:
         """The most the profiler's hooks add to a step at 95 % confidence (never below 0): the high end of the traced
         steps' median interval less the low end of the untraced ones'. None where either has too few steps."""
@@ -390,7 +395,7 @@ class TraceCheck:
         return (
             f"the {len(self.untraced_steps_ms)} steps run untraced around the traced pass took {checked:.3f} ms "
             f"(median), {where} {against}{speed}; traced, the step took {self.traced_step_ms:.3f} ms, "
-            f"{100 * (self.traced_step_ms / checked - 1):+.1f} % ({passes})"
+            f"{self.hooks_pct:+.1f} % ({passes})"
         )
 
 
@@ -439,28 +444,20 @@ class ProfileRecord:
             return None
         return hooks / anatomy.operator_calls_per_step
 
-    def _without_hooks(self) -> list[float] | None:
-        """Each table row's share (%) with the hooks' most per call taken off its self time and off the operator
-        time; None where that leaves no operator time (or the hooks were not measured)."""
+    @property
+    def hooks_share_points(self) -> float | None:
+        """The most a share of this table moves, in percentage points, with the hooks' most per call taken off every
+        row's calls and off the operator time (`hooks_per_call_ms`); inf where that could be all of the operator
+        time; None where not measured."""
         per_call, top = self.hooks_per_call_ms, self.top_operators
         if per_call is None or not top or not top[0].share_pct:
             return None
         operator_ms = 100 * top[0].self_cpu_ms / top[0].share_pct
         left = operator_ms - per_call * self.analysis.anatomy.operator_calls_per_step
         if left <= 0:
-            return None
-        return [100 * max(row.self_cpu_ms - row.calls_per_step * per_call, 0.0) / left for row in top]
-
-    @property
-    def hooks_share_points(self) -> float | None:
-        """The most a share of this table moves, in percentage points, with the hooks' most per call taken off every
-        call (`hooks_per_call_ms`); inf where that could be all of the operator time; None where not measured."""
-        if self.hooks_per_call_ms is None or not self.top_operators or not self.top_operators[0].share_pct:
-            return None
-        shares = self._without_hooks()
-        if shares is None:
             return math.inf
-        return max(abs(row.share_pct - share) for row, share in zip(self.top_operators, shares, strict=True))
+        without = (100 * max(row.self_cpu_ms - row.calls_per_step * per_call, 0.0) / left for row in top)
+        return max(abs(row.share_pct - share) for row, share in zip(top, without, strict=True))
 
     @property
     def top_operator_ranked(self) -> bool:

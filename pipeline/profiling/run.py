@@ -6,9 +6,9 @@ in the same fresh processes (pipeline.profiling.processes): each combination's s
 each ratio the report states measured paired. Then, in this process, after an untimed warm-up (oneDNN/cuDNN
 create kernels per input shape, so a cold first step can cost 20x a warm one), `active_steps` steps of each
 combination are traced by torch.profiler for the Chrome/Perfetto trace, with as many steps run untraced around
-the traced pass (half before, half after) in the same process: those are checked against the timed interval (does
-this process run at the timed speed?), and the traced step against them (what the profiler's hooks add), in
-`TraceCheck`.
+the traced pass (half before, half after) in the same process: those are checked against where one more timing
+process would run (does this process run like them?), and the traced step against them (what the profiler's hooks
+add), in `TraceCheck`.
 The operator table, kernel table and step anatomy are read from that trace (pipeline.profiling.trace_analysis:
 each microsecond counted once, profiler ranges kept apart). One more step runs under
 torch.utils.flop_counter, whose FLOPs per call (convolutions and matrix products, forward and backward)

@@ -43,6 +43,7 @@ class StepFacts:
     rate: FlopRate | None = None
     peak_method: str = ""  # how the device's peak was measured
     untraced_ms: float | None = None  # median of the steps run untraced around the traced pass (records from format 9)
+    hooks_pct: float | None = None  # the traced step over those, in %
 
     @property
     def label(self) -> str:
@@ -70,6 +71,7 @@ def step_facts(records: Sequence[ProfileRecord]) -> list[StepFacts]:
             rate=record.analysis.flop_rate,
             peak_method=record.analysis.peak_method,
             untraced_ms=record.trace_check.untraced_step_ms if record.trace_check else None,
+            hooks_pct=record.trace_check.hooks_pct if record.trace_check else None,
         )
         for record in records
     ]
@@ -122,7 +124,7 @@ def anatomy_markdown(facts: Sequence[StepFacts]) -> str:
             f"{fact.step.value:.3f}",
             *((_ms(fact.untraced_ms),) if untraced else ()),
             f"{anatomy.step_ms:.3f}",
-            *((_hooks_pct(anatomy.step_ms, fact.untraced_ms),) if untraced else ()),
+            *((NO_NUMBER if fact.hooks_pct is None else f"{fact.hooks_pct:+.1f}",) if untraced else ()),
             f"{anatomy.busy_pct:.1f}",
             f"{anatomy.idle_pct:.1f}",
             f"{anatomy.launches_per_step:.0f}" if fact.device != "cpu" else NO_NUMBER,
@@ -139,10 +141,6 @@ def anatomy_markdown(facts: Sequence[StepFacts]) -> str:
 
 def _ms(value: float | None) -> str:
     return NO_NUMBER if value is None else f"{value:.3f}"
-
-
-def _hooks_pct(traced_ms: float, untraced_ms: float | None) -> str:
-    return NO_NUMBER if not untraced_ms else f"{100 * (traced_ms / untraced_ms - 1):+.1f}"
 
 
 def flop_rate_markdown(facts: Sequence[StepFacts]) -> str:
