@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -146,10 +147,30 @@ def test_update_period_ignores_changes_seen_late() -> None:
 
 
 def test_update_period_is_not_guessed_on_a_machine_too_busy_to_poll() -> None:
-    clock = VirtualClock(tick=0.004)  # every poll 4 ms after the last: no change timed to within 5 % of 20 ms
-    counter = SteppedCounter(lambda: clock.now, period_s=0.02, power_w=250.0)
+    # Fast readings, but the poller runs 1 ms in every 11: nearly every change is seen up to 10 ms late.
+    clock = DescheduledClock(on_s=0.001, off_s=0.010, tick=1e-5)
+    counter = SteppedCounter(lambda: clock.now, period_s=0.0197, power_w=250.0)
     result = measure_update_period(counter, duration_s=1.0, clock=clock)
-    assert isinstance(result, Unavailable) and "busy machine" in result.reason
+    assert isinstance(result, Unavailable), result
+    assert "busy machine" in result.reason and "for up to 10.0 ms at a time" in result.reason, result.reason
+    assert re.search(r"a reading took 0\.010 ms \(median\)", result.reason), result.reason
+
+
+@pytest.mark.parametrize("reading_s", [0.004, 0.0113])
+def test_a_counter_slow_to_read_gives_an_upper_bound_on_its_update_period(reading_s: float) -> None:
+    # Every reading takes milliseconds, as NVML's energy counter on an H100 (10 changes a second, none of its
+    # intervals timed to 5 %): each interval seen bounds the true one from above by its ends' brackets.
+    clock = VirtualClock(start=0.0371, tick=reading_s)
+    counter = SteppedCounter(lambda: clock.now, period_s=0.1, power_w=300.0)
+    period = expect_period(measure_update_period(counter, duration_s=1.0, clock=clock))
+    assert period.bounded and period.intervals == period.changes - 1 >= 8
+    assert period.median_s == pytest.approx(0.1, abs=2 * reading_s)
+    assert 0.1 <= period.longest_s <= 0.1 + 4 * reading_s  # never shorter than the true period
+    assert period.poll_interval_s == pytest.approx(reading_s, rel=0.02)
+    estimate = expect_estimate(
+        measure_energy(clock.busy(0.002), lambda: None, counter, period.longest_s, windows=2, clock=clock)
+    )
+    assert estimate.mean_power_w == pytest.approx(300.0, rel=0.06)
 
 
 @pytest.mark.parametrize(("power_w", "changes"), [(0.0, 0), (1.0, 1)])

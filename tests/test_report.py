@@ -163,7 +163,10 @@ def test_comparison_table_shows_the_estimate_and_flags_noisy_and_busy_rows() -> 
     assert quiet_row + "  |" in table  # an empty flag cell
     assert "| 64 | cpu | inference | 8.000 | 0.800 | ±4.5 % | 400 / 100 | 0.1250 | 8000 |" in table
     assert table.splitlines()[3].endswith("| processes disagree, busy |")
-    assert "**Processes disagree** (64-cpu-inference): beyond the speed all combinations shared in each" in table
+    assert (
+        "**Processes disagree** (64-cpu-inference ±4.5 %): beyond the speed all combinations shared in each timing "
+        "process, these rows' processes still spread this wide, more than `profile.ci_target_pct` (±2 %); raise"
+    ) in table
     assert "**Busy machine**: the load average exceeded the 2 cores while timing" in table
     assert "while timing 64-cpu-inference (2.60 -> 2.60); those step times are likely inflated" in table
     quiet = comparison_markdown(rows[:1])
@@ -513,7 +516,7 @@ def test_the_machines_drift_is_stated_once_and_flags_no_row() -> None:
     ]
     table = comparison_markdown(comparison_rows(records))
     assert "drift" not in table.split("\n\n")[0]  # the table itself
-    assert not [row for row in comparison_rows(records) if row.flags]
+    assert not [row for row in comparison_rows(records) if row.flags()]
     assert "Processes disagree" not in table and "noisy" not in table
     sentence = drift_sentence({"cpu": 4.7})
     assert sentence.startswith("**A rerun minutes later may move every row together by up to ±4.7 % on the cpu**")

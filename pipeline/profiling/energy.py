@@ -202,15 +202,23 @@ class UpdatePeriod:
     Only intervals whose two ends were both timed to within CLEAN_GAP_SHARE of the interval count: a poller
     descheduled on a busy machine (a scheduler slice: milliseconds) sees a change late, or two updates as one, and
     would make the intervals come out wrong. A counter that changed at nearly every poll updates at least that often.
+
+    A counter slow to read (NVML's, on some GPUs: a reading takes milliseconds) cannot be timed that cleanly: each
+    of its readings (the median gap between them) spans more than CLEAN_GAP_SHARE / 2 of an interval. Every interval
+    seen still bounds the update interval it covers: a change lies within its poll's bracket, so the true interval
+    is at most the one seen plus its less precise end's bracket. Then `bounded` is set and `longest_s` is the
+    largest such bound: the windows of measure_energy come out longer than needed by at most that bracket's share,
+    never shorter.
     """
 
     median_s: float
     shortest_s: float
     longest_s: float  # the safe period for measure_energy's window rule
-    intervals: int  # timed cleanly, of changes - 1
+    intervals: int  # timed cleanly (all of them where `bounded`), of changes - 1
     changes: int
     polls: int
     seconds: float
+    bounded: bool = False  # readings too slow to time an interval cleanly: longest_s is each interval's upper bound
 
     @property
     def poll_interval_s(self) -> float:
@@ -221,14 +229,16 @@ def measure_update_period(
     counter: EnergyCounter, duration_s: float = UPDATE_PROBE_S, clock: Callable[[], float] = time.perf_counter
 ) -> UpdatePeriod | Unavailable:
     """Poll `counter` for `duration_s` and time its changes (UpdatePeriod: which intervals count). Polls without
-    pause, as a pause would blur the times. Unavailable if it went backwards, or if fewer than MIN_INTERVALS
-    intervals were timed cleanly: it changed too rarely, or the machine kept the poller from running."""
+    pause, as a pause would blur the times. Unavailable if it went backwards, if it changed too rarely, or if fewer
+    than MIN_INTERVALS intervals were timed cleanly while its readings were fast: the machine kept the poller from
+    running."""
     started = clock()
     now = started
     last = counter.millijoules()
     polls = 1
     changes = 0
     gap = 0.0
+    gaps: list[float] = []  # between consecutive readings: a reading's own time, plus any time descheduled
     changed_at: float | None = None
     last_bracket = 0.0  # how precisely the last change was timed
     spans: list[tuple[float, float]] = []  # (interval, the less precise of its ends)
@@ -237,6 +247,7 @@ def measure_update_period(
         polled = clock()
         previous_gap = gap
         gap, now = polled - now, polled
+        gaps.append(gap)
         polls += 1
         if value < last:
             return Unavailable(f"{counter.name}: the energy counter went backwards ({last} -> {value} mJ)")
@@ -263,9 +274,24 @@ def measure_update_period(
             f"{counter.name}: the energy counter changed {changes} time(s) in {seconds:.2f} s of polling, too few "
             "to tell its update period (it is stuck, or updates less often than that)"
         )
+    reading_s = statistics.median(gaps)
+    typical_s = statistics.median(interval for interval, _ in spans)
+    if reading_s > CLEAN_GAP_SHARE / 2 * typical_s:
+        return UpdatePeriod(
+            median_s=typical_s,
+            shortest_s=min(interval for interval, _ in spans),
+            longest_s=max(interval + bracket for interval, bracket in spans),
+            intervals=len(spans),
+            changes=changes,
+            polls=polls,
+            seconds=seconds,
+            bounded=True,
+        )
     return Unavailable(
-        f"{counter.name}: only {len(intervals)} of the energy counter's {len(spans)} update intervals could be timed "
-        f"in {seconds:.2f} s of polling, as the poller was kept from running (a busy machine)"
+        f"{counter.name}: only {len(intervals)} of the energy counter's {len(spans)} update intervals (median "
+        f"{typical_s * 1000:.1f} ms) could be timed to within {CLEAN_GAP_SHARE * 100:.0f} % in {seconds:.2f} s of "
+        f"polling: a reading took {reading_s * 1000:.3f} ms (median), but the poller was kept from running for up to "
+        f"{max(gaps) * 1000:.1f} ms at a time (a busy machine)"
     )
 
 

@@ -41,14 +41,15 @@ from pipeline.profiling.timing import StepTiming
 from pipeline.profiling.worker import READY, WorkerSpec, serve
 
 # The NVIDIA driver's device files. NVML opens them in the profile stage before it forks its timing server (the
-# fork-safe CUDA check of pipeline.profiling.timing) and keeps its state in memory the server inherits: the
-# server keeps them open, or in every timing process `torch.cuda.is_available()` turns False and the first
-# `torch.cuda.synchronize` fails ("invalid argument to exchangeDevice", seen on an H200).
+# stage's device check, made fork-safe by pipeline.profiling.timing) and keeps its state in memory the server
+# inherits: the server keeps them open, or in every timing process `torch.cuda.is_available()` turns False and the
+# first `torch.cuda.synchronize` fails ("invalid argument to exchangeDevice", seen on an H200).
 DRIVER_DEVICES = "/dev/nvidia"
 
 # A server forks every timing process, so it must hold no thread but its own: fork copies only the calling thread,
 # and a pool whose workers vanish can deadlock the child (Python 3.12 warns on every such fork). The only pool
-# importing torch starts is numpy's OpenBLAS (one worker per core, at import); nothing timed uses numpy's BLAS.
+# importing torch starts is numpy's OpenBLAS (one worker per core, at import); nothing timed uses numpy's BLAS. The
+# other is NVML's, once anything asks for a GPU: the server never asks (pipeline.profiling.timing's `_timer_class`).
 SERVER_ENVIRONMENT = {"OPENBLAS_NUM_THREADS": "1"}
 
 

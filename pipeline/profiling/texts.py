@@ -152,12 +152,23 @@ def comparisons_markdown(comparisons: DeviceComparisons) -> str:
     return "\n".join(lines) + "\n"
 
 
+def ratio_numbers(comparison: PairedComparison) -> tuple[str, str, str]:
+    """A ratio's value and 95 % CI bounds, printed alike with at least three decimals and at least three significant
+    digits of the smallest: 0.0172 (0.0170-0.0174) stays apart where three decimals would print 0.017 three times."""
+    numbers = (comparison.value, comparison.low, comparison.high)
+    smallest = min((abs(number) for number in numbers if number), default=1.0)
+    decimals = max(3, 2 - math.floor(math.log10(smallest)))
+    value, low, high = (f"{number:.{decimals}f}" for number in numbers)
+    return value, low, high
+
+
 def ratio_table(comparisons: Sequence[PairedComparison]) -> list[str]:
     """The markdown lines of a table of paired ratios: value, 95 % CI, its half-width and what the processes saw."""
     lines = ["| ratio | per | value | 95 % CI | ± % | the processes |", "| --- | --- | ---: | ---: | ---: | --- |"]
     for c in comparisons:
+        value, low, high = ratio_numbers(c)
         lines.append(
-            f"| {c.numerator} / {c.denominator} | {c.per} | {c.value:.3f} | {c.low:.3f}-{c.high:.3f} | "
+            f"| {c.numerator} / {c.denominator} | {c.per} | {value} | {low}-{high} | "
             f"±{c.half_width_pct:.1f} | {every_process_words(c)} |"
         )
     return lines

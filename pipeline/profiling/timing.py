@@ -28,6 +28,7 @@ single-threaded run and misreport the setting the stage records.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -38,6 +39,7 @@ import time
 import timeit
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -51,21 +53,33 @@ from pipeline.profiling.statistics import (
     measurement_conditions,
 )
 
-# torch.utils.benchmark imports torch.utils.cpp_extension (for Timer's C++ mode, unused here), and that
-# import logs "No CUDA runtime is found, using CUDA_HOME=..." on machines with a CUDA toolkit but no GPU:
-# a note about compiling C++ extensions, which nothing here does. Quieted for the import only.
-# That import also asks torch.cuda.is_available() wherever a CUDA toolkit is installed, and the default check
-# initialises CUDA's driver (cudaGetDeviceCount), which does not survive a fork. The profile stage and its timing
-# server fork the processes that time a CUDA step (pipeline.profiling.processes), so this process asks PyTorch's
-# fork-safe check, which counts devices through NVML; the variable is read at each check.
-os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-_EXTENSION_LOG = logging.getLogger("torch.utils.cpp_extension")
-_previous_level = _EXTENSION_LOG.level
-_EXTENSION_LOG.setLevel(logging.ERROR)
-try:
+if TYPE_CHECKING:
     from torch.utils.benchmark import Timer
-finally:
-    _EXTENSION_LOG.setLevel(_previous_level)
+
+# Asked wherever a process resolves a device (the stage forks its timing server after `select_device`): PyTorch's
+# default check initialises CUDA's driver (cudaGetDeviceCount), which does not survive a fork; this one counts
+# devices through NVML and leaves the driver alone. The variable is read at each check.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+
+
+@functools.cache
+def _timer_class() -> type[Timer]:
+    """torch.utils.benchmark's Timer, imported on first use: in the process that times, never in a timing server.
+    Its import brings torch.utils.cpp_extension (for Timer's C++ mode, unused here), which asks
+    torch.cuda.is_available() wherever it finds a CUDA toolkit, to log "No CUDA runtime is found, using
+    CUDA_HOME=..." (a note about compiling extensions, quieted here). Even through NVML that check starts NVML's
+    own thread (named cuda0000... by the NVIDIA driver), and a server forks every timing process, so it must hold no
+    thread but its own (pipeline.profiling.processes). Each timing process pays the import once: about
+    a tenth of a second."""
+    log = logging.getLogger("torch.utils.cpp_extension")
+    previous_level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        from torch.utils.benchmark import Timer
+    finally:
+        log.setLevel(previous_level)
+    return Timer
+
 
 MIN_BLOCK_S = 0.010  # shortest block: ~10^4 x the clock's overhead, several scheduler ticks of jitter averaged
 MIN_BLOCKS = 20  # never stop on fewer: an interval from a handful of blocks is too coarse to trust
@@ -167,11 +181,16 @@ def time_steps(
     deadline = started + time_budget_s
     clock = clock or device_clock(device)
     names = {"step": step}
+    timer_class = _timer_class()
 
     def block_timer(steps_per_call: int) -> Timer:
-        return Timer(f"for _ in range({steps_per_call}):\n    step()", globals=names, timer=clock, num_threads=threads)
+        return timer_class(
+            f"for _ in range({steps_per_call}):\n    step()", globals=names, timer=clock, num_threads=threads
+        )
 
-    probe = Timer("step()", globals=names, timer=clock, num_threads=threads).blocked_autorange(min_run_time=PROBE_S)
+    probe = timer_class("step()", globals=names, timer=clock, num_threads=threads).blocked_autorange(
+        min_run_time=PROBE_S
+    )
     # Sized from the fastest probe block, not the median: on a busy machine a stalled probe block (a
     # descheduled thread costs a whole scheduler slice, 10-50 ms) would otherwise make blocks of 1 step.
     steps_per_call = _steps_for(min_block_s, min(probe.times))
@@ -239,10 +258,13 @@ def time_interleaved(
     load_before = load_average()
     started = time.perf_counter()
     clock = clock or device_clock(device)
+    timer_class = _timer_class()
     timers = []
     for step in steps:
         names = {"step": step}
-        probe = Timer("step()", globals=names, timer=clock, num_threads=threads).blocked_autorange(min_run_time=PROBE_S)
+        probe = timer_class("step()", globals=names, timer=clock, num_threads=threads).blocked_autorange(
+            min_run_time=PROBE_S
+        )
         steps_per_block = _steps_for(min_block_s, min(probe.times))
         warmup = round(SWITCH_WARMUP_S / min(probe.times))
         # The standard library's timeit.Timer, which torch's Timer wraps: its timeit() adds no warm-up runs.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pipeline.profiling.measures import Interval
 from pipeline.profiling.record import Combination, DeviceComparisons, PairedComparison, ProfileRecord
 from pipeline.profiling.statistics import PROCESSES_DISAGREE_ADVICE, SWITCH_WARMUP_S
-from pipeline.profiling.texts import every_process_words, ratio_table
+from pipeline.profiling.texts import every_process_words, ratio_numbers, ratio_table
 
 CONVOLUTION = re.compile(r"conv", re.IGNORECASE)
 
@@ -42,6 +42,7 @@ class ComparisonRow:
     throughput_samples_per_s_ci_high: float
     noisy: bool  # the processes disagree: the interval is wider than profile.ci_target_pct
     ci_target_pct: float
+    own_ci_pct: float  # the row's own spread between processes, the speed they all shared divided out (±%)
     trace_inside: bool  # the operator table's pass lies inside the timed interval (True where not checked)
     machine_busy: bool  # load average above the cores while timing
     load_average_before: float
@@ -70,10 +71,10 @@ class ComparisonRow:
     def per_sample_interval(self) -> Interval:
         return self.step_interval * (1.0 / self.batch_size)
 
-    @property
-    def flags(self) -> str:
+    def flags(self, every_row_disagrees: bool = False) -> str:
+        """The row's flags; "processes disagree" left out where every row raised it (said once, under the table)."""
         raised = (
-            ("processes disagree", self.noisy),
+            ("processes disagree", self.noisy and not every_row_disagrees),
             ("busy", self.machine_busy),
             ("table not the timed step", not self.trace_inside),
         )
@@ -136,6 +137,7 @@ def comparison_rows(profiles: Sequence[ProfileRecord]) -> list[ComparisonRow]:
                 throughput_samples_per_s_ci_high=throughput.high,
                 noisy=timing.noisy,
                 ci_target_pct=record.settings.ci_target_pct,
+                own_ci_pct=timing.step_time_ci_pct if timing.own_ci_pct is None else timing.own_ci_pct,
                 trace_inside=record.trace_check is None or record.trace_check.inside,
                 machine_busy=conditions.busy,
                 load_average_before=conditions.load_average_before,
@@ -161,14 +163,19 @@ def comparison_markdown(rows: Sequence[ComparisonRow]) -> str:
         "| top operator (share) | convolution share | flag |",
         "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |",
     ]
+    every_row_disagrees = _every_row_disagrees(rows)
     for row in rows:
         lines.append(
             f"| {row.batch_size} | {row.device} | {row.mode} | {row.step_time_ms:.3f} | {row.step_time_ms_iqr:.3f} | "
             f"±{row.step_time_ci_pct:.1f} % | {row.steps_measured} / {row.blocks_measured} | {row.per_sample_ms:.4f} | "
             f"{row.throughput_samples_per_s:.0f} | `{row.top_operator}` ({row.top_operator_share_pct:.1f} %) | "
-            f"{row.convolution_share_pct:.1f} % | {row.flags} |"
+            f"{row.convolution_share_pct:.1f} % | {row.flags(every_row_disagrees)} |"
         )
     return "\n".join(lines) + "\n" + "".join(f"\n{note}\n" for note in measurement_notes(rows))
+
+
+def _every_row_disagrees(rows: Sequence[ComparisonRow]) -> bool:
+    return len(rows) > 1 and all(row.noisy for row in rows)
 
 
 def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
@@ -187,10 +194,15 @@ def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
 
     disagree = [row for row in rows if row.noisy]
     if disagree:
+        spreads = ", ".join(f"{row.batch_size}-{row.device}-{row.mode} ±{row.own_ci_pct:.1f} %" for row in disagree)
+        every = _every_row_disagrees(rows)
+        whose = "each row's" if every else "these rows'"
         notes.append(
-            f"**Processes disagree** ({names(disagree)}): beyond the speed all combinations shared in each timing "
-            f"process, these rows' processes still spread wider than `profile.ci_target_pct` "
-            f"(±{disagree[0].ci_target_pct:g} %; each table gives the numbers); {PROCESSES_DISAGREE_ADVICE}."
+            f"**Processes disagree**{', in every row' if every else ''} ({spreads}): beyond the speed all "
+            f"combinations shared in each timing process, {whose} processes still spread "
+            f"this wide, more than `profile.ci_target_pct` (±{disagree[0].ci_target_pct:g} %)"
+            + ("; this machine held no combination to it, so it is said here once, not on each row" if every else "")
+            + f"; {PROCESSES_DISAGREE_ADVICE}."
         )
     busy = [row for row in rows if row.machine_busy]
     if busy:
@@ -259,10 +271,8 @@ def _direction(comparison: PairedComparison) -> int:
 
 
 def _ratio_words(comparison: PairedComparison) -> str:
-    return (
-        f"{comparison.value:.3f}x (95 % CI {comparison.low:.3f}-{comparison.high:.3f}x; "
-        f"{every_process_words(comparison)})"
-    )
+    value, low, high = ratio_numbers(comparison)
+    return f"{value}x (95 % CI {low}-{high}x; {every_process_words(comparison)})"
 
 
 def batch_scaling_sentence(series: Sequence[ComparisonRow], mode: str, comparisons: DeviceComparisons) -> str:
@@ -277,16 +287,17 @@ def batch_scaling_sentence(series: Sequence[ComparisonRow], mode: str, compariso
         if found is None:
             continue
         direction = _direction(found)
+        value, low, high = ratio_numbers(found)
         change = (
-            f"falls to {found.value:.3f}x"
+            f"falls to {value}x"
             if direction < 0
-            else f"rises {found.value:.3f}x"
+            else f"rises {value}x"
             if direction > 0
             else "shows no measurable difference"
         )
         steps.append(
             f"from batch {smaller.batch_size} to {larger.batch_size} it {change} "
-            f"(95 % CI {found.low:.3f}-{found.high:.3f}x; {every_process_words(found)})"
+            f"(95 % CI {low}-{high}x; {every_process_words(found)})"
         )
     opening = (
         f"**{device} {mode}, per-sample time, paired**: "
@@ -321,10 +332,11 @@ def mode_sentence(comparisons: DeviceComparisons) -> str:
     parts = []
     for found in sorted(per_step, key=lambda c: int(c.numerator.split("-", 1)[0])):
         batch = found.numerator.split("-", 1)[0]
+        _, low, high = ratio_numbers(found)
         parts.append(
             f"at batch {batch} {_ratio_words(found)}"
             if _direction(found)
-            else f"at batch {batch} no measurable difference (95 % CI {found.low:.3f}-{found.high:.3f}x)"
+            else f"at batch {batch} no measurable difference (95 % CI {low}-{high}x)"
         )
     return (
         f"**{comparisons.device}, training step against inference step, paired** (forward, backward and the "
