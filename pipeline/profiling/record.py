@@ -168,6 +168,11 @@ class Timing(StepInterval):
     # interval's own.
     own_ci_pct: float | None = None
 
+    @property
+    def own_spread_pct(self) -> float:
+        """The combination's own spread between processes (`own_ci_pct`); older records: the interval's own."""
+        return self.step_time_ci_pct if self.own_ci_pct is None else self.own_ci_pct
+
     @classmethod
     def from_estimate(
         cls,

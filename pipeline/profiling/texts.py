@@ -53,7 +53,6 @@ def _wide_interval_warning(record: ProfileRecord) -> str:
     Student's t with few degrees of freedom is wide)."""
     timing, target = record.timing, record.settings.ci_target_pct
     medians = record.process_step_times_ms
-    own = timing.step_time_ci_pct if timing.own_ci_pct is None else timing.own_ci_pct
     interval = f"the 95 % CI of the median step time is ±{timing.step_time_ci_pct:.1f} %, wider than the ±{target:g} % "
     if len(medians) < 2:
         return (
@@ -75,8 +74,8 @@ def _wide_interval_warning(record: ProfileRecord) -> str:
         return f"processes disagree: {settled}, so {interval}`profile.ci_target_pct`; {PROCESSES_DISAGREE_ADVICE}"
     return (
         f"processes disagree: {settled}; with the speed every combination shared in each process divided out, this "
-        f"combination's own spread is still ±{own:.1f} %, wider than the ±{target:g} % `profile.ci_target_pct`; "
-        f"{PROCESSES_DISAGREE_ADVICE}"
+        f"combination's own spread is still ±{timing.own_spread_pct:.1f} %, wider than the ±{target:g} % "
+        f"`profile.ci_target_pct`; {PROCESSES_DISAGREE_ADVICE}"
     )
 
 

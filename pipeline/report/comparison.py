@@ -137,7 +137,7 @@ def comparison_rows(profiles: Sequence[ProfileRecord]) -> list[ComparisonRow]:
                 throughput_samples_per_s_ci_high=throughput.high,
                 noisy=timing.noisy,
                 ci_target_pct=record.settings.ci_target_pct,
-                own_ci_pct=timing.step_time_ci_pct if timing.own_ci_pct is None else timing.own_ci_pct,
+                own_ci_pct=timing.own_spread_pct,
                 trace_inside=record.trace_check is None or record.trace_check.inside,
                 machine_busy=conditions.busy,
                 load_average_before=conditions.load_average_before,
