@@ -40,6 +40,7 @@ LEAD_IN_PERIODS = 2  # steps run this many periods before the first reading, so 
 WINDOWS = 5  # windows measured: their spread shows the variation, their total is within 1 / (5 x 20) = 1 %
 UPDATE_PROBE_S = 1.0  # polling time of measure_update_period: many updates even for a counter of ~100 ms
 MIN_INTERVALS = 3  # update intervals measure_update_period needs to give a period
+MAX_BOUND_RATIO = 1.5  # an upper bound on the period serves if at most this times the median interval seen
 CLEAN_GAP_SHARE = 0.05  # an update interval counts if both its ends were timed to within this share of it
 
 RAPL_ROOT = Path("/sys/class/powercap")
@@ -203,12 +204,13 @@ class UpdatePeriod:
     descheduled on a busy machine (a scheduler slice: milliseconds) sees a change late, or two updates as one, and
     would make the intervals come out wrong. A counter that changed at nearly every poll updates at least that often.
 
-    A counter slow to read (NVML's, on some GPUs: a reading takes milliseconds) cannot be timed that cleanly: each
-    of its readings (the median gap between them) spans more than CLEAN_GAP_SHARE / 2 of an interval. Every interval
-    seen still bounds the update interval it covers: a change lies within its poll's bracket, so the true interval
-    is at most the one seen plus its less precise end's bracket. Then `bounded` is set and `longest_s` is the
-    largest such bound: the windows of measure_energy come out longer than needed by at most that bracket's share,
-    never shorter.
+    Where fewer than MIN_INTERVALS were timed that cleanly, every interval seen still bounds the update interval it
+    covers: a change lies within its poll's bracket, so the true interval is at most the one seen plus its less
+    precise end's bracket. That holds whatever widened the brackets: a counter slow to read (NVML's on an H100: 2.4
+    ms a reading, against 5 ms for an interval's two ends), or a poller kept off now and then. Then `bounded` is set
+    and `longest_s` is the largest such bound, if it is at most MAX_BOUND_RATIO times the median interval seen: the
+    windows of measure_energy come out longer than needed, never shorter. A bound wider than that would make them
+    mostly waiting, so then there is no period.
     """
 
     median_s: float
@@ -230,8 +232,8 @@ def measure_update_period(
 ) -> UpdatePeriod | Unavailable:
     """Poll `counter` for `duration_s` and time its changes (UpdatePeriod: which intervals count). Polls without
     pause, as a pause would blur the times. Unavailable if it went backwards, if it changed too rarely, or if fewer
-    than MIN_INTERVALS intervals were timed cleanly while its readings were fast: the machine kept the poller from
-    running."""
+    than MIN_INTERVALS intervals were timed cleanly and the intervals seen bound the period only to more than
+    MAX_BOUND_RATIO times their median."""
     started = clock()
     now = started
     last = counter.millijoules()
@@ -276,22 +278,26 @@ def measure_update_period(
         )
     reading_s = statistics.median(gaps)
     typical_s = statistics.median(interval for interval, _ in spans)
-    if reading_s > CLEAN_GAP_SHARE / 2 * typical_s:
+    bound_s = max(interval + bracket for interval, bracket in spans)
+    if bound_s <= MAX_BOUND_RATIO * typical_s:
         return UpdatePeriod(
             median_s=typical_s,
             shortest_s=min(interval for interval, _ in spans),
-            longest_s=max(interval + bracket for interval, bracket in spans),
+            longest_s=bound_s,
             intervals=len(spans),
             changes=changes,
             polls=polls,
             seconds=seconds,
             bounded=True,
         )
+    kept_off_s = max(gaps)
+    cause = "a busy machine" if kept_off_s > 2 * reading_s else "a counter slow to read"
     return Unavailable(
         f"{counter.name}: only {len(intervals)} of the energy counter's {len(spans)} update intervals (median "
         f"{typical_s * 1000:.1f} ms) could be timed to within {CLEAN_GAP_SHARE * 100:.0f} % in {seconds:.2f} s of "
-        f"polling: a reading took {reading_s * 1000:.3f} ms (median), but the poller was kept from running for up to "
-        f"{max(gaps) * 1000:.1f} ms at a time (a busy machine)"
+        f"polling, and they bound its update period only to {bound_s * 1000:.1f} ms, {bound_s / typical_s:.1f} "
+        f"times their median: a reading took {reading_s * 1000:.3f} ms (median), and the poller was kept from "
+        f"running for up to {kept_off_s * 1000:.1f} ms at a time ({cause})"
     )
 
 
