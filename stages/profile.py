@@ -21,7 +21,7 @@ from pipeline.profiling.matrix import stage_device
 from pipeline.profiling.processes import forked_worker_server
 from pipeline.profiling.record import Combination
 from pipeline.profiling.run import prepare_profiles, run_description, run_device_profile, timing_spec
-from pipeline.profiling.texts import measurement_warnings
+from pipeline.profiling.texts import stage_warnings
 
 
 def main() -> None:
@@ -57,9 +57,8 @@ def main() -> None:
                     params.tracking, run_description(setup, config.top_k), outputs, path, record, texts, comparison_text
                 )
     print(comparison_text)
-    for record in records:
-        for warning in measurement_warnings(record):
-            print(f"Warning: {record.combination.name}: {warning}.", file=sys.stderr)
+    for warning in stage_warnings(records):
+        print(f"Warning: {warning}.", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,14 @@ import pytest
 from pipeline.profiling.measures import Interval, MeasurementConditions, StepMemory
 from pipeline.profiling.processes import WorkerResult, combine
 from pipeline.profiling.record import OperatorRow, ProfileRecord, TraceCheck
-from pipeline.profiling.statistics import Block, prediction_interval
-from pipeline.profiling.texts import measurement_warnings, operators_markdown, process_speed_sentence, ratio_table
+from pipeline.profiling.statistics import PROCESSES_DISAGREE_ADVICE, Block, prediction_interval
+from pipeline.profiling.texts import (
+    measurement_warnings,
+    operators_markdown,
+    process_speed_sentence,
+    ratio_table,
+    stage_warnings,
+)
 from pipeline.profiling.worker import WorkerSpec
 from pipeline.report.comparison import (
     batch_scaling_sentence,
@@ -217,6 +223,29 @@ def test_a_flag_every_row_raises_is_said_once_with_each_rows_spread() -> None:
     ) in table
     one_agrees = comparison_markdown(comparison_rows([*records[:2], make_record(64, "cuda", "inference", 0.229, ())]))
     assert one_agrees.count("| processes disagree |") == 2 and "in every row" not in one_agrees
+
+
+def test_the_stage_says_processes_disagreeing_in_every_combination_once_with_each_ones_spread() -> None:
+    # As profile@cuda printed on an H100 host (2026-11-27): six warnings alike, one per combination.
+    def disagreeing(batch: int, mode: str, ms: float, own_pct: float) -> ProfileRecord:
+        record = make_record(batch, "cuda", mode, ms, ci_pct=own_pct + 3)
+        return dataclasses.replace(
+            record,
+            timing=dataclasses.replace(record.timing, own_ci_pct=own_pct),
+            process_step_times_ms=tuple(ms * (1 + k / 20) for k in range(6)),
+        )
+
+    records = [disagreeing(1, "inference", 0.211, 11.5), disagreeing(1, "train", 1.895, 7.3)]
+    warnings = stage_warnings(records)
+    assert warnings == [
+        "processes disagree in every combination (1-cuda-inference ±11.5 %, 1-cuda-train ±7.3 %): beyond the speed "
+        "all combinations shared in each timing process, each one's processes still spread wider than the ±2 % "
+        f"`profile.ci_target_pct`; {PROCESSES_DISAGREE_ADVICE}"
+    ], warnings
+    agreeing = make_record(16, "cuda", "inference", 0.209, ci_pct=1.5)
+    one_agrees = stage_warnings([*records, agreeing])
+    assert len(one_agrees) == 2 and all(": processes disagree: its 6 timing processes" in w for w in one_agrees)
+    assert [w.split(":")[0] for w in one_agrees] == ["1-cuda-inference", "1-cuda-train"]
 
 
 def test_two_agreeing_processes_are_flagged_as_too_few_not_as_disagreeing() -> None:

@@ -13,15 +13,16 @@ from pipeline.profiling.record import DeviceComparisons, PairedComparison, Profi
 from pipeline.profiling.statistics import MIN_ORDER_STATISTIC_PROCESSES, PROCESSES_DISAGREE_ADVICE, two_speeds
 
 
-def measurement_warnings(record: ProfileRecord) -> list[str]:
+def measurement_warnings(record: ProfileRecord, said_for_all: bool = False) -> list[str]:
     """What a reader must know before trusting this row, each from the row's own data: a busy machine, timing
-    processes that disagree, a traced pass that is not the timed step."""
+    processes that disagree, a traced pass that is not the timed step. `said_for_all`: the processes' disagreement
+    is said once for every row (stage_warnings), so not here."""
     warnings = []
     busy = record.conditions.warning()
     if busy:
         warnings.append(busy)
     medians = record.process_step_times_ms
-    if record.timing.noisy:
+    if record.timing.noisy and not (said_for_all and _disagree(record)):
         warnings.append(_wide_interval_warning(record))
     groups = two_speeds(medians)
     if groups:
@@ -45,6 +46,31 @@ def measurement_warnings(record: ProfileRecord) -> list[str]:
         )
         warnings.append(f"the operator table is not the timed step: {check.describe()}; its shares describe {cause}")
     return warnings
+
+
+def stage_warnings(records: Sequence[ProfileRecord]) -> list[str]:
+    """What the profile stage prints, one warning a line: each combination's own, except that processes which
+    disagree in every combination are said once, with each one's spread (a warning on every row tells nothing)."""
+    every = len(records) > 1 and all(_disagree(record) for record in records)
+    warnings = [
+        f"{record.combination.name}: {warning}"
+        for record in records
+        for warning in measurement_warnings(record, said_for_all=every)
+    ]
+    if every:
+        spreads = ", ".join(f"{record.combination.name} ±{record.timing.own_spread_pct:.1f} %" for record in records)
+        warnings.insert(
+            0,
+            f"processes disagree in every combination ({spreads}): beyond the speed all combinations shared in "
+            "each timing process, each one's processes still spread wider than the "
+            f"±{records[0].settings.ci_target_pct:g} % `profile.ci_target_pct`; {PROCESSES_DISAGREE_ADVICE}",
+        )
+    return warnings
+
+
+def _disagree(record: ProfileRecord) -> bool:
+    """The row's processes, enough for a distribution-free interval, spread wider than the target."""
+    return record.timing.noisy and len(record.process_step_times_ms) >= MIN_ORDER_STATISTIC_PROCESSES
 
 
 def _wide_interval_warning(record: ProfileRecord) -> str:
