@@ -93,7 +93,7 @@ BATCH_CASES = [
         id="monotone-fall",
     ),
     pytest.param(
-        # The H100 run of 2026-11-27 (cuda inference, host-bound): ratios far below 1 keep three significant digits.
+        # An H100 run (cuda inference, host-bound): ratios far below 1 keep three significant digits.
         {1: 0.2081, 16: 0.0136, 64: 0.0036},
         {
             ("16-cuda-inference", "1-cuda-inference"): (
@@ -207,7 +207,7 @@ def test_a_row_is_flagged_only_for_what_its_own_data_show(
 
 
 def test_a_flag_every_row_raises_is_said_once_with_each_rows_spread() -> None:
-    # As on the H100 host of 2026-11-27: every row's own spread (±2.3-8.7 %) beyond the ±2 % target.
+    # As on an H100 host: every row's own spread (±2.3-8.7 %) beyond the ±2 % target.
     records = [
         make_record(batch, "cuda", "inference", ms, (("aten::addmm", 40.0),), ci_pct=pct)
         for batch, ms, pct in ((1, 0.208, 8.7), (16, 0.217, 5.3), (64, 0.229, 5.2))
@@ -226,7 +226,7 @@ def test_a_flag_every_row_raises_is_said_once_with_each_rows_spread() -> None:
 
 
 def test_the_stage_says_processes_disagreeing_in_every_combination_once_with_each_ones_spread() -> None:
-    # As profile@cuda printed on an H100 host (2026-11-27): six warnings alike, one per combination.
+    # As profile@cuda printed on an H100 host: six warnings alike, one per combination.
     def disagreeing(batch: int, mode: str, ms: float, own_pct: float) -> ProfileRecord:
         record = make_record(batch, "cuda", mode, ms, ci_pct=own_pct + 3)
         return dataclasses.replace(

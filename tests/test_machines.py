@@ -327,7 +327,7 @@ def lab_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     older = log_profile_folder(client, experiment, one_combination, MODEL, started_ms=now - 60_000)
     runs = {
         "here": log_profile_folder(client, experiment, here, MODEL, started_ms=now - 30_000),
-        # Logged as runs before 2026-11-23 were (`hardware.*` params, metrics without the `profile/` prefix):
+        # Logged in the earlier format (`hardware.*` params, metrics without the `profile/` prefix):
         # a shared store holds both kinds, and the report reads both.
         "h100": log_profile_folder(client, experiment, h100, MODEL, started_ms=now - 20_000, legacy=True),
     }
