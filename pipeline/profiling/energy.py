@@ -290,14 +290,14 @@ def measure_update_period(
             seconds=seconds,
             bounded=True,
         )
-    kept_off_s = max(gaps)
-    cause = "a busy machine" if kept_off_s > 2 * reading_s else "a counter slow to read"
+    longest_gap_s = max(gaps)  # a reading plus any time the poller was kept from running
+    cause = "a busy machine" if longest_gap_s > 2 * reading_s else "a counter slow to read"
     return Unavailable(
         f"{counter.name}: only {len(intervals)} of the energy counter's {len(spans)} update intervals (median "
         f"{typical_s * 1000:.1f} ms) could be timed to within {CLEAN_GAP_SHARE * 100:.0f} % in {seconds:.2f} s of "
         f"polling, and they bound its update period only to {bound_s * 1000:.1f} ms, {bound_s / typical_s:.1f} "
-        f"times their median: a reading took {reading_s * 1000:.3f} ms (median), and the poller was kept from "
-        f"running for up to {kept_off_s * 1000:.1f} ms at a time ({cause})"
+        f"times their median: a reading took {reading_s * 1000:.3f} ms (median), and the longest gap between two "
+        f"readings was {longest_gap_s * 1000:.1f} ms ({cause})"
     )
 
 
