@@ -15,14 +15,14 @@ from pipeline.profiling.statistics import MIN_ORDER_STATISTIC_PROCESSES, PROCESS
 
 def measurement_warnings(record: ProfileRecord, said_for_all: bool = False) -> list[str]:
     """What a reader must know before trusting this row, each from the row's own data: a busy machine, timing
-    processes that disagree, a traced pass that is not the timed step. `said_for_all`: the processes' disagreement
-    is said once for every row (stage_warnings), so not here."""
+    processes that disagree, a traced pass that is not the timed step. `said_for_all`: every row's processes
+    disagree, which stage_warnings says once, so not here."""
     warnings = []
     busy = record.conditions.warning()
     if busy:
         warnings.append(busy)
     medians = record.process_step_times_ms
-    if record.timing.noisy and not (said_for_all and _disagree(record)):
+    if record.timing.noisy and not said_for_all:
         warnings.append(_wide_interval_warning(record))
     groups = two_speeds(medians)
     if groups:
