@@ -58,9 +58,11 @@ test-stress-sample: install
 	print(moment_for(int(sys.argv[1])))' "$$(git rev-list --count HEAD)")}" \
 	python -m pytest -m stress -n 2 tests/test_signal_stress.py tests/test_signal_stress_queue.py
 
-# MLflow's web UI rendered in headless Chromium (Debian package `chromium`): not part of `make test`.
+# MLflow's web UI rendered in headless Chromium (Debian package `chromium`): not part of `make test`. On two workers,
+# the lab guide's pages on one and the other modules on the other; the lab guide reads the reproduced project the
+# last `make test` of this same tree left in .pytest_cache (tests/browser/conftest.py), else builds one.
 test-browser: install
-	python -m pytest -n 0 -m browser tests/browser
+	python -m pytest -m browser tests/browser
 
 # The lab guide's pictures (docs/images) retaken from this project's last `dvc repro`, each only once its page shows
 # what docs/lab-guide.md says it shows.

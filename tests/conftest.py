@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from filelock import FileLock
 
 from tests.helpers.projects import (
     COMMAND_LIMIT_S,
+    build_reproduced,
     copy_project,
-    reproduced_copy,
     run_command,
     stage_environment,
     tiny_params,
@@ -39,29 +38,19 @@ def mnist_mirror() -> Path:
 
 
 @pytest.fixture(scope="session")
-def reproduced_project(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
+def reproduced_project(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path
+) -> Path:
     """One project copy after `dvc repro` of the whole pipeline with the tiny params, run once per test run.
 
     Read-only: a test module that needs the pipeline's outputs clones it (`clone_project`), and a test that
     changes its module's copy clones that in turn. Running the pipeline once instead of once per module is
     most of what keeps `make test` within minutes on two cores. With pytest-xdist the workers share it: the
     first to need it builds it in the run's common temp folder under a file lock, the others wait for it
-    (tests/conftest.py orders the modules so that they have other work meanwhile).
+    (tests/conftest.py orders the modules so that they have other work meanwhile). Once built it is also
+    published for a later session of the same tree (tests/browser/conftest.py).
     """
-    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: `-n 0` or `-p no:xdist`
-        return reproduced_copy(tmp_path_factory.mktemp("reproduced") / "project", mnist_mirror)
-    shared = tmp_path_factory.getbasetemp().parent  # pytest-N/, common to this run's workers
-    project, failed = shared / "reproduced" / "project", shared / "reproduced.failed"
-    with FileLock(shared / "reproduced.lock"):
-        if failed.exists():
-            pytest.fail(f"the shared reproduced project could not be built (by another worker):\n{failed.read_text()}")
-        if not project.exists():
-            try:
-                reproduced_copy(project, mnist_mirror)
-            except BaseException as error:
-                failed.write_text(f"{type(error).__name__}: {error}")
-                raise
-    return project
+    return build_reproduced(request.config, tmp_path_factory, mnist_mirror)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,6 +1,7 @@
 """The lab guide's pages (docs/lab-guide.md) still show what the guide says they show: `make screenshots`'s command
-(tests/helpers/guide.py) run on a freshly reproduced project, in headless Chromium against a real `mlflow server`
-and `tensorboard`. A page that lacks a text the guide promises fails here before a retaken picture could show it."""
+(tests/helpers/guide.py) run on a reproduced project of this tree (tests/browser/conftest.py), in headless Chromium
+against a real `mlflow server` and `tensorboard`. A page that lacks a text the guide promises fails here before a
+retaken picture could show it."""
 
 from __future__ import annotations
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
+import importlib.metadata
 import os
+import platform
 import shutil
 import signal
 import sqlite3
@@ -18,9 +21,21 @@ from typing import Any
 
 import pytest
 import yaml
+from filelock import FileLock
 
 from tests.helpers.records import write_two_profiles
 from tests.helpers.repo import REPO_PARAMS, REPO_ROOT, VENV_BIN
+
+
+def project_files(root: Path = REPO_ROOT) -> list[str]:
+    """The tracked and new (not ignored) files of the project at `root`, relative to it: what a project copy gets."""
+    return subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=root,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
 
 
 def copy_project(target: Path) -> Path:
@@ -28,14 +43,7 @@ def copy_project(target: Path) -> Path:
 
     Like a fresh clone: dvc.lock and code, but no data, caches or tracking stores.
     """
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO_ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    for relative in listed:
+    for relative in project_files():
         source = REPO_ROOT / relative
         if source.is_file():
             destination = target / relative
@@ -261,6 +269,78 @@ def clone_project(source: Path, target: Path) -> Path:
                     (str(source), str(target)),
                 )
     return target
+
+
+def tree_digest(mnist_mirror: Path, root: Path = REPO_ROOT) -> str:
+    """One digest of everything a tiny `dvc repro` of this tree depends on: the bytes of every file a project copy
+    gets (code, params, dvc.yaml, requirements.txt, the tiny params in this module), the installed distributions,
+    the interpreter, this machine and the MNIST mirror's checksums. Equal digests: the same pipeline on the same
+    inputs, so one reproduced project serves both."""
+    digest = hashlib.sha256()
+    for relative in sorted(project_files(root)):
+        if (root / relative).is_file():  # not a tracked file deleted from the worktree
+            digest.update(f"{relative}\0".encode())
+            digest.update((root / relative).read_bytes())
+    distributions = sorted(f"{found.metadata['Name']}=={found.version}" for found in importlib.metadata.distributions())
+    checksums = mnist_mirror / "SHA256SUMS"
+    for part in (
+        *distributions,
+        sys.version,
+        platform.node(),
+        platform.machine(),
+        str(mnist_mirror),
+        checksums.read_text() if checksums.is_file() else "",
+    ):
+        digest.update(f"{part}\0".encode())
+    return digest.hexdigest()[:16]
+
+
+def published_reproduced(cache: Path, digest: str) -> Path | None:
+    """The reproduced project an earlier test session published for the tree with `digest`, if there is one."""
+    folder = cache / digest
+    return folder / "project" if (folder / PUBLISHED).is_file() else None
+
+
+PUBLISHED = "published"  # written last: a folder without it holds half a copy
+
+
+def publish_reproduced(project: Path, cache: Path, digest: str) -> None:
+    """A copy of `project` (a successful tiny `dvc repro` of the tree with `digest`) kept in `cache` for a later
+    session of the same tree (`published_reproduced`), in place of any other tree's. The MLflow store's paths
+    point at the copy (`clone_project`), so it is copied to its final place and marked complete last."""
+    if published_reproduced(cache, digest) is not None:
+        return
+    for other in cache.iterdir():
+        if other.is_dir():
+            shutil.rmtree(other)
+    clone_project(project, cache / digest / "project")
+    (cache / digest / PUBLISHED).write_text(f"{project}\n")
+
+
+def build_reproduced(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
+    """The session's reproduced project (`reproduced_project`), built by the first worker that needs it and then
+    published in pytest's cache (`publish_reproduced`) under this tree's digest."""
+    assert config.cache is not None  # the cache provider is on unless `-p no:cacheprovider`
+    cache = config.cache.mkdir("reproduced")
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: `-n 0` or `-p no:xdist`
+        project = reproduced_copy(tmp_path_factory.mktemp("reproduced") / "project", mnist_mirror)
+        with FileLock(cache.parent / "reproduced.lock"):
+            publish_reproduced(project, cache, tree_digest(mnist_mirror))
+        return project
+    shared = tmp_path_factory.getbasetemp().parent  # pytest-N/, common to this run's workers
+    project, failed = shared / "reproduced" / "project", shared / "reproduced.failed"
+    with FileLock(shared / "reproduced.lock"):
+        if failed.exists():
+            pytest.fail(f"the shared reproduced project could not be built (by another worker):\n{failed.read_text()}")
+        if not project.exists():
+            try:
+                reproduced_copy(project, mnist_mirror)
+            except BaseException as error:
+                failed.write_text(f"{type(error).__name__}: {error}")
+                raise
+            with FileLock(cache.parent / "reproduced.lock"):
+                publish_reproduced(project, cache, tree_digest(mnist_mirror))
+    return project
 
 
 # Where a SQLite MLflow store (3.17) holds absolute paths of the project it was made in.
