@@ -202,6 +202,35 @@ def test_a_batch_row_states_a_direction_only_where_the_paired_interval_excludes_
     assert ("cheaper" in batch_16[1], "dearer" in batch_16[1]) == (paired[2] < 1, paired[1] > 1)
 
 
+@pytest.mark.parametrize(
+    ("language", "too_few", "disagree"),
+    [
+        ("en", "comes from only 2 timing process(es), too few to pin the median down to ±2 %", "processes disagree"),
+        ("zh", "其区间仅来自 2 个计时进程，太少", "其计时进程之间的差异超出"),
+    ],
+)
+def test_a_row_from_too_few_processes_is_not_said_to_disagree(
+    repo_params: dict[str, Any], language: Language, too_few: str, disagree: str
+) -> None:
+    repo_params["profile"].update(batch_sizes=[1, 16], devices=["cpu"], modes=["inference"])
+    records = [
+        make_record(1, "cpu", "inference", 1.0, ci_pct=6.0),  # 6 processes that disagree
+        dataclasses.replace(make_record(16, "cpu", "inference", 8.0, ci_pct=30.0), process_step_times_ms=(7.8, 8.2)),
+    ]
+    inputs = _cpu_only_inputs(records, {("16-cpu-inference", "1-cpu-inference"): (0.5, 0.4, 0.6, (0.5,) * 6)})
+    markdown = handin_markdown(
+        inputs,
+        comparison_rows(records),
+        params_from_mapping(repo_params),
+        HandinFigures(False, False, False),
+        load_catalogue(language),
+    )
+    cells = {row[0]: row[1] for row in tables(markdown)[2] if row[0] in ("1", "16")}
+    assert disagree.lower() in cells["1"].lower() and too_few not in cells["1"]
+    assert too_few in cells["16"] and disagree.lower() not in cells["16"].lower()
+    assert "`profile.processes: 6`" in cells["16"]
+
+
 def _reference_record(name: str) -> ProfileRecord:
     """A reference profile as the report reads one: its steps re-estimated (median, 95 % CI), its top operators and
     the H100 machine's hardware."""

@@ -175,6 +175,7 @@ FLAG_CASES = [
     # (what the row's own data show, the flag in the table, a phrase of the warning; None: no warning at all)
     pytest.param(dict(ci_pct=1.5), "", None, id="processes-agree-no-flag-whatever-the-drift"),
     pytest.param(dict(ci_pct=6.0), "processes disagree", "processes disagree: its 6 timing processes", id="disagree"),
+    pytest.param(dict(ci_pct=17.9, processes=2), "too few processes", "too few processes: its 2", id="too-few"),
     pytest.param(dict(ci_pct=1.5, traced=13.65), "table not the timed step", "the operator table is not", id="trace"),
     pytest.param(dict(ci_pct=1.5, load=3.0), "busy", "the machine was busy while measuring", id="busy"),
 ]
@@ -193,7 +194,8 @@ def test_a_row_is_flagged_only_for_what_its_own_data_show(
         ci_pct=evidence["ci_pct"],
         load=evidence.get("load", 0.5),
     )
-    record = dataclasses.replace(record, process_step_times_ms=(9.6, 9.9, 10.0, 10.1, 10.3, 10.6))
+    medians = (9.6, 9.9, 10.0, 10.1, 10.3, 10.6)
+    record = dataclasses.replace(record, process_step_times_ms=medians[: int(evidence.get("processes", len(medians)))])
     if "traced" in evidence:
         record = _with_trace(record, evidence["traced"])
     (row,) = comparison_rows([record])
@@ -255,6 +257,29 @@ def test_two_agreeing_processes_are_flagged_as_too_few_not_as_disagreeing() -> N
     (warning,) = measurement_warnings(record)
     assert warning.startswith("too few processes: its 2 timing processes settled at 0.553-0.567 ms (2.5 % apart)")
     assert "`profile.processes: 6` or more" in warning
+
+    # Every row so (the tiny params' 2 processes): the stage, the report's flags and its notes all name that cause.
+    other = dataclasses.replace(
+        make_record(64, "cpu", "inference", 9.9, ci_pct=40.6), process_step_times_ms=(9.7, 10.2)
+    )
+    assert not any("disagree" in warning for warning in stage_warnings([record, other]))
+    rows = comparison_rows([record, other])
+    assert [row.flags() for row in rows] == ["too few processes"] * 2
+    table = comparison_markdown(rows)
+    assert "**Processes disagree**" not in table and "| processes disagree" not in table
+    assert (
+        "**Too few processes** (1-cpu-inference ±17.9 % from 2, 64-cpu-inference ±40.6 % from 2): each of these "
+        "intervals comes from fewer than 6 timing processes, too few for a distribution-free interval of the median, "
+        "and is wider than `profile.ci_target_pct` (±2 %): it says how little so few processes pin the median down, "
+        "not that they disagree; `profile.processes: 6` or more gives a distribution-free interval."
+    ) in table
+    # One row with 6 disagreeing processes beside them: flagged and noted as disagreeing, not "in every row".
+    six = dataclasses.replace(
+        make_record(16, "cpu", "inference", 2.0, ci_pct=6.0), process_step_times_ms=(1.8, 1.9, 2.0, 2.0, 2.1, 2.3)
+    )
+    mixed = comparison_markdown(comparison_rows([record, six, other]))
+    assert mixed.count("| too few processes |") == 2 and mixed.count("| processes disagree |") == 1
+    assert "**Processes disagree** (16-cpu-inference ±6.0 %)" in mixed and "in every row" not in mixed
 
 
 def test_an_operator_table_off_the_timed_step_says_so_and_is_not_quoted() -> None:

@@ -161,6 +161,13 @@ def t_975(degrees_of_freedom: int) -> float:
 MIN_ORDER_STATISTIC_PROCESSES = 6  # the fewest values with a distribution-free 95 % interval of the median
 
 
+def processes_disagree(noisy: bool, processes: int) -> bool:
+    """A row's interval wider than its target because its processes spread (beyond the speed they shared): there
+    are enough of them for a distribution-free interval and it is still too wide. With fewer processes a wide
+    interval says how little so few pin the median down, not that they disagree."""
+    return noisy and processes >= MIN_ORDER_STATISTIC_PROCESSES
+
+
 def between_process_interval(medians: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
     """95 % interval of the step time from the medians of independent processes (None for fewer than 2).
 

@@ -10,7 +10,12 @@ from collections.abc import Sequence
 from pipeline.common.tables import NO_NUMBER
 from pipeline.profiling.measures import MEGABYTE, KernelStats
 from pipeline.profiling.record import DeviceComparisons, PairedComparison, ProfileRecord
-from pipeline.profiling.statistics import MIN_ORDER_STATISTIC_PROCESSES, PROCESSES_DISAGREE_ADVICE, two_speeds
+from pipeline.profiling.statistics import (
+    MIN_ORDER_STATISTIC_PROCESSES,
+    PROCESSES_DISAGREE_ADVICE,
+    processes_disagree,
+    two_speeds,
+)
 
 
 def measurement_warnings(record: ProfileRecord, said_for_all: bool = False) -> list[str]:
@@ -69,8 +74,7 @@ def stage_warnings(records: Sequence[ProfileRecord]) -> list[str]:
 
 
 def _disagree(record: ProfileRecord) -> bool:
-    """The row's processes, enough for a distribution-free interval, spread wider than the target."""
-    return record.timing.noisy and len(record.process_step_times_ms) >= MIN_ORDER_STATISTIC_PROCESSES
+    return processes_disagree(record.timing.noisy, len(record.process_step_times_ms))
 
 
 def _wide_interval_warning(record: ProfileRecord) -> str:

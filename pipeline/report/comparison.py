@@ -13,7 +13,12 @@ from dataclasses import dataclass
 
 from pipeline.profiling.measures import Interval
 from pipeline.profiling.record import Combination, DeviceComparisons, PairedComparison, ProfileRecord
-from pipeline.profiling.statistics import PROCESSES_DISAGREE_ADVICE, SWITCH_WARMUP_S
+from pipeline.profiling.statistics import (
+    MIN_ORDER_STATISTIC_PROCESSES,
+    PROCESSES_DISAGREE_ADVICE,
+    SWITCH_WARMUP_S,
+    processes_disagree,
+)
 from pipeline.profiling.texts import every_process_words, ratio_numbers, ratio_table
 
 CONVOLUTION = re.compile(r"conv", re.IGNORECASE)
@@ -40,9 +45,10 @@ class ComparisonRow:
     throughput_samples_per_s: float
     throughput_samples_per_s_ci_low: float  # batch size ÷ the step interval's high end (and high from low)
     throughput_samples_per_s_ci_high: float
-    noisy: bool  # the processes disagree: the interval is wider than profile.ci_target_pct
+    noisy: bool  # the interval is wider than profile.ci_target_pct (`disagree` and `too_few_processes` say why)
     ci_target_pct: float
     own_ci_pct: float  # the row's own spread between processes, the speed they all shared divided out (±%)
+    processes: int  # timing processes behind the interval
     trace_inside: bool  # the operator table's pass lies inside the timed interval (True where not checked)
     machine_busy: bool  # load average above the cores while timing
     load_average_before: float
@@ -71,10 +77,21 @@ class ComparisonRow:
     def per_sample_interval(self) -> Interval:
         return self.step_interval * (1.0 / self.batch_size)
 
+    @property
+    def disagree(self) -> bool:
+        """The interval is too wide because the processes spread (`processes_disagree`)."""
+        return processes_disagree(self.noisy, self.processes)
+
+    @property
+    def too_few_processes(self) -> bool:
+        """The interval is too wide from too few processes to pin the median down, whatever they show."""
+        return self.noisy and not self.disagree
+
     def flags(self, every_row_disagrees: bool = False) -> str:
         """The row's flags; "processes disagree" left out where every row raised it (said once, under the table)."""
         raised = (
-            ("processes disagree", self.noisy and not every_row_disagrees),
+            ("processes disagree", self.disagree and not every_row_disagrees),
+            ("too few processes", self.too_few_processes),
             ("busy", self.machine_busy),
             ("table not the timed step", not self.trace_inside),
         )
@@ -138,6 +155,7 @@ def comparison_rows(profiles: Sequence[ProfileRecord]) -> list[ComparisonRow]:
                 noisy=timing.noisy,
                 ci_target_pct=record.settings.ci_target_pct,
                 own_ci_pct=timing.own_spread_pct,
+                processes=len(record.process_step_times_ms) or record.settings.processes,  # older records: settings
                 trace_inside=record.trace_check is None or record.trace_check.inside,
                 machine_busy=conditions.busy,
                 load_average_before=conditions.load_average_before,
@@ -175,7 +193,7 @@ def comparison_markdown(rows: Sequence[ComparisonRow]) -> str:
 
 
 def _every_row_disagrees(rows: Sequence[ComparisonRow]) -> bool:
-    return len(rows) > 1 and all(row.noisy for row in rows)
+    return len(rows) > 1 and all(row.disagree for row in rows)
 
 
 def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
@@ -192,7 +210,7 @@ def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
     def names(flagged: Sequence[ComparisonRow]) -> str:
         return ", ".join(f"{row.batch_size}-{row.device}-{row.mode}" for row in flagged)
 
-    disagree = [row for row in rows if row.noisy]
+    disagree = [row for row in rows if row.disagree]
     if disagree:
         spreads = ", ".join(f"{row.batch_size}-{row.device}-{row.mode} ±{row.own_ci_pct:.1f} %" for row in disagree)
         every = _every_row_disagrees(rows)
@@ -203,6 +221,20 @@ def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
             f"this wide, more than `profile.ci_target_pct` (±{disagree[0].ci_target_pct:g} %)"
             + ("; this machine held no combination to it, so it is said here once, not on each row" if every else "")
             + f"; {PROCESSES_DISAGREE_ADVICE}."
+        )
+    too_few = [row for row in rows if row.too_few_processes]
+    if too_few:
+        intervals = ", ".join(
+            f"{row.batch_size}-{row.device}-{row.mode} ±{row.step_time_ci_pct:.1f} % from {row.processes}"
+            for row in too_few
+        )
+        minimum = MIN_ORDER_STATISTIC_PROCESSES
+        notes.append(
+            f"**Too few processes** ({intervals}): each of these intervals comes from fewer than {minimum} timing "
+            "processes, too few for a distribution-free interval of the median, and is wider than "
+            f"`profile.ci_target_pct` (±{too_few[0].ci_target_pct:g} %): it says how little so few processes pin the "
+            f"median down, not that they disagree; `profile.processes: {minimum}` or more gives a distribution-free "
+            "interval."
         )
     busy = [row for row in rows if row.machine_busy]
     if busy:

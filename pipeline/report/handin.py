@@ -17,6 +17,7 @@ from pathlib import Path
 from pipeline.common.paths import GRAPH_SVG, TRAIN_EPOCHS_PLOT, TRAIN_STEPS_PLOT
 from pipeline.params.schema import Params
 from pipeline.profiling.record import Combination, DeviceComparisons, PairedComparison
+from pipeline.profiling.statistics import MIN_ORDER_STATISTIC_PROCESSES
 from pipeline.report.catalogue import HTML_LANGUAGE, Catalogue, load_catalogue
 from pipeline.report.comparison import ComparisonRow
 from pipeline.report.figures import read_csv
@@ -300,8 +301,14 @@ def _mode_line(found: PairedComparison, device: str, say: Catalogue) -> str:
 
 def _flag_lines(row: ComparisonRow, say: Catalogue) -> list[str]:
     flags = []
-    if row.noisy:
+    if row.disagree:
         flags.append(say("flag_disagree", target=row.ci_target_pct))
+    if row.too_few_processes:
+        flags.append(
+            say(
+                "flag_too_few", processes=row.processes, target=row.ci_target_pct, minimum=MIN_ORDER_STATISTIC_PROCESSES
+            )
+        )
     if row.machine_busy:
         flags.append(say("flag_busy"))
     if not row.trace_inside:

@@ -42,8 +42,9 @@ def make_record(
     load: float = 0.5,
     busy_pct: float = 90.0,
 ) -> profile_record.ProfileRecord:
-    """A profile record for report tests: the given median step time, its 95 % CI half-width (%), the load
-    average while timing (2 cores), (operator, share %) rows and busy share.
+    """A profile record for report tests: the given median step time, its 95 % CI half-width (%) from 6 timing
+    processes (their medians not listed), the load average while timing (2 cores), (operator, share %) rows and
+    busy share.
 
     Its step analysis: a traced step twice the timed one, 1 MFLOP per sample, a 100 GFLOP/s peak."""
     combination = profile_record.Combination(batch, device, mode)  # type: ignore[arg-type]
@@ -68,7 +69,7 @@ def make_record(
         top_operator_share_pct=rows[0].share_pct if rows else 0.0,
     )
     settings = profile_record.ProfileSettings(
-        2, profile_record.PROFILE_PRECISION, "channels_last", 3, 8, 1.0, 2.0, 10.0
+        2, profile_record.PROFILE_PRECISION, "channels_last", 3, 8, 1.0, 2.0, 10.0, processes=6
     )
     conditions = MeasurementConditions(load, load, cores=2, threads=2, cpu_governor=GOVERNOR_NOT_EXPOSED)
     hardware = {"cpu": "Test CPU", "cpu_count": "2", "gpus": "none", "torch": "2.x"}
