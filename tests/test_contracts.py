@@ -28,6 +28,7 @@ from pipeline.profiling.record import (
 from pipeline.tracking.tensorboard_events import EventWriter
 from tests.helpers.records import make_record
 from tests.helpers.repo import REPO_ROOT
+from tests.helpers.stores import empty_store
 
 
 def test_profile_record_round_trips_through_its_json(tmp_path: Path) -> None:
@@ -287,6 +288,7 @@ def test_stage_runs_of_one_pipeline_run_share_a_parent_and_the_latest_is_current
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("DVC_EXP_NAME", raising=False)
     (tmp_path / "params.yaml").write_text("train: {lr: 1.0}\n")
+    empty_store(tmp_path)
     config = TrackingConfig(experiment="lineage", tensorboard_dir="runs", registered_model="lab-model")
     run_ids = []
     for stage in ("train", "report", "report"):
@@ -330,6 +332,7 @@ def test_a_stage_finds_the_runs_behind_the_bytes_it_read_whichever_dvc_experimen
     monkeypatch.delenv("DVC_EXP_NAME", raising=False)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text("train: {lr: 1.0}\n")
+    empty_store(tmp_path)
     config = TrackingConfig(experiment="lineage", tensorboard_dir="runs", registered_model="lab-model")
     speed, record = Path("metrics/train_speed.json"), Path("profiles/1-cpu-train/profile.json")
 

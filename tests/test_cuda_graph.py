@@ -51,6 +51,7 @@ from pipeline.training.runtime import Ran, RuntimeSettings, pin_runtime, select_
 from tests.helpers.data import LAB_MODEL
 from tests.helpers.records import make_record
 from tests.helpers.repo import REPO_PARAMS
+from tests.helpers.stores import empty_store
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")
@@ -166,6 +167,7 @@ def test_graph_learning_rate_follows_the_scheduler_and_leaves_the_group_a_float(
 def test_logged_model_loads_and_predicts_on_this_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_DEFAULT_PREDICTION_DEVICE", raising=False)
+    empty_store(tmp_path)
     torch.manual_seed(0)
     model = LabNet(LAB_MODEL).eval()
     with open_tracker(

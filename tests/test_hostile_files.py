@@ -53,6 +53,7 @@ from tests.helpers.data import LAB_MODEL, make_synthetic_mnist
 from tests.helpers.projects import clone_project, copy_project, run_command, stage_environment
 from tests.helpers.repo import REPO_ROOT
 from tests.helpers.servers import closed_port
+from tests.helpers.stores import empty_store
 
 TRAIN_IMAGES = "train-images-idx3-ubyte"
 
@@ -173,6 +174,7 @@ def test_tracking_uri_password_becomes_basic_auth_and_is_never_printed(
 
 def test_logged_params_never_hold_a_password(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    empty_store(tmp_path)
     with open_tracker(
         "probe",
         TrackingConfig(experiment="secrets", tensorboard_dir="runs", registered_model="lab-model"),
@@ -505,6 +507,7 @@ def test_onnx_parity_check_never_lets_nan_through(tmp_path: Path) -> None:
 def healthy_store(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     """The bytes of a real MLflow SQLite store holding one finished run."""
     root = tmp_path_factory.mktemp("store")
+    empty_store(root)
     saved = os.environ.pop("MLFLOW_TRACKING_URI", None)
     try:
         with open_tracker(

@@ -38,6 +38,7 @@ from pipeline.tracking.tags import ID_TAG, NAME_TAG, identity_tags, machine_tags
 from tests.helpers.projects import run_command, stage_environment
 from tests.helpers.records import copy_profiles, gpu_reference, log_profile_folder, profile_run_params
 from tests.helpers.repo import REPO_ROOT
+from tests.helpers.stores import empty_store
 
 H100 = {  # the H100 reference run's fingerprint.json
     "cpu": "Intel(R) Xeon(R) Processor",
@@ -135,6 +136,7 @@ def test_label_comes_from_the_environment_and_is_checked(monkeypatch: pytest.Mon
 def test_every_stage_run_is_tagged_with_its_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv(LABEL_VARIABLE, raising=False)
+    empty_store(tmp_path)
     with open_tracker("report", TrackingConfig("lab", "runs", "lab-model"), root=tmp_path) as tracker:
         run_id = tracker.run_id
     tags = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run_id).data.tags
@@ -150,6 +152,7 @@ def test_machines_sharing_a_store_have_their_own_pipeline_runs_and_current_outpu
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("DVC_EXP_NAME", raising=False)
     (tmp_path / "params.yaml").write_text("train: {lr: 1.0}\n")
+    empty_store(tmp_path)
     run_ids: list[str] = []
     for label in ("alice", "bob", "alice"):
         monkeypatch.setenv(LABEL_VARIABLE, label)
@@ -316,7 +319,7 @@ def lab_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     (machine B) as runs of one checkpoint, plus runs the report must set apart or leave out."""
     project = tmp_path_factory.mktemp("lab")
     shutil.copy(REPO_ROOT / "params.yaml", project / "params.yaml")
-    uri = f"sqlite:///{project / 'mlflow.db'}"
+    uri = empty_store(project)
     client = MlflowClient(uri)
     experiment = client.create_experiment("mnist-lab")
     here = copy_profiles(REPO_ROOT / "profiles", project / "import" / "workspace")

@@ -26,6 +26,7 @@ from pipeline.training.artifacts import busy_warning, speed_metrics
 from pipeline.training.loop import StepRecord, TrainingResult, evaluate, train_model
 from pipeline.training.runtime import Ran, RuntimeSettings, pin_runtime, select_device, select_precision
 from tests.helpers.repo import REPO_PARAMS
+from tests.helpers.stores import empty_store
 
 CPU = torch.device("cpu")
 
@@ -205,6 +206,7 @@ def test_stage_run_ends_with_the_status_of_what_happened(
 ) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     tracking = TrackingConfig(experiment="status-test", tensorboard_dir="runs", registered_model="lab-model")
+    empty_store(tmp_path)
     try:
         with open_tracker("train", tracking, root=tmp_path) as tracker:
             tracker.log_metrics({"train/loss": 1.5}, step=3)

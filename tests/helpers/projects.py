@@ -25,6 +25,7 @@ from filelock import FileLock
 
 from tests.helpers.records import write_two_profiles
 from tests.helpers.repo import REPO_PARAMS, REPO_ROOT, VENV_BIN
+from tests.helpers.stores import empty_store
 
 
 def project_files(root: Path = REPO_ROOT) -> list[str]:
@@ -377,6 +378,7 @@ def run_report_stage(project: Path, experiment: str) -> Path:
     for name in REPORT_INPUTS:
         (project / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO_ROOT / name, project / name)
+    empty_store(project)
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(project)
         patch.delenv("MLFLOW_TRACKING_URI", raising=False)
