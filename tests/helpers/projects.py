@@ -320,13 +320,18 @@ def publish_reproduced(project: Path, cache: Path, digest: str) -> None:
 
 def build_reproduced(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
     """The session's reproduced project (`reproduced_project`), built by the first worker that needs it and then
-    published in pytest's cache (`publish_reproduced`) under this tree's digest."""
-    assert config.cache is not None  # the cache provider is on unless `-p no:cacheprovider`
-    cache = config.cache.mkdir("reproduced")
+    published in pytest's cache (`publish_reproduced`) under this tree's digest, unless the cache is off
+    (`-p no:cacheprovider`)."""
+
+    def publish(project: Path) -> None:
+        if config.cache is not None:
+            cache = config.cache.mkdir("reproduced")
+            with FileLock(cache.parent / "reproduced.lock"):
+                publish_reproduced(project, cache, tree_digest(mnist_mirror))
+
     if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: `-n 0` or `-p no:xdist`
         project = reproduced_copy(tmp_path_factory.mktemp("reproduced") / "project", mnist_mirror)
-        with FileLock(cache.parent / "reproduced.lock"):
-            publish_reproduced(project, cache, tree_digest(mnist_mirror))
+        publish(project)
         return project
     shared = tmp_path_factory.getbasetemp().parent  # pytest-N/, common to this run's workers
     project, failed = shared / "reproduced" / "project", shared / "reproduced.failed"
@@ -339,8 +344,7 @@ def build_reproduced(config: pytest.Config, tmp_path_factory: pytest.TempPathFac
             except BaseException as error:
                 failed.write_text(f"{type(error).__name__}: {error}")
                 raise
-            with FileLock(cache.parent / "reproduced.lock"):
-                publish_reproduced(project, cache, tree_digest(mnist_mirror))
+            publish(project)
     return project
 
 
