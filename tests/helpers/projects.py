@@ -335,6 +335,7 @@ def build_reproduced(config: pytest.Config, tmp_path_factory: pytest.TempPathFac
         return project
     shared = tmp_path_factory.getbasetemp().parent  # pytest-N/, common to this run's workers
     project, failed = shared / "reproduced" / "project", shared / "reproduced.failed"
+    built_here = False
     with FileLock(shared / "reproduced.lock"):
         if failed.exists():
             pytest.fail(f"the shared reproduced project could not be built (by another worker):\n{failed.read_text()}")
@@ -344,7 +345,9 @@ def build_reproduced(config: pytest.Config, tmp_path_factory: pytest.TempPathFac
             except BaseException as error:
                 failed.write_text(f"{type(error).__name__}: {error}")
                 raise
-            publish(project)
+            built_here = True
+    if built_here:  # after the lock: the workers waiting for the project need not wait for its copy too
+        publish(project)
     return project
 
 

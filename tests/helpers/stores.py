@@ -5,6 +5,7 @@ fresh project, so creation stays tested."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import shutil
 import tempfile
@@ -22,9 +23,11 @@ def empty_store(folder: Path) -> str:
 
 @functools.cache
 def _created_store() -> Path:
-    """A store MLflow created, in a folder that lives as long as this process."""
+    """A store MLflow created, in a folder removed when this process exits."""
     from mlflow import MlflowClient
 
-    path = Path(tempfile.mkdtemp(prefix="mlflow-store-")) / STORE_NAME
+    folder = tempfile.mkdtemp(prefix="mlflow-store-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    path = Path(folder) / STORE_NAME
     MlflowClient(f"sqlite:///{path}").search_experiments()  # creates and migrates it
     return path
