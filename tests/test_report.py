@@ -200,8 +200,8 @@ def test_report_is_built_from_profile_records_without_running_the_pipeline(
     assert row_64 in report.markdown
     assert "#### Top 1 operators: batch 1, cpu, inference" in report.markdown
     assert (
-        "**cpu inference, per-sample time, paired**: from batch 1 to 64 it falls to 0.250x (95 % CI 0.240-0.260x; "
-        "below 1 in all 6 processes)" in report.markdown
+        "**CPU inference, batch 1 → 64**: the time per sample fell to 0.250× (95 % CI 0.240–0.260, paired timing)."
+        in report.markdown
     )
     assert (
         "| 64-cpu-inference / 1-cpu-inference | sample | 0.250 | 0.240-0.260 | ±4.0 | below 1 in all 6 processes |"

@@ -73,9 +73,15 @@ def test_mlflow_report_md_names_figure_artifacts_and_report_html_inlines_them(re
     assert "![" not in markdown and "data:" not in markdown
     logged = {artifact.path for artifact in client.list_artifacts(run.info.run_id, "figures")}
     named = set(re.findall(r"artifact `(figures/[^`]+)`", markdown))
-    handin = set(re.findall(r"artifact `(figures/[^`]+)`", (folder / "handin.en.md").read_text()))
+    handin = {
+        name
+        for language in ("en", "zh")
+        for name in re.findall(r"artifact `(figures/[^`]+)`", (folder / f"handin.{language}.md").read_text())
+    }
     assert named | handin == logged and GRAPH_FIGURE in named and len(named) >= 5
-    assert handin - named == {"figures/handin_curves.png", "figures/handin_top_operators.png"}
+    assert handin - named == {
+        f"figures/handin_{figure}.{language}.png" for figure in ("curves", "top_operators") for language in ("en", "zh")
+    }
     html = (folder / "report.html").read_text()
     assert 'src="figures/' not in html
     assert html.count("data:image/png;base64,") == len([path for path in named if path.endswith(".png")])

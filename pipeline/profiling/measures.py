@@ -230,6 +230,25 @@ def anatomy_verdict(device: str, busy_pct: float) -> str:
     return "host-bound" if busy_pct < HOST_BOUND_BELOW_PCT else "GPU-bound"
 
 
+# The parts a step is split into (pipeline.profiling.trace_analysis.step_parts): each ATen operator goes to the phase
+# it ran in (the optimizer's step and zero_grad ranges, an autograd node of the backward pass, else the forward) and
+# to the group of the layer it serves, named by its outermost operator or autograd node. On the CPU a part's time is
+# its operators' self CPU time; on a GPU their kernels' time. "outside" is the rest of the traced step: on the CPU
+# Python and framework code between operators, on a GPU the time no kernel ran.
+STEP_PHASES = ("forward", "backward", "optimizer", "outside")
+STEP_GROUPS = ("convolution", "linear", "pool_activation_dropout", "loss", "optimizer", "other", "outside")
+
+
+@dataclass(frozen=True)
+class StepPart:
+    """One phase x group of the step, in every traced step (so a reader can put an interval on it)."""
+
+    phase: str  # one of STEP_PHASES
+    group: str  # one of STEP_GROUPS
+    step_ms: tuple[float, ...]  # its time in each traced step, in order
+    mflops: float | None = None  # per step, the FLOPs its operators ran (None: none counted)
+
+
 MEGABYTE = 1e6  # memory is stated in MB of 10^6 bytes: 1.2 M fp32 parameters are 4.8 MB
 # What a step holds at its peak, in the order the report lists them (pipeline.profiling.memory sorts the bytes).
 MEMORY_PARTS = (

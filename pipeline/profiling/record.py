@@ -34,6 +34,7 @@ from pipeline.profiling.measures import (
     StepEnergy,
     StepEstimate,
     StepMemory,
+    StepPart,
 )
 from pipeline.profiling.statistics import median_interval
 
@@ -55,11 +56,12 @@ METRIC_PREFIX = "profile/"
 # where the device has a counter (`energy`), else why not (`energy_unavailable`).
 # 8: the allocator what-if timed in fresh processes paired with the tuned ones (`AllocatorWhatIf.slowdown`).
 # 9: steps run untraced around the traced pass, in its process (`TraceCheck.untraced_steps_ms`): the check is theirs.
-RECORD_FORMAT = 9
+# 10: the traced steps split by phase and layer group, step by step (`StepAnalysis.parts`), for the analysis.
+RECORD_FORMAT = 10
 T = TypeVar("T")
 # Older formats the report still reads (committed records of earlier runs), converted by `_upgrade`.
-READABLE_FORMATS = (2, 3, 4, 5, 6, 7, 8, RECORD_FORMAT)
-COMPARISON_FORMATS = (7, RECORD_FORMAT)  # comparisons.json: unchanged since format 7
+READABLE_FORMATS = (2, 3, 4, 5, 6, 7, 8, 9, RECORD_FORMAT)
+COMPARISON_FORMATS = (7, 8, 9, RECORD_FORMAT)  # comparisons.json: unchanged since format 7
 
 
 @dataclass(frozen=True)
@@ -283,6 +285,7 @@ class StepAnalysis:
     ranges: tuple[RangeStats, ...]  # profiler ranges, listed apart from the operators
     top_kernels: tuple[KernelStats, ...]  # empty on the CPU
     unattributed_device_ms: float  # device time per step launched outside any operator
+    parts: tuple[StepPart, ...] = ()  # the traced steps by phase and layer group (format 10; empty before)
 
 
 @dataclass(frozen=True)

@@ -615,6 +615,7 @@ def _profile_record(
             ranges=analysis.ranges,
             top_kernels=analysis.kernels[:top_k],
             unattributed_device_ms=analysis.unattributed_device_ms,
+            parts=analysis.parts,
         ),
         graph_step_times_ms=graph_times,
         allocator_whatif=default_run.whatif(result.page_faults_per_step, top_k) if default_run else None,

@@ -46,7 +46,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.common.errors import PipelineError
-from pipeline.profiling.measures import HOST_BOUND_BELOW_PCT, KernelStats, RangeStats, StepAnatomy, anatomy_verdict
+from pipeline.profiling.measures import (
+    HOST_BOUND_BELOW_PCT,
+    KernelStats,
+    RangeStats,
+    StepAnatomy,
+    StepPart,
+    anatomy_verdict,
+)
 
 STEP_PREFIX = "ProfilerStep#"
 OPERATOR_NAME = re.compile(r"^(?!autograd::|torch::autograd::)[A-Za-z_]\w*::\w")
@@ -143,6 +150,7 @@ class TraceAnalysis:
     kernels: tuple[KernelStats, ...]  # empty without a GPU
     anatomy: StepAnatomy
     unattributed_device_ms: float  # device time per step launched outside any operator
+    parts: tuple[StepPart, ...] = ()  # the step split by phase and layer group, per traced step
 
 
 def read_trace(path: Path) -> Trace:
@@ -257,18 +265,20 @@ def analyse_trace(trace: Trace, device: str, step_flops: Sequence[CountedCall] =
             total_device[parent] += total_device[index]
 
     on_gpu = device != "cpu"
-    work = _attribute_flops(host, parents, is_operator, window, step_flops)
+    work, work_by_event = _attribute_flops(host, parents, is_operator, window, step_flops)
     allocated = _allocated_bytes(trace, host, parents, is_operator, window, "cpu" if device == "cpu" else "cuda")
     operators = _rank_operators(host, is_operator, self_cpu, self_device, total_device, steps, on_gpu, work, allocated)
     ranges = _ranges(host, total_device, steps)
     kernel_rows = _kernel_rows(kernels, kernel_owners, steps)
     anatomy = _anatomy(trace, host, is_operator, device_events, window, on_gpu, device)
+    parts = _step_parts(trace, host, parents, is_operator, self_device if on_gpu else self_cpu, work_by_event, window)
     return TraceAnalysis(
         operators=operators,
         ranges=ranges,
         kernels=kernel_rows,
         anatomy=anatomy,
         unattributed_device_ms=unattributed / steps / 1000,
+        parts=parts,
     )
 
 
@@ -369,8 +379,9 @@ def _attribute_flops(
     is_operator: Sequence[bool],
     window: _Steps,
     step_flops: Sequence[CountedCall],
-) -> dict[str, tuple[float, float]]:
-    """FLOPs and bytes over all traced steps per operator name, each call's on the operator that implements it.
+) -> tuple[dict[str, tuple[float, float]], dict[int, float]]:
+    """FLOPs and bytes over all traced steps per operator name, each call's on the operator that implements it;
+    and the FLOPs of each event that got a counted call (by its index in `host`).
 
     Calls are matched by order within each step (operators on all threads, by start time: on CUDA the
     backward runs on the autograd engine's own thread). Where a step's events of a counted operator do not
@@ -389,18 +400,18 @@ def _attribute_flops(
         if is_operator[index] and event.name in counted and step is not None:
             events[(event.name, step)].append(index)
     work: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    by_event: dict[int, float] = defaultdict(float)
     for step in range(len(window.steps)):
         for name, calls in counted.items():
             matched = sorted(events.get((name, step), []), key=lambda i: host[i].start_us)
-            owners = (
-                [host[_implementation(index, host, children)].name for index in matched]
-                if len(matched) == len(calls)
-                else [name] * len(calls)
-            )
+            doers = [_implementation(index, host, children) for index in matched] if len(matched) == len(calls) else []
+            owners = [host[index].name for index in doers] if doers else [name] * len(calls)
             for owner, call in zip(owners, calls, strict=True):
                 work[owner][0] += call.flops
                 work[owner][1] += call.bytes
-    return {name: (flops, moved) for name, (flops, moved) in work.items()}
+            for index, call in zip(doers, calls, strict=False):
+                by_event[index] += call.flops
+    return {name: (flops, moved) for name, (flops, moved) in work.items()}, dict(by_event)
 
 
 def _implementation(index: int, host: Sequence[TraceEvent], children: Mapping[int, Sequence[int]]) -> int:
@@ -541,6 +552,86 @@ def _anatomy(
         reason=reason,
         operator_calls_per_step=sum(is_operator) / steps,
     )
+
+
+# The layer group an operator serves, from the name of its outermost operator in the forward pass or of its autograd
+# node in the backward pass; the first pattern that matches wins, and a name no pattern matches is "other".
+_LAYER_GROUPS = (
+    ("convolution", re.compile(r"conv", re.IGNORECASE)),
+    ("linear", re.compile(r"(^|::)(addmm|mm|linear|matmul|t)$|^(Addmm|Mm|T|Linear)Backward")),
+    ("loss", re.compile(r"log_softmax|nll_loss|LogSoftmax|NllLoss")),
+    (
+        "pool_activation_dropout",
+        re.compile(
+            r"pool|relu|threshold|clamp|dropout|bernoulli|uniform|(^|::)(where|ge|mul|empty_like)$|"
+            r"^(MaxPool\w*|Relu|Threshold|Clamp\w*|Where|Mul|\w*Dropout)Backward"
+        ),
+    ),
+)
+_OPTIMIZER_RANGES = ("Optimizer.step", "Optimizer.zero_grad")
+_AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
+
+
+def layer_group(name: str) -> str:
+    """`aten::conv2d` and `ConvolutionBackward0` -> "convolution"; `aten::flatten` -> "other"."""
+    return next((group for group, pattern in _LAYER_GROUPS if pattern.search(name)), "other")
+
+
+def _step_parts(
+    trace: Trace,
+    host: Sequence[TraceEvent],
+    parents: Sequence[int | None],
+    is_operator: Sequence[bool],
+    own_time: Sequence[float],
+    flops: Mapping[int, float],
+    window: _Steps,
+) -> tuple[StepPart, ...]:
+    """The traced steps split into phase x group (see measures.STEP_PHASES): each operator's own time (self CPU time
+    on the CPU, its kernels' time on a GPU) goes to the part of its context; "outside" is the step's span less the
+    operators' time in it, so the parts of a step add up to its span."""
+    steps = trace.step_count
+    times: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0] * steps)
+    work: dict[tuple[str, str], float] = defaultdict(float)
+    for index, event in enumerate(host):
+        step = window.index(event.start_us)
+        if not is_operator[index] or step is None:
+            continue
+        phase, group = _context(index, host, parents, is_operator)
+        times[(phase, group)][step] += own_time[index]
+        work[(phase, group)] += flops.get(index, 0.0)
+    inside = [sum(part[step] for part in times.values()) for step in range(steps)]
+    parts = [
+        StepPart(
+            phase=phase,
+            group=group,
+            step_ms=tuple(round(value / 1000, 6) for value in values),
+            mflops=work[(phase, group)] / steps / 1e6 if work.get((phase, group)) else None,
+        )
+        for (phase, group), values in sorted(times.items())
+    ]
+    spans = [step.duration_us for step in trace.steps]
+    outside = tuple(round(max(0.0, span - used) / 1000, 6) for span, used in zip(spans, inside, strict=True))
+    return (*parts, StepPart(phase="outside", group="outside", step_ms=outside))
+
+
+def _context(
+    index: int, host: Sequence[TraceEvent], parents: Sequence[int | None], is_operator: Sequence[bool]
+) -> tuple[str, str]:
+    """(phase, group) of operator `index`: inside an optimizer range -> optimizer; under an autograd node ->
+    backward, grouped by the node; else forward, grouped by its outermost operator."""
+    outermost, node, ancestor = host[index].name, None, parents[index]
+    while ancestor is not None:
+        name = host[ancestor].name
+        if name.startswith(_OPTIMIZER_RANGES):
+            return "optimizer", "optimizer"
+        if name.startswith(_AUTOGRAD_NODE) and node is None:
+            node = name.removeprefix(_AUTOGRAD_NODE)
+        if is_operator[ancestor]:
+            outermost = name
+        ancestor = parents[ancestor]
+    if node is not None:
+        return "backward", layer_group(node)
+    return "forward", layer_group(outermost)
 
 
 def _covered(step: TraceEvent, events: Iterable[TraceEvent]) -> float:

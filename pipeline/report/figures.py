@@ -205,7 +205,7 @@ def missing_glyphs(figure: Figure) -> dict[str, str]:
     missing: dict[str, set[str]] = defaultdict(set)
     for text in _texts(figure):
         font = font_manager.findfont(text.get_fontproperties())
-        covered = _charmap(font)
+        covered = charmap(font)
         missing[Path(font).name].update(ch for ch in text.get_text() if not ch.isspace() and ord(ch) not in covered)
     return {font: "".join(sorted(chars)) for font, chars in sorted(missing.items()) if chars}
 
@@ -216,7 +216,8 @@ def _texts(figure: Figure) -> list[Text]:
 
 
 @functools.cache
-def _charmap(font: str) -> frozenset[int]:
+def charmap(font: str) -> frozenset[int]:
+    """The code points the font file `font` has glyphs for."""
     return frozenset(FT2Font(font).get_charmap())
 
 

@@ -21,8 +21,9 @@ from pipeline.profiling.statistics import MIN_ORDER_STATISTIC_PROCESSES
 from pipeline.report.catalogue import HTML_LANGUAGE, Catalogue, load_catalogue
 from pipeline.report.comparison import ComparisonRow
 from pipeline.report.figures import read_csv
-from pipeline.report.handin_figures import CURVES_FIGURE, OPERATORS_FIGURE, curves_figure, operators_figure
-from pipeline.report.lab_report import Report, ReportInputs, cuda_runtime, gpu_names
+from pipeline.report.findings import MOST_PROCESSES_ADVISED, Finding, processes_to_decide
+from pipeline.report.handin_figures import curves_figure, curves_path, operators_figure, operators_path
+from pipeline.report.lab_report import Report, ReportInputs, analysis_markdown, cuda_runtime, gpu_names
 from pipeline.report.rendering import GRAPH_FIGURE, markdown_to_html, with_figures_named
 
 FULL_REPORT = "report.md"  # the hand-in's link to the full report; report.html in the HTML page
@@ -48,15 +49,13 @@ class HandinFigures:
     graph: bool
     curves: bool
     operators: bool
+    languages: tuple[str, ...] = ()  # each language's figures are drawn apart, in its words
 
     @property
     def files(self) -> set[str]:
         """The file names this module drew (the graph is the main report's)."""
-        return {
-            Path(path).name
-            for path, drawn in ((CURVES_FIGURE, self.curves), (OPERATORS_FIGURE, self.operators))
-            if drawn
-        }
+        drawn = [(curves_path, self.curves), (operators_path, self.operators)]
+        return {Path(path(language)).name for language in self.languages for path, made in drawn if made}
 
 
 @dataclass(frozen=True)
@@ -75,33 +74,40 @@ class Handin:
 
 def handins(report: Report, params: Params, folder: Path) -> tuple[list[Handin], HandinFigures]:
     """Every language of `report.languages`, its figures drawn into `folder`/figures beside the report's."""
-    figures = draw_figures(report.inputs, folder / "figures")
+    figures = draw_figures(report.inputs, folder / "figures", params.report.languages)
     written = []
     for language in params.report.languages:
         say = load_catalogue(language)
-        markdown = handin_markdown(report.inputs, report.rows, params, figures, say)
+        markdown = handin_markdown(report.inputs, report.rows, params, figures, say, report.findings)
         page = markdown_to_html(linked_to_html(markdown), say("title"), folder, HTML_LANGUAGE[language])
         written.append(Handin(language, markdown, page, for_mlflow(markdown, say)))
     return written, figures
 
 
-def draw_figures(inputs: ReportInputs, figures: Path) -> HandinFigures:
-    """The language-neutral figures every hand-in shows, written once into `figures` (the graph is copied there by
-    the main report)."""
+def draw_figures(inputs: ReportInputs, figures: Path, languages: Sequence[str]) -> HandinFigures:
+    """Each language's figures, written into `figures` (the graph, which has no words, is copied there by the main
+    report)."""
     curves = TRAIN_EPOCHS_PLOT.exists() and TRAIN_STEPS_PLOT.exists()
-    if curves:
-        curves_figure(read_csv(TRAIN_EPOCHS_PLOT), read_csv(TRAIN_STEPS_PLOT), figures / Path(CURVES_FIGURE).name)
-    if inputs.profiles:
-        operators_figure(inputs.profiles, figures / Path(OPERATORS_FIGURE).name)
-    return HandinFigures(graph=GRAPH_SVG.exists(), curves=curves, operators=bool(inputs.profiles))
+    epochs, steps = (read_csv(TRAIN_EPOCHS_PLOT), read_csv(TRAIN_STEPS_PLOT)) if curves else ([], [])
+    for language in languages:
+        say = load_catalogue(language)
+        if curves:
+            curves_figure(epochs, steps, figures / Path(curves_path(language)).name, say)
+        if inputs.profiles:
+            operators_figure(inputs.profiles, figures / Path(operators_path(language)).name, say)
+    return HandinFigures(GRAPH_SVG.exists(), curves, bool(inputs.profiles), tuple(languages))
 
 
 def handin_markdown(
-    inputs: ReportInputs, rows: Sequence[ComparisonRow], params: Params, drawn: HandinFigures, say: Catalogue
+    inputs: ReportInputs,
+    rows: Sequence[ComparisonRow],
+    params: Params,
+    drawn: HandinFigures,
+    say: Catalogue,
+    found: Sequence[Finding] = (),
 ) -> str:
     sections = [
         f"# {say('title')}\n",
-        f"{say('generated')}\n",
         f"## {say('environment_heading')}\n",
         environment_table(inputs, say),
         f"## {say('results_heading')}\n",
@@ -112,6 +118,8 @@ def handin_markdown(
         paired_note(inputs, say),
         f"### {say('gpu_heading')}\n",
         gpu_section(rows, say),
+        f"### {say('analysis_heading')}\n",
+        analysis_markdown(found, inputs, params, say, full_report=True) if found else say("analysis_none") + "\n",
     ]
     return "\n".join(sections)
 
@@ -174,12 +182,22 @@ def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigur
             epochs=int(metrics.get("epochs", params.train.epochs)),
             batch=params.train.batch_size,
         )
-        curves = f"![{say('curves_label')}]({CURVES_FIGURE})<br>{caption}"
+        curves = f"![{say('curves_label')}]({curves_path(say.language)})<br>{caption} {say('curves_layout')}"
     operators = say("missing", stage=" ".join(f"profile@{device}" for device in params.profile.devices))
     if drawn.operators:
+        batches = sorted({r.combination.batch_size for r in inputs.profiles})
+        columns = sorted({(r.combination.device, r.combination.mode) for r in inputs.profiles})
         lines = [
-            f"![{say('operators_label')}]({OPERATORS_FIGURE})",
-            say("operators_caption", top_k=max(len(r.top_operators) for r in inputs.profiles)),
+            f"![{say('operators_label')}]({operators_path(say.language)})",
+            say("operators_caption", top_k=max(len(r.top_operators) for r in inputs.profiles))
+            + " "
+            + say(
+                "operators_layout",
+                batches=say("list_joiner").join(str(b) for b in batches),
+                columns=say("list_joiner").join(
+                    say("fig_column", device=say(f"device_{d}"), mode=say(f"mode_{m}")) for d, m in columns
+                ),
+            ),
         ]
         for record in inputs.profiles:
             if record.top_operators:
@@ -187,7 +205,7 @@ def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigur
                 lines.append(
                     say(
                         "top_operator_line",
-                        combination=record.combination.name,
+                        combination=combination_words(record.combination, say),
                         operator=top.operator,
                         share=top.share_pct,
                     )
@@ -197,14 +215,29 @@ def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigur
                 lines.append(
                     say(
                         "table_not_timed" if check.untraced_step_ms is None else "table_process_not_timed",
-                        combination=record.combination.name,
+                        combination=combination_words(record.combination, say),
                         traced=check.checked_ms,
                         low=check.bounds_ms[0],
                         high=check.bounds_ms[1],
                     )
                 )
         operators = "<br>".join(lines)
-    return _table([(say("graph_label"), graph), (say("curves_label"), curves), (say("operators_label"), operators)], 2)
+    return (
+        _table([(say("graph_label"), graph), (say("curves_label"), curves), (say("operators_label"), operators)], 2)
+        + "\n"
+        + say("tensorboard_line")
+        + "\n"
+    )
+
+
+def combination_words(combination: Combination, say: Catalogue) -> str:
+    """`16-cpu-train` in the hand-in's words: "batch 16, CPU training" / "批大小 16，CPU 训练"."""
+    return say(
+        "combination",
+        batch=combination.batch_size,
+        device=say(f"device_{combination.device}"),
+        mode=say(f"mode_{combination.mode}"),
+    )
 
 
 def batch_table(inputs: ReportInputs, rows: Sequence[ComparisonRow], params: Params, say: Catalogue) -> str:
@@ -244,8 +277,8 @@ def batch_table(inputs: ReportInputs, rows: Sequence[ComparisonRow], params: Par
 def _row_line(row: ComparisonRow, say: Catalogue) -> str:
     line = say(
         "batch_line",
-        device=row.device,
-        mode=row.mode,
+        device=say(f"device_{row.device}"),
+        mode=say(f"mode_{row.mode}"),
         step=row.step_time_ms,
         low=row.step_time_ms_ci_low,
         high=row.step_time_ms_ci_high,
@@ -283,26 +316,31 @@ def _per_sample_line(
         return say("per_sample_lower", processes=_processes(found, say), **values)
     if found.low > 1:
         return say("per_sample_higher", processes=_processes(found, say), **values)
-    return say("per_sample_same", **values)
+    processes = len(found.process_values)
+    needed = processes_to_decide(found, processes)
+    if needed is None or needed > MOST_PROCESSES_ADVISED:
+        return say("per_sample_same", most=MOST_PROCESSES_ADVISED, **values)
+    return say("per_sample_same_more", needed=needed, processes=processes, **values)
 
 
 def _mode_line(found: PairedComparison, device: str, say: Catalogue) -> str:
     if found.low > 1 or found.high < 1:
         return say(
             "mode_ratio",
-            device=device,
+            device=say(f"device_{device}"),
             ratio=found.value,
             low=found.low,
             high=found.high,
             processes=_processes(found, say),
         )
-    return say("mode_same", device=device, ratio=found.value, low=found.low, high=found.high)
+    return say("mode_same", device=say(f"device_{device}"), ratio=found.value, low=found.low, high=found.high)
 
 
 def _flag_lines(row: ComparisonRow, say: Catalogue) -> list[str]:
+    """Flags on what could change a conclusion drawn from this row: too few processes for an interval, a busy machine,
+    an operator table from another step. A wide interval alone changes none: every direction is read from a paired
+    ratio, whose line says where the data cannot decide it and what would."""
     flags = []
-    if row.disagree:
-        flags.append(say("flag_disagree", target=row.ci_target_pct))
     if row.too_few_processes:
         flags.append(
             say(
@@ -342,5 +380,6 @@ def gpu_section(rows: Sequence[ComparisonRow], say: Catalogue) -> str:
         speedup = cpu.per_sample_interval / gpu.per_sample_interval
         values = {"ratio": speedup.value, "low": speedup.low, "high": speedup.high}
         cell = say("speedup", **values) if speedup.measurable else say("speedup_none", **values)
-        lines.append(f"| {cpu.batch_size} | {cpu.mode} | {cpu.per_sample_ms:.4f} | {gpu.per_sample_ms:.4f} | {cell} |")
+        mode = say(f"mode_{cpu.mode}")
+        lines.append(f"| {cpu.batch_size} | {mode} | {cpu.per_sample_ms:.4f} | {gpu.per_sample_ms:.4f} | {cell} |")
     return "\n".join(lines) + "\n\n" + say("gpu_note") + "\n"

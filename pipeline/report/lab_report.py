@@ -33,15 +33,16 @@ from pipeline.profiling.record import DeviceComparisons, ProfileRecord, read_pro
 from pipeline.profiling.roofs import read_roofs
 from pipeline.profiling.texts import process_speed_sentence
 from pipeline.report.allocator_whatif import allocator_markdown, allocator_sentences
+from pipeline.report.catalogue import Catalogue, load_catalogue
 from pipeline.report.comparison import (
     ComparisonRow,
     comparison_markdown,
     comparison_rows,
-    comparison_sentences,
     comparisons_table,
 )
 from pipeline.report.figures import batch_size_plot, cpu_vs_gpu_figure, read_csv, roofline_figure, training_curves
-from pipeline.report.memory import memory_section, memory_sentences
+from pipeline.report.findings import AnalysisData, Finding, findings
+from pipeline.report.memory import memory_section
 from pipeline.report.rendering import GRAPH_FIGURE
 from pipeline.report.roofline import RooflinePoint, roofline_chart, roofline_markdown, roofline_points
 from pipeline.report.step_analysis import (
@@ -157,6 +158,7 @@ class Report:
     markdown: str
     rows: list[ComparisonRow]
     inputs: ReportInputs
+    findings: list[Finding] = field(default_factory=list)  # the analysis, which every hand-in words again
 
     def comparison_csv_rows(self) -> list[dict[str, Any]]:
         return [dataclasses.asdict(row) for row in self.rows]
@@ -230,18 +232,51 @@ def build_report(params: Params, figures: Path) -> Report:
     sections += ["## 10. Memory and energy per step\n", *memory_section(inputs.profiles, figures)]
 
     sections.append("## 11. Analysis\n")
-    sentences = (
-        comparison_sentences(rows, inputs.comparisons)
-        + step_sentences(facts)
-        + allocator_sentences(inputs.profiles)
-        + memory_sentences(inputs.profiles)
-    )
-    sections.append("".join(f"- {sentence}\n" for sentence in sentences) if rows else "_No profiles to analyse._\n")
+    found = findings(AnalysisData.of(inputs.profiles, inputs.comparisons, inputs.train_speed, params.train.batch_size))
+    say = load_catalogue("en")
+    if rows:
+        sections.append(analysis_markdown(found, inputs, params, say, full_report=False))
+        sentences = step_sentences(facts) + allocator_sentences(inputs.profiles)
+        sections.append("Also measured:\n\n" + "".join(f"- {sentence}\n" for sentence in sentences))
+    else:
+        sections.append("_No profiles to analyse._\n")
 
     if inputs.missing:
         sections.append("## Missing inputs\n")
         sections.append("".join(f"- {line}\n" for line in inputs.missing))
-    return Report("\n".join(sections), rows, inputs)
+    return Report("\n".join(sections), rows, inputs, found)
+
+
+def conditions_line(inputs: ReportInputs, params: Params, say: Catalogue) -> str | None:
+    """The conditions every number of the analysis comes from, said once; None where the inputs lack them."""
+    if not inputs.profiles or not inputs.train_speed:
+        return None
+    settings = inputs.profiles[0].settings
+    ran = inputs.train_speed.get("runtime", {})
+    return say(
+        "conditions",
+        profile_threads=settings.threads,
+        profile_precision=settings.precision,
+        lr=settings.optimizer_lr,
+        epochs=params.train.epochs,
+        batch=params.train.batch_size,
+        train_threads=ran.get("threads", params.train.threads),
+        train_precision=ran.get("precision", params.train.precision),
+        processes=settings.processes,
+        traced_steps=settings.active_steps,
+    )
+
+
+def analysis_markdown(
+    found: Sequence[Finding], inputs: ReportInputs, params: Params, say: Catalogue, *, full_report: bool
+) -> str:
+    """The findings as a list in `say`'s language, after the conditions they hold under (and, in a hand-in, the one
+    line saying where the full report is)."""
+    lines = [line for line in (conditions_line(inputs, params, say),) if line]
+    if full_report:
+        lines.append(say("full_report_line"))
+    body = "".join(f"- {finding.render(say)}\n" for finding in found)
+    return "\n\n".join(lines) + "\n\n" + body
 
 
 def step_sections(facts: Sequence[StepFacts], points: Sequence[RooflinePoint], figures: Path) -> list[str]:

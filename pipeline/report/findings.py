@@ -1,0 +1,722 @@
+"""The analysis as data: each finding is a claim, the measured quantities it cites (each with its interval and the
+measurement it comes from) and the rule that licenses it. A rule that does not hold on the data yields no finding,
+or the finding that the data cannot decide; the report's analysis and each hand-in's analysis are these findings,
+worded by the language's message catalogue (pipeline/report/messages), so every language says the same things.
+
+Where the numbers come from, and so what their intervals mean:
+- *paired timing*: the ratios of `profiles/<device>/comparisons.json`, medians over the timing processes with their
+  95 % interval (between processes; the machine's speed that all combinations shared cancels);
+- *traced steps*: the parts of a traced step (`StepAnalysis.parts`: each ATen operator's own time, grouped by the
+  phase and the layer it serves). They come from one traced pass of ~30 steps in one process, not from the timing
+  processes: their 95 % intervals are a bootstrap over those steps (resampled 2,000 times with a fixed seed), so they
+  hold the step-to-step spread within that pass, not a rerun's;
+- *allocator*: what a step holds at its peak, from the allocator's record of one step in each timing process;
+- *FLOP count*: torch.utils.flop_counter's count of one step (exact for the operators it has formulas for).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pipeline.profiling.measures import StepPart
+from pipeline.profiling.record import Combination, DeviceComparisons, PairedComparison, ProfileRecord
+from pipeline.report.catalogue import Catalogue
+
+BOOTSTRAP_DRAWS = 2000
+BOOTSTRAP_SEED = 20261127
+# A group's per-step time is "about the same" at two batch sizes while it grows by less than the fourth root of the
+# batch ratio (2.8x from 1 to 64), and "grows with the batch" once it grows by more than its 3/4 power (22.6x from 1
+# to 64); in between it grows, more slowly than the batch. Each bound is held against the whole 95 % interval.
+FIXED_EXPONENT = 0.25
+PROPORTIONAL_EXPONENT = 0.75
+MATERIAL_SHARE = 0.02  # a group below 2 % of the traced step at both batch sizes is not worth a sentence
+EXPLAINED_WITHIN = 1.5  # a traced ratio within 1.5x of the FLOP count's is what the FLOPs explain
+MATERIAL_BYTES = 10_000  # a memory part under 10 kB at both batch sizes is not named
+# The processes a timing interval's half-width needs shrink as 1/sqrt(n); past this many, the advice is that more
+# processes would not settle it on this machine.
+MOST_PROCESSES_ADVISED = 40
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A cited quantity: its value, its 95 % interval and the measurement it comes from (see the module docstring)."""
+
+    value: float
+    low: float
+    high: float
+    source: str  # "paired timing" | "traced steps" | "allocator" | "FLOP count" | "train stage"
+
+    def excludes(self, point: float) -> bool:
+        return not self.low <= point <= self.high
+
+
+@dataclass(frozen=True)
+class Label:
+    """A word the catalogue translates (a device, a mode, a layer group)."""
+
+    key: str
+
+
+@dataclass(frozen=True)
+class Listing:
+    """Several items of one message, joined by the language's list separator."""
+
+    message: str
+    items: tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str  # the rule's name: one of RULES
+    message: str  # the catalogue key of its sentence
+    values: Mapping[str, Any]  # the message's placeholders (numbers, Labels, Listings)
+    cites: Mapping[str, Measured] = field(default_factory=dict)  # the quantities it rests on
+    reason: bool = True  # it says why, not only what
+
+    def render(self, say: Catalogue) -> str:
+        return say(self.message, **{name: _translated(value, say) for name, value in self.values.items()})
+
+
+def _translated(value: Any, say: Catalogue) -> Any:
+    if isinstance(value, Label):
+        return say(value.key)
+    if isinstance(value, Listing):
+        return say("list_separator").join(
+            say(value.message, **{name: _translated(item, say) for name, item in entry.items()})
+            for entry in value.items
+        )
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Traced steps and their bootstrap
+
+
+class TracedSteps:
+    """One combination's traced steps, split by part, with bootstrap draws shared by every statistic of it (so that
+    shares and sums of its parts stay coherent within a draw)."""
+
+    def __init__(self, record: ProfileRecord, seed: int) -> None:
+        self.record = record
+        parts = record.analysis.parts
+        self.keys = [(part.phase, part.group) for part in parts]
+        self.values = np.array([part.step_ms for part in parts], dtype=float)  # parts x steps
+        steps = self.values.shape[1]
+        picks = np.random.default_rng(seed).integers(0, steps, size=(BOOTSTRAP_DRAWS, steps))
+        self.draws = self.values[:, picks].mean(axis=2)  # parts x draws: each draw's mean per step
+        self.means = self.values.mean(axis=1)
+        self.mflops = {(part.phase, part.group): part.mflops or 0.0 for part in parts}
+
+    @property
+    def batch(self) -> int:
+        return self.record.combination.batch_size
+
+    def rows(self, select: Callable[[str, str], bool]) -> list[int]:
+        return [index for index, (phase, group) in enumerate(self.keys) if select(phase, group)]
+
+    def mean(self, select: Callable[[str, str], bool]) -> float:
+        return float(self.means[self.rows(select)].sum())
+
+    def draws_of(self, select: Callable[[str, str], bool]) -> np.ndarray:
+        summed: np.ndarray = self.draws[self.rows(select)].sum(axis=0)
+        return summed
+
+    def total(self) -> float:
+        return float(self.means.sum())
+
+    def flops(self, select: Callable[[str, str], bool]) -> float:
+        return sum(flops for key, flops in self.mflops.items() if select(*key)) * 1e6
+
+
+def measured(value: float, draws: np.ndarray, source: str = "traced steps") -> Measured:
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return Measured(value, float(low), float(high), source)
+
+
+def of_group(group: str) -> Callable[[str, str], bool]:
+    return lambda _phase, candidate: candidate == group
+
+
+def of_phase(phase: str) -> Callable[[str, str], bool]:
+    return lambda candidate, _group: candidate == phase
+
+
+def everything(_phase: str, _group: str) -> bool:
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The data the rules read
+
+
+@dataclass(frozen=True)
+class AnalysisData:
+    records: Sequence[ProfileRecord]
+    comparisons: Sequence[DeviceComparisons]
+    train_speed: Mapping[str, Any] | None = None  # metrics/train_speed.json
+    train_batch_size: int | None = None
+    traced: Mapping[Combination, TracedSteps] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        records: Sequence[ProfileRecord],
+        comparisons: Sequence[DeviceComparisons],
+        train_speed: Mapping[str, Any] | None = None,
+        train_batch_size: int | None = None,
+    ) -> AnalysisData:
+        traced = {
+            record.combination: TracedSteps(record, BOOTSTRAP_SEED + position)
+            for position, record in enumerate(records)
+            if _parts_usable(record.analysis.parts)
+        }
+        return cls(records, comparisons, train_speed, train_batch_size, traced)
+
+    def record(self, batch: int, device: str, mode: str) -> ProfileRecord | None:
+        return next((r for r in self.records if r.combination == _at(batch, device, mode)), None)
+
+    def batches(self, device: str, mode: str) -> list[int]:
+        return sorted(
+            r.combination.batch_size
+            for r in self.records
+            if (r.combination.device, r.combination.mode) == (device, mode)
+        )
+
+    def devices(self) -> list[str]:
+        return list(dict.fromkeys(r.combination.device for r in self.records))
+
+    def paired(self, numerator: Combination, denominator: Combination) -> PairedComparison | None:
+        for found in self.comparisons:
+            if found.device == numerator.device:
+                return found.by_pair.get((numerator.name, denominator.name))
+        return None
+
+    def processes(self, device: str) -> int:
+        return next((found.processes for found in self.comparisons if found.device == device), 0)
+
+
+def _at(batch: int, device: str, mode: str) -> Combination:
+    return Combination(batch, device, mode)  # type: ignore[arg-type]
+
+
+def _parts_usable(parts: Sequence[StepPart]) -> bool:
+    lengths = {len(part.step_ms) for part in parts}
+    return bool(parts) and len(lengths) == 1 and min(lengths) >= 5
+
+
+def _modes(data: AnalysisData, device: str) -> list[str]:
+    return [mode for mode in ("inference", "train") if data.batches(device, mode)]
+
+
+def _ratio(paired: PairedComparison) -> Measured:
+    return Measured(paired.value, paired.low, paired.high, "paired timing")
+
+
+def processes_to_decide(paired: PairedComparison, processes: int) -> int | None:
+    """How many timing processes would bound this ratio away from 1 at the spread observed: the interval's side toward 1
+    shrinks as 1/sqrt(n) until it no longer reaches 1; None where the observed ratio is 1 itself."""
+    distance = abs(math.log(paired.value)) if paired.value > 0 else 0.0
+    if distance == 0 or paired.low <= 0 or not math.isfinite(paired.high):
+        return None
+    toward_one = math.log(paired.high / paired.value) if paired.value < 1 else math.log(paired.value / paired.low)
+    return max(processes + 1, math.ceil(processes * (toward_one / distance) ** 2))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The rules. Each returns the findings its rule licenses on the data, and nothing where it does not hold.
+
+
+def per_sample_direction(data: AnalysisData) -> list[Finding]:
+    """Rule: a direction only where the paired per-sample ratio's 95 % interval excludes 1; where it includes 1, the
+    finding says the data cannot tell, and how many timing processes the observed spread would need."""
+    found = []
+    for device in data.devices():
+        for mode in _modes(data, device):
+            batches = data.batches(device, mode)
+            for small, large in itertools.pairwise(batches):
+                paired = data.paired(_at(large, device, mode), _at(small, device, mode))
+                if paired is None:
+                    continue
+                ratio = _ratio(paired)
+                values = {
+                    "device": Label(f"device_{device}"),
+                    "mode": Label(f"mode_{mode}"),
+                    "small": small,
+                    "large": large,
+                    "ratio": paired.value,
+                    "low": paired.low,
+                    "high": paired.high,
+                }
+                if ratio.excludes(1.0):
+                    message = "finding_per_sample_falls" if paired.value < 1 else "finding_per_sample_rises"
+                    found.append(Finding("per_sample_direction", message, values, {"ratio": ratio}, reason=False))
+                    continue
+                needed = processes_to_decide(paired, data.processes(device))
+                if needed is not None and needed <= MOST_PROCESSES_ADVISED:
+                    found.append(
+                        Finding(
+                            "per_sample_direction",
+                            "finding_per_sample_undecided_more",
+                            {**values, "processes": data.processes(device), "needed": needed},
+                            {"ratio": ratio},
+                            reason=False,
+                        )
+                    )
+                else:
+                    found.append(
+                        Finding(
+                            "per_sample_direction",
+                            "finding_per_sample_undecided",
+                            {**values, "most": MOST_PROCESSES_ADVISED},
+                            {"ratio": ratio},
+                            reason=False,
+                        )
+                    )
+    return found
+
+
+def _group_listing(
+    message: str, rows: Iterable[tuple[str, Measured]], extra: Callable[[str], Mapping[str, Any]] | None = None
+) -> Listing:
+    return Listing(
+        message,
+        tuple(
+            {
+                "group": Label(f"group_{group}"),
+                "value": m.value,
+                "low": m.low,
+                "high": m.high,
+                **(extra(group) if extra else {}),
+            }
+            for group, m in rows
+        ),
+    )
+
+
+GROUP_ORDER = ("optimizer", "convolution", "pool_activation_dropout", "linear", "loss", "other", "outside")
+
+
+def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
+    """Rule: the per-sample change between two batch sizes is attributed to the groups of the traced steps only where
+    the paired ratio decided its direction and the traced steps moved the same way beyond their interval; a group is
+    named where its own change's interval excludes 0, with its share of the whole change (bootstrap interval)."""
+    found = []
+    for device in data.devices():
+        for mode in _modes(data, device):
+            batches = data.batches(device, mode)
+            for small, large in itertools.pairwise(batches):
+                a, b = (
+                    data.traced.get(_at(small, device, mode)),
+                    data.traced.get(_at(large, device, mode)),
+                )
+                paired = data.paired(_at(large, device, mode), _at(small, device, mode))
+                if a is None or b is None or paired is None or not _ratio(paired).excludes(1.0):
+                    continue
+                total = a.draws_of(everything) / small - b.draws_of(everything) / large  # saved per sample
+                saved = measured(a.total() / small - b.total() / large, total)
+                falls = paired.value < 1
+                if not saved.excludes(0.0) or (saved.value > 0) != falls:
+                    continue
+                rows = []
+                for group in GROUP_ORDER:
+                    select = of_group(group)
+                    if not a.rows(select) and not b.rows(select):
+                        continue
+                    change = _draws_or_zero(a, select) / small - _draws_or_zero(b, select) / large
+                    value = _mean_or_zero(a, select) / small - _mean_or_zero(b, select) / large
+                    if not measured(value, change).excludes(0.0):
+                        continue
+                    share = measured(100 * value / saved.value, 100 * change / total)
+                    rows.append((group, share))
+                rows.sort(key=lambda row: -row[1].value)
+                if not rows:
+                    continue
+                values = {
+                    "device": Label(f"device_{device}"),
+                    "mode": Label(f"mode_{mode}"),
+                    "small": small,
+                    "large": large,
+                    "change": abs(saved.value),
+                    "change_low": min(abs(saved.low), abs(saved.high)),
+                    "change_high": max(abs(saved.low), abs(saved.high)),
+                    "groups": _group_listing("finding_share_item", rows),
+                }
+                message = "finding_change_attributed_saved" if falls else "finding_change_attributed_cost"
+                found.append(Finding("why_per_sample_changes", message, values, {"change": saved, **dict(rows)}))
+    return found
+
+
+def _draws_or_zero(traced: TracedSteps, select: Callable[[str, str], bool]) -> np.ndarray:
+    return traced.draws_of(select) if traced.rows(select) else np.zeros(BOOTSTRAP_DRAWS)
+
+
+def _mean_or_zero(traced: TracedSteps, select: Callable[[str, str], bool]) -> float:
+    return traced.mean(select) if traced.rows(select) else 0.0
+
+
+def per_step_or_per_sample(data: AnalysisData) -> list[Finding]:
+    """Rule: between the smallest and the largest batch size, a group "costs about the same per step" where the whole
+    interval of its per-step growth lies below batch ratio^0.25, and "grows with the batch" where it lies above batch
+    ratio^0.75; groups under 2 % of the traced step at both sizes, or whose interval straddles a bound, are not
+    classed."""
+    found = []
+    for device in data.devices():
+        for mode in _modes(data, device):
+            batches = data.batches(device, mode)
+            if len(batches) < 2:
+                continue
+            small, large = batches[0], batches[-1]
+            a, b = data.traced.get(_at(small, device, mode)), data.traced.get(_at(large, device, mode))
+            if a is None or b is None:
+                continue
+            scale = large / small
+            fixed, growing = [], []
+            for group in GROUP_ORDER:
+                select = of_group(group)
+                if not a.rows(select) or not b.rows(select):
+                    continue
+                if a.mean(select) < MATERIAL_SHARE * a.total() and b.mean(select) < MATERIAL_SHARE * b.total():
+                    continue
+                small_draws = a.draws_of(select)
+                if a.mean(select) <= 0 or np.any(small_draws <= 0):
+                    continue
+                growth = measured(b.mean(select) / a.mean(select), b.draws_of(select) / small_draws)
+                if growth.high < scale**FIXED_EXPONENT:
+                    fixed.append((group, growth, a.mean(select)))
+                elif growth.low > scale**PROPORTIONAL_EXPONENT:
+                    growing.append((group, growth, a.mean(select)))
+            if not fixed and not growing:
+                continue
+            values = {
+                "device": Label(f"device_{device}"),
+                "mode": Label(f"mode_{mode}"),
+                "small": small,
+                "large": large,
+                "scale": scale,
+            }
+            if fixed:
+                found.append(
+                    Finding(
+                        "per_step_or_per_sample",
+                        "finding_fixed_per_step",
+                        {
+                            **values,
+                            "bound": max(m.high for _, m, _ in fixed),
+                            "fall": scale / max(m.high for _, m, _ in fixed),
+                            "groups": Listing(
+                                "finding_fixed_item",
+                                tuple(
+                                    {
+                                        "group": Label(f"group_{g}"),
+                                        "small": small,
+                                        "ms": ms,
+                                        "value": m.value,
+                                        "low": m.low,
+                                        "high": m.high,
+                                    }
+                                    for g, m, ms in fixed
+                                ),
+                            ),
+                        },
+                        {g: m for g, m, _ in fixed},
+                    )
+                )
+            if growing:
+                found.append(
+                    Finding(
+                        "per_step_or_per_sample",
+                        "finding_grows_with_batch",
+                        {
+                            **values,
+                            "bound": min(m.low for _, m, _ in growing),
+                            "groups": _group_listing("finding_growth_item", [(g, m) for g, m, _ in growing]),
+                        },
+                        {g: m for g, m, _ in growing},
+                    )
+                )
+    return found
+
+
+def closer_to_roof(data: AnalysisData) -> list[Finding]:
+    """Rule: for a group with counted FLOPs that grows with the batch, "ran closer to the roof" only where its achieved
+    GFLOP/s at the largest batch lies above its interval at the smallest (traced steps, bootstrap), "no faster" where
+    it lies below; otherwise the data cannot tell and nothing is said."""
+    found = []
+    for device in data.devices():
+        for mode in _modes(data, device):
+            batches = data.batches(device, mode)
+            if len(batches) < 2:
+                continue
+            small, large = batches[0], batches[-1]
+            a, b = data.traced.get(_at(small, device, mode)), data.traced.get(_at(large, device, mode))
+            if a is None or b is None:
+                continue
+            roof = b.record.analysis.flop_rate.peak_gflops_per_s
+            for group in ("convolution", "linear"):
+                select = of_group(group)
+                if not a.rows(select) or not b.rows(select) or a.flops(select) <= 0 or b.flops(select) <= 0:
+                    continue
+                rate_a = _rate(a, select)
+                rate_b = _rate(b, select)
+                if rate_b.low > rate_a.high:
+                    message = "finding_closer_to_roof" if roof > 0 else "finding_closer_to_roof_no_roof"
+                elif rate_b.high < rate_a.low:
+                    message = "finding_not_closer_to_roof" if roof > 0 else "finding_not_closer_to_roof_no_roof"
+                else:
+                    continue
+                values = {
+                    "device": Label(f"device_{device}"),
+                    "mode": Label(f"mode_{mode}"),
+                    "group": Label(f"group_{group}"),
+                    "small": small,
+                    "large": large,
+                    "rate_small": rate_a.value,
+                    "rate_small_low": rate_a.low,
+                    "rate_small_high": rate_a.high,
+                    "rate_large": rate_b.value,
+                    "rate_large_low": rate_b.low,
+                    "rate_large_high": rate_b.high,
+                    "roof": roof,
+                    "pct_small": 100 * rate_a.value / roof if roof > 0 else math.nan,
+                    "pct_large": 100 * rate_b.value / roof if roof > 0 else math.nan,
+                }
+                found.append(Finding("closer_to_roof", message, values, {"small": rate_a, "large": rate_b}))
+    return found
+
+
+def _rate(traced: TracedSteps, select: Callable[[str, str], bool]) -> Measured:
+    """GFLOP/s of the selected parts: their FLOPs per step over their traced time per step."""
+    flops = traced.flops(select)
+    return measured(flops / traced.mean(select) / 1e6, flops / traced.draws_of(select) / 1e6)
+
+
+def train_against_inference(data: AnalysisData) -> list[Finding]:
+    """Rule: at each batch size with a paired train/inference ratio and both traced, the ratio is set against the
+    FLOP count's, and the training step's phases (forward, backward, the optimizer's update, time outside operators)
+    are given with their share of the traced step; "more than the FLOPs predict" only where the ratio's whole
+    interval lies above the FLOP ratio. The update is named as the reason only where the traced ratio with it lies
+    beyond 1.5x the FLOP ratio and, without it, its interval reaches within 1.5x; "the update alone does not explain
+    it" where, without it, the whole interval stays beyond 1.5x."""
+    found = []
+    for device in data.devices():
+        for batch in data.batches(device, "train"):
+            train, infer = _at(batch, device, "train"), _at(batch, device, "inference")
+            paired = data.paired(train, infer)
+            a, b = data.traced.get(train), data.traced.get(infer)
+            if paired is None or a is None or b is None:
+                continue
+            flop_ratio = a.record.analysis.flop_rate.flops_per_step / max(
+                b.record.analysis.flop_rate.flops_per_step, 1.0
+            )
+            total = a.draws_of(everything)
+            phases = []
+            for phase in ("forward", "backward", "optimizer", "outside"):
+                select = of_phase(phase)
+                if a.rows(select):
+                    phases.append(
+                        (
+                            phase,
+                            measured(100 * a.mean(select) / a.total(), 100 * a.draws_of(select) / total),
+                            a.mean(select),
+                        )
+                    )
+            without = measured(
+                (a.total() - _mean_or_zero(a, of_phase("optimizer"))) / b.total(),
+                (total - _draws_or_zero(a, of_phase("optimizer"))) / b.draws_of(everything),
+            )
+            ratio = _ratio(paired)
+            above = ratio.low > flop_ratio
+            with_update = a.total() / b.total()
+            values = {
+                "device": Label(f"device_{device}"),
+                "batch": batch,
+                "ratio": paired.value,
+                "low": paired.low,
+                "high": paired.high,
+                "flop_ratio": flop_ratio,
+                "phases": Listing(
+                    "finding_phase_item",
+                    tuple(
+                        {"phase": Label(f"phase_{p}"), "ms": ms, "value": m.value, "low": m.low, "high": m.high}
+                        for p, m, ms in phases
+                    ),
+                ),
+                "traced_ms": a.total(),
+                "inference_ms": b.total(),
+                "without": without.value,
+                "without_low": without.low,
+                "without_high": without.high,
+            }
+            cites = {"ratio": ratio, "without_update": without, **{p: m for p, m, _ in phases}}
+            if above and with_update > EXPLAINED_WITHIN * flop_ratio >= without.low:
+                message = "finding_train_update_explains"
+            elif above and without.low > EXPLAINED_WITHIN * flop_ratio:
+                message = "finding_train_more_than_flops"
+            else:
+                message = "finding_train_against_flops"
+            found.append(Finding("train_against_inference", message, values, cites))
+    return found
+
+
+def memory_by_batch(data: AnalysisData) -> list[Finding]:
+    """Rule: between the smallest and the largest batch size, a memory part "stays" where its bytes differ by less
+    than 1 % and "grows" where they grew by more than that; the numbers are the allocator's record, and the finding
+    says so only where every timing process saw the same peak (else it gives the range)."""
+    found = []
+    for device in data.devices():
+        for mode in _modes(data, device):
+            batches = data.batches(device, mode)
+            if len(batches) < 2:
+                continue
+            first, last = data.record(batches[0], device, mode), data.record(batches[-1], device, mode)
+            if first is None or last is None or first.memory is None or last.memory is None:
+                continue
+            before, after = first.memory.bytes_of, last.memory.bytes_of
+            stays, grows, shrinks = [], [], []
+            for name in before:
+                old, new = before[name], after.get(name, 0)
+                part = Label(f"memory_{name.replace(' ', '_')}")
+                if max(old, new) < MATERIAL_BYTES:
+                    continue
+                if abs(new - old) <= 0.01 * max(old, new):
+                    stays.append({"part": part, "mb": new / 1e6})
+                elif new > old:
+                    grows.append({"part": part, "old": old / 1e6, "new": new / 1e6})
+                else:
+                    shrinks.append({"part": part, "old": old / 1e6, "new": new / 1e6})
+            if not grows:
+                continue
+            values = {
+                "device": Label(f"device_{device}"),
+                "mode": Label(f"mode_{mode}"),
+                "small": batches[0],
+                "large": batches[-1],
+                "peak_small": first.memory.peak_mb,
+                "peak_large": last.memory.peak_mb,
+                "stays": Listing("finding_memory_stays_item", tuple(stays)),
+                "grows": Listing("finding_memory_grows_item", tuple(grows)),
+                "shrinks": Listing("finding_memory_grows_item", tuple(shrinks))
+                if shrinks
+                else Label("finding_memory_none"),
+            }
+            message = "finding_memory" if stays else "finding_memory_all_grow"
+            found.append(Finding("memory_by_batch", message, values))
+    return found
+
+
+def gpu_against_cpu(data: AnalysisData) -> list[Finding]:
+    """Rule: on a GPU, where the step waits is the traced steps' time with no kernel running (its share, bootstrap);
+    the speed-up over the CPU (unpaired: the two intervals' ends) is said to grow with the batch only where its
+    interval at the largest batch lies above the one at the smallest, and the GPU's idle time per step is named as
+    why only where it grew by less than the batch ratio^0.25 (a per-step cost that more samples share)."""
+    found = []
+    gpus = [device for device in data.devices() if device != "cpu"]
+    for device in gpus:
+        for mode in _modes(data, device):
+            batches = [b for b in data.batches(device, mode) if b in data.batches("cpu", mode)]
+            if len(batches) < 2:
+                continue
+            small, large = batches[0], batches[-1]
+            speedups = []
+            for batch in (small, large):
+                cpu, gpu = data.record(batch, "cpu", mode), data.record(batch, device, mode)
+                assert cpu is not None and gpu is not None
+                ratio = cpu.per_sample / gpu.per_sample
+                speedups.append(Measured(ratio.value, ratio.low, ratio.high, "timing, two stages"))
+            a, b = data.traced.get(_at(small, device, mode)), data.traced.get(_at(large, device, mode))
+            if a is None or b is None or not speedups[1].low > speedups[0].high:
+                continue
+            idle = of_group("outside")
+            idle_small = measured(100 * a.mean(idle) / a.total(), 100 * a.draws_of(idle) / a.draws_of(everything))
+            idle_large = measured(100 * b.mean(idle) / b.total(), 100 * b.draws_of(idle) / b.draws_of(everything))
+            growth = measured(b.mean(idle) / a.mean(idle), b.draws_of(idle) / a.draws_of(idle))
+            if not growth.high < (large / small) ** FIXED_EXPONENT:
+                continue
+            values = {
+                "device": Label(f"device_{device}"),
+                "mode": Label(f"mode_{mode}"),
+                "small": small,
+                "large": large,
+                "speedup_small": speedups[0].value,
+                "speedup_small_low": speedups[0].low,
+                "speedup_small_high": speedups[0].high,
+                "speedup_large": speedups[1].value,
+                "speedup_large_low": speedups[1].low,
+                "speedup_large_high": speedups[1].high,
+                "idle_small": idle_small.value,
+                "idle_large": idle_large.value,
+                "idle_ms_small": a.mean(idle),
+                "idle_ms_large": b.mean(idle),
+            }
+            cites = {"speedup_small": speedups[0], "speedup_large": speedups[1], "idle_growth": growth}
+            found.append(Finding("gpu_against_cpu", "finding_gpu_speedup_grows", values, cites))
+    return found
+
+
+def training_against_profile(data: AnalysisData) -> list[Finding]:
+    """Rule: the train stage's images/s is set against the profiled training step at the same batch size, and the
+    settings in which the two runs differ are listed; nothing measures each difference's part, so the finding says
+    that the data cannot apportion the gap."""
+    speed = data.train_speed
+    if not speed or not data.train_batch_size:
+        return []
+    record = next(
+        (
+            r
+            for r in data.records
+            if r.combination.mode == "train"
+            and r.combination.batch_size == data.train_batch_size
+            and r.combination.device == str(speed.get("runtime", {}).get("device", "cpu"))
+        ),
+        None,
+    )
+    if record is None:
+        return []
+    runtime = speed.get("runtime", {})
+    profiled = record.timing.throughput_samples_per_s
+    trained = float(speed["images_per_second"])
+    differences = []
+    threads = runtime.get("threads")
+    if threads is not None and int(threads) != record.settings.threads:
+        differences.append({"what": Label("difference_threads"), "train": threads, "profile": record.settings.threads})
+    precision = runtime.get("precision")
+    if precision is not None and str(precision) != record.settings.precision:
+        differences.append(
+            {"what": Label("difference_precision"), "train": precision, "profile": record.settings.precision}
+        )
+    execution = runtime.get("execution")
+    if execution is not None and str(execution) not in ("eager", ""):
+        differences.append({"what": Label("difference_execution"), "train": execution, "profile": "eager"})
+    values = {
+        "device": Label(f"device_{record.combination.device}"),
+        "batch": data.train_batch_size,
+        "trained": trained,
+        "profiled": profiled,
+        "ratio": trained / profiled,
+        "differences": Listing("finding_difference_item", tuple(differences)),
+    }
+    message = "finding_training_faster" if differences else "finding_training_same_settings"
+    return [Finding("training_against_profile", message, values)]
+
+
+RULES: tuple[Callable[[AnalysisData], list[Finding]], ...] = (
+    per_sample_direction,
+    why_per_sample_changes,
+    per_step_or_per_sample,
+    closer_to_roof,
+    train_against_inference,
+    memory_by_batch,
+    gpu_against_cpu,
+    training_against_profile,
+)
+
+
+def findings(data: AnalysisData) -> list[Finding]:
+    """Every finding the data licenses, in the order the analysis tells them."""
+    return [finding for rule in RULES for finding in rule(data)]

@@ -1,0 +1,303 @@
+"""The analysis's findings (pipeline/report/findings.py): each kind said where its rule holds on the data and not
+said (or said as "cannot tell") where it fails, on synthetic records; and each renders in every language."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+import pytest
+
+from pipeline.profiling.measures import MemoryPart, StepMemory, StepPart
+from pipeline.profiling.record import ProfileRecord, flop_rate
+from pipeline.report.catalogue import LANGUAGES, load_catalogue
+from pipeline.report.findings import (
+    AnalysisData,
+    Finding,
+    closer_to_roof,
+    findings,
+    gpu_against_cpu,
+    memory_by_batch,
+    per_sample_direction,
+    per_step_or_per_sample,
+    processes_to_decide,
+    train_against_inference,
+    training_against_profile,
+    why_per_sample_changes,
+)
+from tests.helpers.records import make_comparisons, make_record
+
+STEPS = 30
+
+
+def wobble(mean: float, spread: float) -> tuple[float, ...]:
+    """`STEPS` per-step values around `mean`, spread ±`spread` of it, in a fixed pattern."""
+    return tuple(round(mean * (1 + spread * math.sin(1.7 * step)), 6) for step in range(STEPS))
+
+
+def with_parts(
+    record: ProfileRecord,
+    parts: dict[tuple[str, str], float],
+    spread: float = 0.03,
+    mflops: dict[str, float] | None = None,
+) -> ProfileRecord:
+    """`record` with traced parts: (phase, group) -> mean ms per step; FLOPs per step by group where given."""
+    flops = mflops or {}
+    made = tuple(
+        StepPart(phase, group, wobble(mean, spread), flops.get(group) if phase == "forward" else None)
+        for (phase, group), mean in parts.items()
+    )
+    return dataclasses.replace(record, analysis=dataclasses.replace(record.analysis, parts=made))
+
+
+def training(
+    batch: int, step_ms: float, optimizer_ms: float, conv_ms_per_sample: float, outside_ms: float = 0.2
+) -> ProfileRecord:
+    """A training step: convolutions a third forward, two thirds backward; 3 MFLOP per sample (inference: 1)."""
+    parts = {
+        ("forward", "convolution"): conv_ms_per_sample * batch / 3,
+        ("backward", "convolution"): 2 * conv_ms_per_sample * batch / 3,
+        ("optimizer", "optimizer"): optimizer_ms,
+        ("outside", "outside"): outside_ms,
+    }
+    record = make_record(batch, "cpu", "train", step_ms)
+    analysis = dataclasses.replace(record.analysis, flop_rate=flop_rate(3e6, batch, step_ms, 100.0))
+    return with_parts(dataclasses.replace(record, analysis=analysis), parts)
+
+
+def inference(batch: int, step_ms: float, conv_ms_per_sample: float) -> ProfileRecord:
+    parts = {("forward", "convolution"): conv_ms_per_sample * batch, ("outside", "outside"): 0.05}
+    return with_parts(make_record(batch, "cpu", "inference", step_ms), parts)
+
+
+def said(found: list[Finding], message: str) -> list[Finding]:
+    return [finding for finding in found if finding.message == message]
+
+
+def rendered(finding: Finding) -> dict[str, str]:
+    return {language: finding.render(load_catalogue(language)) for language in LANGUAGES}
+
+
+# --- per_sample_direction -------------------------------------------------------------------------------------------
+
+
+def test_a_direction_only_where_the_paired_interval_excludes_1() -> None:
+    records = [make_record(1, "cpu", "train", 6.0), make_record(16, "cpu", "train", 15.0)]
+    decided = make_comparisons("cpu", {("16-cpu-train", "1-cpu-train"): (0.16, 0.15, 0.17, (0.16,) * 6)})
+    [finding] = per_sample_direction(AnalysisData.of(records, [decided]))
+    assert finding.message == "finding_per_sample_falls"
+    assert "fell to 0.160× (95 % CI 0.150–0.170" in rendered(finding)["en"]
+    assert "降至 0.160 倍（95% 置信区间 0.150–0.170" in rendered(finding)["zh"]
+
+    undecided = make_comparisons("cpu", {("16-cpu-train", "1-cpu-train"): (0.98, 0.96, 1.01, (0.98,) * 6)})
+    [finding] = per_sample_direction(AnalysisData.of(records, [undecided]))
+    assert finding.message == "finding_per_sample_undecided_more"
+    text = rendered(finding)["en"]
+    assert "cannot tell" in text and "fell" not in text and "rose" not in text
+    # the side toward 1, ln(1.01/0.98), against the distance ln(1/0.98): 6 processes x (0.0302/0.0202)^2 = 13.4 -> 14
+    assert finding.values["needed"] == processes_to_decide(undecided.comparisons[0], 6) == 14
+
+
+def test_undecided_ratio_far_inside_its_interval_says_more_processes_would_not_settle_it() -> None:
+    records = [make_record(1, "cpu", "train", 6.0), make_record(16, "cpu", "train", 15.0)]
+    near_one = make_comparisons("cpu", {("16-cpu-train", "1-cpu-train"): (0.999, 0.95, 1.05, (0.999,) * 6)})
+    [finding] = per_sample_direction(AnalysisData.of(records, [near_one]))
+    assert finding.message == "finding_per_sample_undecided"
+    assert "more than 40 timing processes" in rendered(finding)["en"]
+
+
+# --- why_per_sample_changes and per_step_or_per_sample --------------------------------------------------------------
+
+
+def batch_pair(optimizer_ms: float = 5.0, ratio: tuple[float, float, float] = (0.16, 0.15, 0.17)) -> AnalysisData:
+    small = training(1, 6.0, optimizer_ms, 0.6)
+    large = training(64, 45.0, optimizer_ms, 0.6)
+    comparisons = make_comparisons("cpu", {("64-cpu-train", "1-cpu-train"): (*ratio, (ratio[0],) * 6)})
+    return AnalysisData.of([small, large], [comparisons])
+
+
+def test_the_per_sample_saving_is_attributed_to_the_groups_that_moved() -> None:
+    [finding] = why_per_sample_changes(batch_pair())
+    assert finding.message == "finding_change_attributed_saved"
+    groups = [item["group"].key for item in finding.values["groups"].items]
+    # per sample: the update 5 ms -> 5/64 ms, the outside 0.2 -> 0.2/64 ms; convolutions 0.6 ms at both
+    assert groups == ["group_optimizer", "group_outside"]
+    optimizer = finding.cites["optimizer"]
+    expected = 100 * (5 - 5 / 64) / (5.2 - 5.2 / 64)
+    assert optimizer.low < expected < optimizer.high and optimizer.value == pytest.approx(expected, rel=0.01)
+    assert "of that saving: the Adadelta update 96 %" in rendered(finding)["en"]
+    assert "这部分节省来自：Adadelta 优化器更新占 96%" in rendered(finding)["zh"]
+
+
+def test_no_attribution_where_the_paired_ratio_did_not_decide_the_direction() -> None:
+    assert why_per_sample_changes(batch_pair(ratio=(0.99, 0.95, 1.03))) == []
+
+
+def test_no_attribution_where_the_traced_steps_moved_against_the_paired_ratio() -> None:
+    assert why_per_sample_changes(batch_pair(ratio=(1.2, 1.1, 1.3))) == []
+
+
+def test_work_paid_per_step_and_work_that_grows_with_the_batch_are_told_apart() -> None:
+    found = per_step_or_per_sample(batch_pair())
+    [fixed] = said(found, "finding_fixed_per_step")
+    [growing] = said(found, "finding_grows_with_batch")
+    assert [item["group"].key for item in fixed.values["groups"].items] == ["group_optimizer", "group_outside"]
+    assert [item["group"].key for item in growing.values["groups"].items] == ["group_convolution"]
+    assert growing.cites["convolution"].low > 64**0.75
+    assert "per sample it fell at least" in rendered(fixed)["en"]
+    assert "每步固定开销" in rendered(fixed)["zh"]
+
+
+def test_a_group_whose_growth_interval_straddles_a_bound_is_not_classed() -> None:
+    small = with_parts(make_record(1, "cpu", "train", 6.0), {("optimizer", "optimizer"): 5.0}, spread=0.9)
+    # 2.8x = 64^0.25: a growth of 2.5x whose interval reaches past it is neither fixed nor proportional
+    large = with_parts(make_record(64, "cpu", "train", 45.0), {("optimizer", "optimizer"): 12.5}, spread=0.9)
+    assert per_step_or_per_sample(AnalysisData.of([small, large], [])) == []
+
+
+# --- closer_to_roof -------------------------------------------------------------------------------------------------
+
+
+def conv_rates(small_ms: float, large_ms: float) -> AnalysisData:
+    small = with_parts(
+        make_record(1, "cpu", "inference", 0.3), {("forward", "convolution"): small_ms}, mflops={"convolution": 21.6}
+    )
+    large = with_parts(
+        make_record(64, "cpu", "inference", 11.0),
+        {("forward", "convolution"): large_ms},
+        mflops={"convolution": 21.6 * 64},
+    )
+    return AnalysisData.of([small, large], [])
+
+
+def test_closer_to_the_roof_only_where_the_larger_batch_is_faster_beyond_both_intervals() -> None:
+    [finding] = closer_to_roof(conv_rates(0.2, 7.0))  # 108 GFLOP/s -> 197 GFLOP/s
+    assert finding.message == "finding_closer_to_roof"
+    assert finding.values["rate_small"] == pytest.approx(108, rel=0.01)
+    assert finding.values["rate_large"] == pytest.approx(197.5, rel=0.01)
+    assert finding.values["pct_large"] == pytest.approx(197.5, rel=0.01)  # make_record's stand-in roof: 100 GFLOP/s
+    assert closer_to_roof(conv_rates(0.2, 0.2 * 64 * 1.01)) == []  # the same rate within the intervals
+
+
+# --- train_against_inference ----------------------------------------------------------------------------------------
+
+
+def modes_at(batch: int, optimizer_ms: float, ratio: float, outside_ms: float = 0.2) -> AnalysisData:
+    records = [training(batch, 6.0, optimizer_ms, 0.3, outside_ms), inference(batch, 0.3, 0.1)]
+    paired = make_comparisons(
+        "cpu", {(f"{batch}-cpu-train", f"{batch}-cpu-inference"): (ratio, ratio * 0.97, ratio * 1.03, (ratio,) * 6)}
+    )
+    return AnalysisData.of(records, [paired])
+
+
+def test_the_update_is_named_as_why_training_costs_more_than_its_flops_only_where_it_is() -> None:
+    [finding] = train_against_inference(modes_at(1, 5.0, 20.0))
+    assert finding.message == "finding_train_update_explains"
+    # traced: 0.3 + 5 + 0.2 ms against 0.15: without the update (0.5 ms) 3.33x
+    assert finding.values["without"] == pytest.approx(0.5 / 0.15, rel=0.02)
+    phases = [item["phase"].key for item in finding.values["phases"].items]
+    assert phases == ["phase_forward", "phase_backward", "phase_optimizer", "phase_outside"]
+    assert "训练一步的耗时是推理一步的 20.00 倍" in rendered(finding)["zh"]
+
+    [beyond] = train_against_inference(modes_at(1, 5.0, 20.0, outside_ms=2.0))
+    assert beyond.message == "finding_train_more_than_flops"  # without the update: 2.3 / 0.15 = 15x, beyond 4.5x
+    [tiny] = train_against_inference(modes_at(1, 0.01, 20.0))
+    assert (
+        tiny.message == "finding_train_against_flops"
+    )  # the traced ratio (3.4x) has nothing for the update to explain
+    [within] = train_against_inference(modes_at(1, 5.0, 2.9))
+    assert within.message == "finding_train_against_flops"
+    assert "more than" not in rendered(within)["en"] and "without it" not in rendered(within)["en"]
+
+
+# --- memory_by_batch ------------------------------------------------------------------------------------------------
+
+
+def with_memory(record: ProfileRecord, parts: dict[str, int]) -> ProfileRecord:
+    peak = sum(parts.values())
+    memory = StepMemory(peak, peak // 2, tuple(MemoryPart(n, b) for n, b in parts.items()), 0, peak, "", peak, peak, 6)
+    return dataclasses.replace(record, memory=memory)
+
+
+def test_memory_that_grows_with_the_batch_and_memory_that_does_not() -> None:
+    small = with_memory(make_record(1, "cpu", "inference", 0.3), {"weights": 4_800_000, "activations": 234_000})
+    large = with_memory(make_record(64, "cpu", "inference", 11.0), {"weights": 4_800_000, "activations": 18_874_000})
+    [finding] = memory_by_batch(AnalysisData.of([small, large], []))
+    text = rendered(finding)
+    assert "Growing with the batch: activations 0.2 → 18.9 MB; the same at both: weights 4.8 MB" in text["en"]
+    assert "随批大小增长的：激活值 0.2 → 18.9 MB；两者相同的：权重 4.8 MB" in text["zh"]
+    same = with_memory(make_record(64, "cpu", "inference", 11.0), {"weights": 4_800_000, "activations": 234_000})
+    assert memory_by_batch(AnalysisData.of([small, same], [])) == []  # nothing grew: nothing to explain
+
+
+# --- gpu_against_cpu ------------------------------------------------------------------------------------------------
+
+
+def gpu_data(idle_large_ms: float) -> AnalysisData:
+    cpu = [make_record(1, "cpu", "inference", 0.3), make_record(64, "cpu", "inference", 11.0)]
+    gpu_small = with_parts(
+        make_record(1, "cuda", "inference", 0.2), {("forward", "convolution"): 0.01, ("outside", "outside"): 0.19}
+    )
+    gpu_large = with_parts(
+        make_record(64, "cuda", "inference", 0.25),
+        {("forward", "convolution"): 0.05, ("outside", "outside"): idle_large_ms},
+    )
+    return AnalysisData.of([*cpu, gpu_small, gpu_large], [])
+
+
+def test_the_gpu_speed_up_grows_because_its_idle_time_is_paid_per_step() -> None:
+    [finding] = gpu_against_cpu(gpu_data(0.2))
+    assert finding.values["speedup_small"] == pytest.approx(1.5)
+    assert finding.values["speedup_large"] == pytest.approx(44)
+    assert finding.values["idle_small"] == pytest.approx(95, abs=0.5)
+    assert "GPU 在等待主机发射任务" in rendered(finding)["zh"]
+    assert gpu_against_cpu(gpu_data(2.0)) == []  # the idle time grew 10x: not a per-step cost, no such reason
+
+
+# --- training_against_profile ---------------------------------------------------------------------------------------
+
+
+def test_training_speed_against_the_profile_names_the_differences_and_does_not_apportion_them() -> None:
+    record = make_record(64, "cpu", "train", 40.0)  # 1600 samples/s, 2 threads, the profile's precision
+    speed = {
+        "images_per_second": 3200.0,
+        "runtime": {"device": "cpu", "threads": 2, "precision": "bf16", "execution": "eager"},
+    }
+    [finding] = training_against_profile(AnalysisData.of([record], [], speed, 64))
+    assert finding.values["ratio"] == pytest.approx(2.0)
+    text = rendered(finding)["en"]
+    assert (
+        "precision (bf16 in training, fp32 in the profile)" in text
+        and "threads" not in text.split("differ in")[1].split(",")[0]
+    )
+    assert "cannot say how much of the gap" in text
+    same = {"images_per_second": 1700.0, "runtime": {"device": "cpu", "threads": 2, "precision": "fp32"}}
+    [finding] = training_against_profile(AnalysisData.of([record], [], same, 64))
+    assert finding.message == "finding_training_same_settings"
+    assert training_against_profile(AnalysisData.of([record], [], speed, 128)) == []  # batch 128 was not profiled
+
+
+# --- every finding, every language ----------------------------------------------------------------------------------
+
+ALLOWED_LATIN = {"CPU", "GPU", "CUDA", "MPS", "ms", "MB", "GFLOP", "s", "Adadelta", "ReLU", "dropout", "log", "softmax",
+                 "FLOPs", "epoch", "bf16", "fp32"}  # fmt: skip
+
+
+def test_the_chinese_analysis_has_no_english_words_outside_code_units_and_names() -> None:
+    data = batch_pair()
+    found = (
+        findings(data)
+        + train_against_inference(modes_at(1, 5.0, 20.0))
+        + per_sample_direction(
+            AnalysisData.of(
+                data.records,
+                [make_comparisons("cpu", {("64-cpu-train", "1-cpu-train"): (0.99, 0.9, 1.1, (0.99,) * 6)})],
+            )
+        )
+    )
+    assert len({finding.kind for finding in found}) >= 4
+    for finding in found:
+        text = re.sub(r"`[^`]*`", "", finding.render(load_catalogue("zh")))
+        words = set(re.findall(r"[A-Za-z][A-Za-z]*", text))
+        assert words <= ALLOWED_LATIN, (finding.message, words - ALLOWED_LATIN)
