@@ -126,8 +126,9 @@ def test_the_per_sample_saving_is_attributed_to_the_groups_that_moved() -> None:
     optimizer = finding.cites["optimizer"]
     expected = 100 * (5 - 5 / 64) / (5.2 - 5.2 / 64)
     assert optimizer.low < expected < optimizer.high and optimizer.value == pytest.approx(expected, rel=0.01)
-    assert "of that saving: the Adadelta update 96 %" in rendered(finding)["en"]
-    assert "这部分节省来自：Adadelta 优化器更新占 96%" in rendered(finding)["zh"]
+    english = rendered(finding)["en"]
+    assert f"of that saving: the Adadelta update {optimizer.value:.1f} % ({optimizer.low:.1f} to" in english
+    assert f"这部分节省来自：Adadelta 优化器更新占 {optimizer.value:.1f}%" in rendered(finding)["zh"]
 
 
 def test_no_attribution_where_the_paired_ratio_did_not_decide_the_direction() -> None:
@@ -276,6 +277,9 @@ def test_training_speed_against_the_profile_names_the_differences_and_does_not_a
     [finding] = training_against_profile(AnalysisData.of([record], [], same, 64))
     assert finding.message == "finding_training_same_settings"
     assert training_against_profile(AnalysisData.of([record], [], speed, 128)) == []  # batch 128 was not profiled
+    busy = {**speed, "machine_busy": True, "cpu_share": 0.62}
+    [finding] = training_against_profile(AnalysisData.of([record], [], busy, 64))
+    assert "a machine busy while training (its threads got 62% of their CPUs)" in rendered(finding)["en"]
 
 
 # --- every finding, every language ----------------------------------------------------------------------------------

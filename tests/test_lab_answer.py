@@ -357,7 +357,9 @@ def test_processes_that_moved_together_flag_no_row_and_the_speed_is_said_once() 
     assert [timing.record().noisy for timing in skewed.timings] == [False, True, False, False]
     found = make_comparisons("cpu", {("16-cpu-inference", "1-cpu-inference"): (0.5, 0.49, 0.51, (0.5,) * SIX)})
     sentence = process_speed_sentence(dataclasses.replace(found, process_speeds=paired.speeds))
-    assert sentence.startswith("Between its 6 timing processes the cpu ran up to 14.3 % apart, every combination alike")
+    assert sentence.startswith(
+        "Between its 6 timing processes the cpu ran up to 14.3 % apart in the speed its combinations shared"
+    )
 
 
 def _traced_in_process(

@@ -210,9 +210,9 @@ def process_speed_sentence(comparisons: DeviceComparisons) -> str:
         return "One timing process: how far the machine's speed moves between processes was not measured."
     return (
         f"Between its {len(speeds)} timing processes the {comparisons.device} ran up to "
-        f"{comparisons.speed_spread_pct:.1f} % apart, every combination alike (each process's speed: "
-        f"{', '.join(f'{speed:.3f}' for speed in speeds)}, 1 the median): each row's interval holds that, the paired "
-        "ratios cancel it."
+        f"{comparisons.speed_spread_pct:.1f} % apart in the speed its combinations shared (each process's shared "
+        f"speed: {', '.join(f'{speed:.3f}' for speed in speeds)}, 1 the median): each row's interval holds that, the "
+        "paired ratios cancel it; what a combination moved on its own is in its own spread."
     )
 
 

@@ -250,7 +250,7 @@ def time_interleaved(
     `order`, so that a change of the machine's speed lands on all of them within one round.
 
     Each step's block is sized by its own probe to at least `min_block_s`, and follows about SWITCH_WARMUP_S of the
-    same step untimed. Rounds go on until every step's median
+    same step untimed (one step at least). Rounds go on until every step's median
     is known to `ci_target_pct` within this process (after at least MIN_BLOCKS rounds), or the next round would not
     fit in `time_budget_s`. Blocks run timeit's compiled loop on the device clock; the caller has set the thread count.
     """
@@ -266,7 +266,7 @@ def time_interleaved(
             min_run_time=PROBE_S
         )
         steps_per_block = _steps_for(min_block_s, min(probe.times))
-        warmup = round(SWITCH_WARMUP_S / min(probe.times))
+        warmup = max(1, round(SWITCH_WARMUP_S / min(probe.times)))  # a block never starts cold
         # The standard library's timeit.Timer, which torch's Timer wraps: its timeit() adds no warm-up runs.
         block = timeit.Timer(f"for _ in range({steps_per_block}):\n    step()", timer=clock, globals=names)
         timers.append((block, steps_per_block, warmup, step))

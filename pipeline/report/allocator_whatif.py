@@ -45,7 +45,7 @@ def allocator_markdown(records: Sequence[ProfileRecord]) -> str:
                 f"{default.value:.3f} ({default.low:.3f}-{default.high:.3f})",
                 f"{tuned.value:.3f} ({tuned.low:.3f}-{tuned.high:.3f})",
                 slowdown.describe(),
-                f"{whatif.page_faults_per_step:,.0f}",
+                _faults(whatif),
                 f"{whatif.tuned_page_faults_per_step:,.0f}",
                 shifted_operators(record, whatif),
             )
@@ -55,7 +55,7 @@ def allocator_markdown(records: Sequence[ProfileRecord]) -> str:
         ">step ms, glibc defaults (95 % CI)",
         ">step ms, tuned (95 % CI)",
         ">defaults ÷ tuned",
-        ">page faults per step, defaults",
+        ">page faults per step, defaults: median (processes' range)",
         ">tuned",
         "operators whose share moves most (defaults → tuned)",
     )
@@ -75,7 +75,8 @@ def allocator_markdown(records: Sequence[ProfileRecord]) -> str:
             f"({'; '.join(tuned_allocators)}). With the defaults, buffers above the mmap threshold can be mapped and "
             "unmapped every step, so each step faults its memory in again page by page; the operator that allocates "
             "is charged for it. How often that happens depends on what the process freed before (glibc raises its "
-            "threshold to the largest mapped block freed so far), so the page faults are the median process's.\n",
+            "threshold to the largest mapped block freed so far), so the page faults differ between processes: the "
+            "table gives their median (of an even number of processes, the mean of the middle two) and their range.\n",
             *markdown_table(columns, rows),
             "",
         ]
@@ -139,3 +140,10 @@ def allocator_sentences(records: Sequence[ProfileRecord]) -> list[str]:
             "measurements do not say what it is."
         )
     return [sentence]
+
+
+def _faults(whatif: AllocatorWhatIf) -> str:
+    """The defaults' page faults per step: the median over the processes, with their range where they were recorded."""
+    counts = whatif.process_page_faults
+    median = f"{whatif.page_faults_per_step:,.0f}"
+    return f"{median} ({min(counts):,.0f}-{max(counts):,.0f})" if counts else median

@@ -5,6 +5,7 @@ measurement quality, and the sentences on batch sizes and modes, each read from 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
@@ -175,7 +176,28 @@ def comparison_rows(profiles: Sequence[ProfileRecord]) -> list[ComparisonRow]:
     return rows
 
 
-def comparison_markdown(rows: Sequence[ComparisonRow]) -> str:
+def undecided_rows(rows: Sequence[ComparisonRow], comparisons: Sequence[DeviceComparisons]) -> set[str]:
+    """The rows (combination names) whose spread could change a conclusion: those in a paired ratio whose interval
+    holds 1, so that its direction is undecided."""
+    return {
+        name
+        for found in comparisons
+        for ratio in found.comparisons
+        if ratio.low <= 1 <= ratio.high
+        for name in (ratio.numerator, ratio.denominator)
+    }
+
+
+def comparison_markdown(rows: Sequence[ComparisonRow], comparisons: Sequence[DeviceComparisons] | None = None) -> str:
+    """The comparison table and its notes. With the paired comparisons, a row is flagged "processes disagree" only where
+    that could change a conclusion (it takes part in a ratio whose direction is undecided); without them, wherever its
+    processes spread beyond `profile.ci_target_pct`."""
+    if comparisons is not None:
+        undecided = undecided_rows(rows, comparisons)
+        rows = [
+            row if row.combination.name in undecided else dataclasses.replace(row, noisy=row.too_few_processes)
+            for row in rows
+        ]
     lines = [
         "| batch | device | mode | step ms (median) | IQR ms | 95 % CI | steps / blocks | per-sample ms | samples/s "
         "| top operator (share) | convolution share | flag |",
@@ -201,7 +223,8 @@ def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
     notes = [
         "Step time: each of `profile.processes` fresh processes times every combination of the device interleaved, "
         "one block of consecutive steps per combination per round, in random order, each after about "
-        f"{1000 * SWITCH_WARMUP_S:g} ms of the same step untimed (so it starts warm); a row's step time is the "
+        f"{1000 * SWITCH_WARMUP_S:g} ms, and at least one step, of the same step untimed (so it starts warm); a "
+        "row's step time is the "
         "median over the processes of their medians, its 95 % CI the spread between processes (within this run: "
         "how far the machine's speed drifts between runs is stated once, under Environment). IQR is the spread of "
         "all blocks."

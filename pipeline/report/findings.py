@@ -65,7 +65,7 @@ class Label:
 
 @dataclass(frozen=True)
 class Listing:
-    """Several items of one message, joined by the language's list separator."""
+    """Several items, each worded by `message` (or its own `_message`), joined by the language's list separator."""
 
     message: str
     items: tuple[Mapping[str, Any], ...]
@@ -88,7 +88,10 @@ def _translated(value: Any, say: Catalogue) -> Any:
         return say(value.key)
     if isinstance(value, Listing):
         return say("list_separator").join(
-            say(value.message, **{name: _translated(item, say) for name, item in entry.items()})
+            say(
+                entry.get("_message", value.message),
+                **{name: _translated(item, say) for name, item in entry.items() if name != "_message"},
+            )
             for entry in value.items
         )
     return value
@@ -693,6 +696,8 @@ def training_against_profile(data: AnalysisData) -> list[Finding]:
     execution = runtime.get("execution")
     if execution is not None and str(execution) not in ("eager", ""):
         differences.append({"what": Label("difference_execution"), "train": execution, "profile": "eager"})
+    if speed.get("machine_busy"):
+        differences.append({"_message": "finding_difference_busy", "share": float(speed.get("cpu_share", 0.0))})
     values = {
         "device": Label(f"device_{record.combination.device}"),
         "batch": data.train_batch_size,

@@ -182,7 +182,8 @@ def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigur
             epochs=int(metrics.get("epochs", params.train.epochs)),
             batch=params.train.batch_size,
         )
-        curves = f"![{say('curves_label')}]({curves_path(say.language)})<br>{caption} {say('curves_layout')}"
+        layout = say("sentence_joiner") + say("curves_layout")
+        curves = f"![{say('curves_label')}]({curves_path(say.language)})<br>{caption}{layout}"
     operators = say("missing", stage=" ".join(f"profile@{device}" for device in params.profile.devices))
     if drawn.operators:
         batches = sorted({r.combination.batch_size for r in inputs.profiles})
@@ -190,7 +191,7 @@ def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigur
         lines = [
             f"![{say('operators_label')}]({operators_path(say.language)})",
             say("operators_caption", top_k=max(len(r.top_operators) for r in inputs.profiles))
-            + " "
+            + say("sentence_joiner")
             + say(
                 "operators_layout",
                 batches=say("list_joiner").join(str(b) for b in batches),
@@ -286,10 +287,10 @@ def _row_line(row: ComparisonRow, say: Catalogue) -> str:
         throughput=row.throughput_samples_per_s,
     )
     if row.peak_memory_mb is not None:
-        line += " " + say("memory_line", peak=row.peak_memory_mb)
+        line += say("sentence_joiner") + say("memory_line", peak=row.peak_memory_mb)
     if row.energy_mj_per_sample is not None:
         energy = row.energy_mj_per_sample
-        line += " " + say("energy_line", energy=energy.value, low=energy.low, high=energy.high)
+        line += say("sentence_joiner") + say("energy_line", energy=energy.value, low=energy.low, high=energy.high)
     return line
 
 

@@ -208,7 +208,7 @@ def build_report(params: Params, figures: Path) -> Report:
 
     sections.append("## 5. Comparison across batch sizes and devices\n")
     if rows:
-        sections.append(comparison_markdown(rows))
+        sections.append(comparison_markdown(rows, inputs.comparisons if inputs.comparisons else None))
         if inputs.comparisons:
             sections.append("### Paired ratios\n")
             sections.append(
