@@ -39,7 +39,9 @@ def figure_font(say: Catalogue, records: Sequence[ProfileRecord] = ()) -> str | 
 @functools.cache
 def _font_for(characters: frozenset[str]) -> str | None:
     default = font_manager.findfont(font_manager.FontProperties())
-    candidates = [default, *sorted({entry.fname for entry in font_manager.fontManager.ttflist})]
+    known = {entry.fname for entry in font_manager.fontManager.ttflist}
+    # matplotlib's font list is cached from when it was first built: fonts installed since are only on the system.
+    candidates = [default, *sorted(known), *sorted(set(font_manager.findSystemFonts()) - known)]
     for path in candidates:
         if "LastResort" in Path(path).name:  # matplotlib's fallback: a box for every character it "covers"
             continue
@@ -48,6 +50,8 @@ def _font_for(characters: frozenset[str]) -> str | None:
         except (OSError, RuntimeError):
             continue
         if all(ord(ch) in covered for ch in characters):
+            if path not in known:
+                font_manager.fontManager.addfont(path)
             return str(font_manager.FontProperties(fname=path).get_name())
     return None
 
