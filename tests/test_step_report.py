@@ -311,7 +311,10 @@ def test_a_paired_allocator_whatif_states_the_pairs_ratio_and_a_direction_only_w
     tie = _paired(_with_whatif(make_record(16, "cpu", "train", 20.0), 20.0, 2, 1), (0.99, 1.0, 1.02))
     faster = _paired(_with_whatif(make_record(1, "cpu", "train", 8.0), 7.6, 2, 1), (0.94, 0.95, 0.96))
     table = allocator_markdown([slower, tie, faster])
-    assert "| 64 train | 52.000 (50.960-53.040) | 50.000 (49.000-51.000) | 1.04x (1.03-1.05x) | 9,000 | 1 |" in table
+    assert (
+        "| 64 train | 52.000 (50.960-53.040) | 50.000 (49.000-51.000) | 1.04x (1.03-1.05x) | 9,000 (9,000-9,000) | 1 |"
+        in table
+    )
     assert "| 16 train |" in table and "no measurable difference (0.99-1.02x)" in table
     assert "ratio is taken pair by pair" in table
     (sentence,) = allocator_sentences([slower, tie, faster])
@@ -383,3 +386,16 @@ def test_roofline_places_steps_and_operators_under_both_roofs_and_names_which_ar
     roofline_chart(points, tmp_path / "roofline.png")
     with Image.open(tmp_path / "roofline.png") as image:
         assert image.width > 500 and image.height > 400
+
+
+def test_the_defaults_page_faults_are_given_as_the_processes_median_and_range() -> None:
+    """Six processes fault 0, 0, 0.1, 133.7, 151.7 and 153.6 times per step: the median of an even count is the mean
+    of the middle two (66.9), which matches no process, so the range is printed beside it."""
+    record = _paired(_with_whatif(make_record(64, "cpu", "inference", 10.0), 12.0, 67, 0), (1.1,) * 6)
+    assert record.allocator_whatif is not None
+    faults = (0.0, 0.0, 0.1, 133.7, 151.7, 153.6)
+    whatif = dataclasses.replace(
+        record.allocator_whatif, page_faults_per_step=statistics.median(faults), process_page_faults=faults
+    )
+    table = allocator_markdown([dataclasses.replace(record, allocator_whatif=whatif)])
+    assert "| 67 (0-154) | 0 |" in table and "the mean of the middle two" in table and "median process's" not in table
