@@ -4,6 +4,7 @@ said (or said as "cannot tell") where it fails, on synthetic records; and each r
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 
@@ -11,6 +12,7 @@ import pytest
 
 from pipeline.profiling.measures import MemoryPart, StepMemory, StepPart
 from pipeline.profiling.record import ProfileRecord, flop_rate
+from pipeline.profiling.trace_analysis import analyse_trace, read_trace
 from pipeline.report.catalogue import LANGUAGES, load_catalogue
 from pipeline.report.findings import (
     AnalysisData,
@@ -26,9 +28,11 @@ from pipeline.report.findings import (
     training_against_profile,
     why_per_sample_changes,
 )
-from tests.helpers.records import make_comparisons, make_record
+from tests.helpers.records import gpu_reference, make_comparisons, make_record, record_metrics
+from tests.helpers.repo import REPO_ROOT
 
 STEPS = 30
+REFERENCE_TRACES = REPO_ROOT / "tests" / "data" / "h100-2026-11-22" / "profiles"
 
 
 def wobble(mean: float, spread: float) -> tuple[float, ...]:
@@ -305,3 +309,29 @@ def test_the_chinese_analysis_has_no_english_words_outside_code_units_and_names(
         text = re.sub(r"`[^`]*`", "", finding.render(load_catalogue("zh")))
         words = set(re.findall(r"[A-Za-z][A-Za-z]*", text))
         assert words <= ALLOWED_LATIN, (finding.message, words - ALLOWED_LATIN)
+
+
+def test_on_the_h100_reference_the_gpu_speed_up_grows_because_the_gpu_waits_per_step() -> None:
+    """The reference H100 run's traces (tests/data) split by the trace analysis: at batch 1 no kernel runs most of
+    the traced step, and that wait hardly grows at batch 64, so the speed-up over the reference's CPU grows."""
+    records = []
+    for name in ("1-cpu-inference", "64-cpu-inference", "1-cuda-inference", "64-cuda-inference"):
+        raw = json.loads((gpu_reference() / "profiles" / name / "profile.json").read_text())
+        metrics = record_metrics(raw)
+        batch, device, mode = name.split("-")
+        record = make_record(int(batch), device, mode, metrics["step_time_ms_median"])
+        timing = dataclasses.replace(
+            record.timing,
+            step_time_ms_ci_low=metrics["step_time_ms_ci_low"],
+            step_time_ms_ci_high=metrics["step_time_ms_ci_high"],
+        )
+        record = dataclasses.replace(record, timing=timing)
+        if device == "cuda":
+            trace = read_trace(REFERENCE_TRACES / name / "trace.json.gz")
+            parts = analyse_trace(trace, "cuda").parts
+            record = dataclasses.replace(record, analysis=dataclasses.replace(record.analysis, parts=parts))
+        records.append(record)
+    [finding] = gpu_against_cpu(AnalysisData.of(records, []))
+    assert finding.values["idle_small"] > 50 and finding.values["speedup_large"] > finding.values["speedup_small"]
+    assert finding.cites["idle_growth"].high < 64**0.25
+    assert "the GPU waited for the host to launch work" in rendered(finding)["en"]
