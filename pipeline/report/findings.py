@@ -656,6 +656,8 @@ def gpu_against_cpu(data: AnalysisData) -> list[Finding]:
                 "idle_large": idle_large.value,
                 "idle_ms_small": a.mean(idle),
                 "idle_ms_large": b.mean(idle),
+                "bound": growth.high,
+                "scale": large / small,
             }
             cites = {"speedup_small": speedups[0], "speedup_large": speedups[1], "idle_growth": growth}
             found.append(Finding("gpu_against_cpu", "finding_gpu_speedup_grows", values, cites))
