@@ -26,6 +26,7 @@ from pipeline.report.findings import (
     processes_to_decide,
     train_against_inference,
     training_against_profile,
+    what_sets_the_cost,
     why_per_sample_changes,
 )
 from tests.helpers.records import gpu_reference, make_comparisons, make_record, record_metrics
@@ -152,6 +153,15 @@ def test_work_paid_per_step_and_work_that_grows_with_the_batch_are_told_apart() 
     assert growing.cites["convolution"].low > 64**0.75
     assert "per sample it fell at least" in rendered(fixed)["en"]
     assert "每步固定开销" in rendered(fixed)["zh"]
+
+
+def test_what_sets_the_cost_is_said_where_per_step_work_leads_the_small_batch_and_per_sample_work_the_large() -> None:
+    [finding] = what_sets_the_cost(batch_pair())
+    # batch 1: the update 5 ms and the outside 0.2 ms of 5.8 ms; batch 64: convolutions 38.4 ms of 43.6 ms
+    assert finding.values["fixed_share"] == pytest.approx(100 * 5.2 / 5.8, rel=0.01)
+    assert finding.values["growing_share"] == pytest.approx(100 * 38.4 / 43.6, rel=0.01)
+    assert "（Adadelta 优化器更新、算子之外的时间）" in rendered(finding)["zh"]
+    assert what_sets_the_cost(batch_pair(optimizer_ms=0.1)) == []  # batch 1: per-step work 0.3 of 0.9 ms
 
 
 def test_a_group_whose_growth_interval_straddles_a_bound_is_not_classed() -> None:

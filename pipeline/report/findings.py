@@ -69,6 +69,7 @@ class Listing:
 
     message: str
     items: tuple[Mapping[str, Any], ...]
+    separator: str = "list_separator"  # the catalogue key that joins them
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def _translated(value: Any, say: Catalogue) -> Any:
     if isinstance(value, Label):
         return say(value.key)
     if isinstance(value, Listing):
-        return say("list_separator").join(
+        return say(value.separator).join(
             say(
                 entry.get("_message", value.message),
                 **{name: _translated(item, say) for name, item in entry.items() if name != "_message"},
@@ -144,6 +145,10 @@ def measured(value: float, draws: np.ndarray, source: str = "traced steps") -> M
 
 def of_group(group: str) -> Callable[[str, str], bool]:
     return lambda _phase, candidate: candidate == group
+
+
+def among(groups: set[str]) -> Callable[[str, str], bool]:
+    return lambda _phase, candidate: candidate in groups
 
 
 def of_phase(phase: str) -> Callable[[str, str], bool]:
@@ -363,6 +368,84 @@ def _mean_or_zero(traced: TracedSteps, select: Callable[[str, str], bool]) -> fl
     return traced.mean(select) if traced.rows(select) else 0.0
 
 
+def classed_groups(
+    a: TracedSteps, b: TracedSteps
+) -> tuple[list[tuple[str, Measured, float]], list[tuple[str, Measured, float]]]:
+    """The groups paid per step and those that grow with the batch between the traced steps `a` (the smaller batch)
+    and `b`, each with its per-step growth and its time per step in `a` (see per_step_or_per_sample)."""
+    scale = b.batch / a.batch
+    fixed, growing = [], []
+    for group in GROUP_ORDER:
+        select = of_group(group)
+        if not a.rows(select) or not b.rows(select):
+            continue
+        if a.mean(select) < MATERIAL_SHARE * a.total() and b.mean(select) < MATERIAL_SHARE * b.total():
+            continue
+        small_draws = a.draws_of(select)
+        if a.mean(select) <= 0 or np.any(small_draws <= 0):
+            continue
+        growth = measured(b.mean(select) / a.mean(select), b.draws_of(select) / small_draws)
+        if growth.high < scale**FIXED_EXPONENT:
+            fixed.append((group, growth, a.mean(select)))
+        elif growth.low > scale**PROPORTIONAL_EXPONENT:
+            growing.append((group, growth, a.mean(select)))
+    return fixed, growing
+
+
+def what_sets_the_cost(data: AnalysisData) -> list[Finding]:
+    """Rule: where the groups paid per step (per_step_or_per_sample) take more than half of the traced step at the
+    smallest batch, and the groups that grow with the batch more than half at the largest, the whole interval of each
+    share past one half, the finding says that a small batch pays mostly for the step and a large one for its
+    samples."""
+    found = []
+    for device in data.devices():
+        for mode in _modes(data, device):
+            batches = data.batches(device, mode)
+            if len(batches) < 2:
+                continue
+            small, large = batches[0], batches[-1]
+            a, b = data.traced.get(_at(small, device, mode)), data.traced.get(_at(large, device, mode))
+            if a is None or b is None:
+                continue
+            fixed, growing = classed_groups(a, b)
+            if not fixed or not growing:
+                continue
+            fixed_names = {group for group, _, _ in fixed}
+            growing_names = {group for group, _, _ in growing}
+
+            per_step = measured(
+                100 * a.mean(among(fixed_names)) / a.total(),
+                100 * a.draws_of(among(fixed_names)) / a.draws_of(everything),
+            )
+            per_sample = measured(
+                100 * b.mean(among(growing_names)) / b.total(),
+                100 * b.draws_of(among(growing_names)) / b.draws_of(everything),
+            )
+            if per_step.low <= 50 or per_sample.low <= 50:
+                continue
+            values = {
+                "device": Label(f"device_{device}"),
+                "mode": Label(f"mode_{mode}"),
+                "small": small,
+                "large": large,
+                "fixed": _names(group for group, _, _ in fixed),
+                "growing": _names(group for group, _, _ in growing),
+                "fixed_share": per_step.value,
+                "fixed_low": per_step.low,
+                "fixed_high": per_step.high,
+                "growing_share": per_sample.value,
+                "growing_low": per_sample.low,
+                "growing_high": per_sample.high,
+            }
+            cites = {"per_step_share": per_step, "per_sample_share": per_sample}
+            found.append(Finding("what_sets_the_cost", "finding_what_sets_the_cost", values, cites))
+    return found
+
+
+def _names(groups: Iterable[str]) -> Listing:
+    return Listing("finding_group_name", tuple({"group": Label(f"group_{group}")} for group in groups), "name_joiner")
+
+
 def per_step_or_per_sample(data: AnalysisData) -> list[Finding]:
     """Rule: between the smallest and the largest batch size, a group "costs about the same per step" where the whole
     interval of its per-step growth lies below batch ratio^0.25, and "grows with the batch" where it lies above batch
@@ -379,21 +462,7 @@ def per_step_or_per_sample(data: AnalysisData) -> list[Finding]:
             if a is None or b is None:
                 continue
             scale = large / small
-            fixed, growing = [], []
-            for group in GROUP_ORDER:
-                select = of_group(group)
-                if not a.rows(select) or not b.rows(select):
-                    continue
-                if a.mean(select) < MATERIAL_SHARE * a.total() and b.mean(select) < MATERIAL_SHARE * b.total():
-                    continue
-                small_draws = a.draws_of(select)
-                if a.mean(select) <= 0 or np.any(small_draws <= 0):
-                    continue
-                growth = measured(b.mean(select) / a.mean(select), b.draws_of(select) / small_draws)
-                if growth.high < scale**FIXED_EXPONENT:
-                    fixed.append((group, growth, a.mean(select)))
-                elif growth.low > scale**PROPORTIONAL_EXPONENT:
-                    growing.append((group, growth, a.mean(select)))
+            fixed, growing = classed_groups(a, b)
             if not fixed and not growing:
                 continue
             values = {
@@ -716,6 +785,7 @@ RULES: tuple[Callable[[AnalysisData], list[Finding]], ...] = (
     per_sample_direction,
     why_per_sample_changes,
     per_step_or_per_sample,
+    what_sets_the_cost,
     closer_to_roof,
     train_against_inference,
     memory_by_batch,
