@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,9 +208,32 @@ class AnalysisData:
     def processes(self, device: str) -> int:
         return next((found.processes for found in self.comparisons if found.device == device), 0)
 
+    def batch_pairs(self, *, consecutive: bool) -> Iterator[tuple[str, str, int, int]]:
+        """(device, mode, smaller batch, larger batch): each profiled batch size with the next (`consecutive`), or the
+        smallest with the largest."""
+        for device in self.devices():
+            for mode in _modes(self, device):
+                batches = self.batches(device, mode)
+                pairs = itertools.pairwise(batches) if consecutive else [(batches[0], batches[-1])]
+                for small, large in pairs:
+                    if small != large:
+                        yield device, mode, small, large
+
+    def traced_pairs(self, *, consecutive: bool) -> Iterator[tuple[str, str, TracedSteps, TracedSteps]]:
+        """batch_pairs where both batch sizes' traced steps can be read: (device, mode, smaller's, larger's)."""
+        for device, mode, small, large in self.batch_pairs(consecutive=consecutive):
+            a, b = self.traced.get(_at(small, device, mode)), self.traced.get(_at(large, device, mode))
+            if a is not None and b is not None:
+                yield device, mode, a, b
+
 
 def _at(batch: int, device: str, mode: str) -> Combination:
     return Combination(batch, device, mode)  # type: ignore[arg-type]
+
+
+def _subject(device: str, mode: str, small: int, large: int) -> dict[str, Any]:
+    """The placeholders every finding about two batch sizes of a device and mode names."""
+    return {"device": Label(f"device_{device}"), "mode": Label(f"mode_{mode}"), "small": small, "large": large}
 
 
 def _parts_usable(parts: Sequence[StepPart]) -> bool:
@@ -244,48 +267,37 @@ def per_sample_direction(data: AnalysisData) -> list[Finding]:
     """Rule: a direction only where the paired per-sample ratio's 95 % interval excludes 1; where it includes 1, the
     finding says the data cannot tell, and how many timing processes the observed spread would need."""
     found = []
-    for device in data.devices():
-        for mode in _modes(data, device):
-            batches = data.batches(device, mode)
-            for small, large in itertools.pairwise(batches):
-                paired = data.paired(_at(large, device, mode), _at(small, device, mode))
-                if paired is None:
-                    continue
-                ratio = _ratio(paired)
-                values = {
-                    "device": Label(f"device_{device}"),
-                    "mode": Label(f"mode_{mode}"),
-                    "small": small,
-                    "large": large,
-                    "ratio": paired.value,
-                    "low": paired.low,
-                    "high": paired.high,
-                }
-                if ratio.excludes(1.0):
-                    message = "finding_per_sample_falls" if paired.value < 1 else "finding_per_sample_rises"
-                    found.append(Finding("per_sample_direction", message, values, {"ratio": ratio}, reason=False))
-                    continue
-                needed = processes_to_decide(paired, data.processes(device))
-                if needed is not None and needed <= MOST_PROCESSES_ADVISED:
-                    found.append(
-                        Finding(
-                            "per_sample_direction",
-                            "finding_per_sample_undecided_more",
-                            {**values, "processes": data.processes(device), "needed": needed},
-                            {"ratio": ratio},
-                            reason=False,
-                        )
-                    )
-                else:
-                    found.append(
-                        Finding(
-                            "per_sample_direction",
-                            "finding_per_sample_undecided",
-                            {**values, "most": MOST_PROCESSES_ADVISED},
-                            {"ratio": ratio},
-                            reason=False,
-                        )
-                    )
+    for device, mode, small, large in data.batch_pairs(consecutive=True):
+        paired = data.paired(_at(large, device, mode), _at(small, device, mode))
+        if paired is None:
+            continue
+        ratio = _ratio(paired)
+        values = {**_subject(device, mode, small, large), "ratio": paired.value, "low": paired.low, "high": paired.high}
+        if ratio.excludes(1.0):
+            message = "finding_per_sample_falls" if paired.value < 1 else "finding_per_sample_rises"
+            found.append(Finding("per_sample_direction", message, values, {"ratio": ratio}, reason=False))
+            continue
+        needed = processes_to_decide(paired, data.processes(device))
+        if needed is not None and needed <= MOST_PROCESSES_ADVISED:
+            found.append(
+                Finding(
+                    "per_sample_direction",
+                    "finding_per_sample_undecided_more",
+                    {**values, "processes": data.processes(device), "needed": needed},
+                    {"ratio": ratio},
+                    reason=False,
+                )
+            )
+        else:
+            found.append(
+                Finding(
+                    "per_sample_direction",
+                    "finding_per_sample_undecided",
+                    {**values, "most": MOST_PROCESSES_ADVISED},
+                    {"ratio": ratio},
+                    reason=False,
+                )
+            )
     return found
 
 
@@ -315,48 +327,39 @@ def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
     the paired ratio decided its direction and the traced steps moved the same way beyond their interval; a group is
     named where its own change's interval excludes 0, with its share of the whole change (bootstrap interval)."""
     found = []
-    for device in data.devices():
-        for mode in _modes(data, device):
-            batches = data.batches(device, mode)
-            for small, large in itertools.pairwise(batches):
-                a, b = (
-                    data.traced.get(_at(small, device, mode)),
-                    data.traced.get(_at(large, device, mode)),
-                )
-                paired = data.paired(_at(large, device, mode), _at(small, device, mode))
-                if a is None or b is None or paired is None or not _ratio(paired).excludes(1.0):
-                    continue
-                total = a.draws_of(everything) / small - b.draws_of(everything) / large  # saved per sample
-                saved = measured(a.total() / small - b.total() / large, total)
-                falls = paired.value < 1
-                if not saved.excludes(0.0) or (saved.value > 0) != falls:
-                    continue
-                rows = []
-                for group in GROUP_ORDER:
-                    select = of_group(group)
-                    if not a.rows(select) and not b.rows(select):
-                        continue
-                    change = _draws_or_zero(a, select) / small - _draws_or_zero(b, select) / large
-                    value = _mean_or_zero(a, select) / small - _mean_or_zero(b, select) / large
-                    if not measured(value, change).excludes(0.0):
-                        continue
-                    share = measured(100 * value / saved.value, 100 * change / total)
-                    rows.append((group, share))
-                rows.sort(key=lambda row: -row[1].value)
-                if not rows:
-                    continue
-                values = {
-                    "device": Label(f"device_{device}"),
-                    "mode": Label(f"mode_{mode}"),
-                    "small": small,
-                    "large": large,
-                    "change": abs(saved.value),
-                    "change_low": min(abs(saved.low), abs(saved.high)),
-                    "change_high": max(abs(saved.low), abs(saved.high)),
-                    "groups": _group_listing("finding_share_item", rows),
-                }
-                message = "finding_change_attributed_saved" if falls else "finding_change_attributed_cost"
-                found.append(Finding("why_per_sample_changes", message, values, {"change": saved, **dict(rows)}))
+    for device, mode, a, b in data.traced_pairs(consecutive=True):
+        small, large = a.batch, b.batch
+        paired = data.paired(_at(large, device, mode), _at(small, device, mode))
+        if paired is None or not _ratio(paired).excludes(1.0):
+            continue
+        total = a.draws_of(everything) / small - b.draws_of(everything) / large  # saved per sample
+        saved = measured(a.total() / small - b.total() / large, total)
+        falls = paired.value < 1
+        if not saved.excludes(0.0) or (saved.value > 0) != falls:
+            continue
+        rows = []
+        for group in GROUP_ORDER:
+            select = of_group(group)
+            if not a.rows(select) and not b.rows(select):
+                continue
+            change = _draws_or_zero(a, select) / small - _draws_or_zero(b, select) / large
+            value = _mean_or_zero(a, select) / small - _mean_or_zero(b, select) / large
+            if not measured(value, change).excludes(0.0):
+                continue
+            share = measured(100 * value / saved.value, 100 * change / total)
+            rows.append((group, share))
+        rows.sort(key=lambda row: -row[1].value)
+        if not rows:
+            continue
+        values = {
+            **_subject(device, mode, small, large),
+            "change": abs(saved.value),
+            "change_low": min(abs(saved.low), abs(saved.high)),
+            "change_high": max(abs(saved.low), abs(saved.high)),
+            "groups": _group_listing("finding_share_item", rows),
+        }
+        message = "finding_change_attributed_saved" if falls else "finding_change_attributed_cost"
+        found.append(Finding("why_per_sample_changes", message, values, {"change": saved, **dict(rows)}))
     return found
 
 
@@ -398,47 +401,37 @@ def what_sets_the_cost(data: AnalysisData) -> list[Finding]:
     share past one half, the finding says that a small batch pays mostly for the step and a large one for its
     samples."""
     found = []
-    for device in data.devices():
-        for mode in _modes(data, device):
-            batches = data.batches(device, mode)
-            if len(batches) < 2:
-                continue
-            small, large = batches[0], batches[-1]
-            a, b = data.traced.get(_at(small, device, mode)), data.traced.get(_at(large, device, mode))
-            if a is None or b is None:
-                continue
-            fixed, growing = classed_groups(a, b)
-            if not fixed or not growing:
-                continue
-            fixed_names = {group for group, _, _ in fixed}
-            growing_names = {group for group, _, _ in growing}
+    for device, mode, a, b in data.traced_pairs(consecutive=False):
+        small, large = a.batch, b.batch
+        fixed, growing = classed_groups(a, b)
+        if not fixed or not growing:
+            continue
+        fixed_names = {group for group, _, _ in fixed}
+        growing_names = {group for group, _, _ in growing}
 
-            per_step = measured(
-                100 * a.mean(among(fixed_names)) / a.total(),
-                100 * a.draws_of(among(fixed_names)) / a.draws_of(everything),
-            )
-            per_sample = measured(
-                100 * b.mean(among(growing_names)) / b.total(),
-                100 * b.draws_of(among(growing_names)) / b.draws_of(everything),
-            )
-            if per_step.low <= 50 or per_sample.low <= 50:
-                continue
-            values = {
-                "device": Label(f"device_{device}"),
-                "mode": Label(f"mode_{mode}"),
-                "small": small,
-                "large": large,
-                "fixed": _names(group for group, _, _ in fixed),
-                "growing": _names(group for group, _, _ in growing),
-                "fixed_share": per_step.value,
-                "fixed_low": per_step.low,
-                "fixed_high": per_step.high,
-                "growing_share": per_sample.value,
-                "growing_low": per_sample.low,
-                "growing_high": per_sample.high,
-            }
-            cites = {"per_step_share": per_step, "per_sample_share": per_sample}
-            found.append(Finding("what_sets_the_cost", "finding_what_sets_the_cost", values, cites))
+        per_step = measured(
+            100 * a.mean(among(fixed_names)) / a.total(),
+            100 * a.draws_of(among(fixed_names)) / a.draws_of(everything),
+        )
+        per_sample = measured(
+            100 * b.mean(among(growing_names)) / b.total(),
+            100 * b.draws_of(among(growing_names)) / b.draws_of(everything),
+        )
+        if per_step.low <= 50 or per_sample.low <= 50:
+            continue
+        values = {
+            **_subject(device, mode, small, large),
+            "fixed": _names(group for group, _, _ in fixed),
+            "growing": _names(group for group, _, _ in growing),
+            "fixed_share": per_step.value,
+            "fixed_low": per_step.low,
+            "fixed_high": per_step.high,
+            "growing_share": per_sample.value,
+            "growing_low": per_sample.low,
+            "growing_high": per_sample.high,
+        }
+        cites = {"per_step_share": per_step, "per_sample_share": per_sample}
+        found.append(Finding("what_sets_the_cost", "finding_what_sets_the_cost", values, cites))
     return found
 
 
@@ -452,66 +445,53 @@ def per_step_or_per_sample(data: AnalysisData) -> list[Finding]:
     ratio^0.75; groups under 2 % of the traced step at both sizes, or whose interval straddles a bound, are not
     classed."""
     found = []
-    for device in data.devices():
-        for mode in _modes(data, device):
-            batches = data.batches(device, mode)
-            if len(batches) < 2:
-                continue
-            small, large = batches[0], batches[-1]
-            a, b = data.traced.get(_at(small, device, mode)), data.traced.get(_at(large, device, mode))
-            if a is None or b is None:
-                continue
-            scale = large / small
-            fixed, growing = classed_groups(a, b)
-            if not fixed and not growing:
-                continue
-            values = {
-                "device": Label(f"device_{device}"),
-                "mode": Label(f"mode_{mode}"),
-                "small": small,
-                "large": large,
-                "scale": scale,
-            }
-            if fixed:
-                found.append(
-                    Finding(
-                        "per_step_or_per_sample",
-                        "finding_fixed_per_step",
-                        {
-                            **values,
-                            "bound": max(m.high for _, m, _ in fixed),
-                            "fall": scale / max(m.high for _, m, _ in fixed),
-                            "groups": Listing(
-                                "finding_fixed_item",
-                                tuple(
-                                    {
-                                        "group": Label(f"group_{g}"),
-                                        "small": small,
-                                        "ms": ms,
-                                        "value": m.value,
-                                        "low": m.low,
-                                        "high": m.high,
-                                    }
-                                    for g, m, ms in fixed
-                                ),
+    for device, mode, a, b in data.traced_pairs(consecutive=False):
+        small, large = a.batch, b.batch
+        scale = large / small
+        fixed, growing = classed_groups(a, b)
+        if not fixed and not growing:
+            continue
+        values = {**_subject(device, mode, small, large), "scale": scale}
+        if fixed:
+            found.append(
+                Finding(
+                    "per_step_or_per_sample",
+                    "finding_fixed_per_step",
+                    {
+                        **values,
+                        "bound": max(m.high for _, m, _ in fixed),
+                        "fall": scale / max(m.high for _, m, _ in fixed),
+                        "groups": Listing(
+                            "finding_fixed_item",
+                            tuple(
+                                {
+                                    "group": Label(f"group_{g}"),
+                                    "small": small,
+                                    "ms": ms,
+                                    "value": m.value,
+                                    "low": m.low,
+                                    "high": m.high,
+                                }
+                                for g, m, ms in fixed
                             ),
-                        },
-                        {g: m for g, m, _ in fixed},
-                    )
+                        ),
+                    },
+                    {g: m for g, m, _ in fixed},
                 )
-            if growing:
-                found.append(
-                    Finding(
-                        "per_step_or_per_sample",
-                        "finding_grows_with_batch",
-                        {
-                            **values,
-                            "bound": min(m.low for _, m, _ in growing),
-                            "groups": _group_listing("finding_growth_item", [(g, m) for g, m, _ in growing]),
-                        },
-                        {g: m for g, m, _ in growing},
-                    )
+            )
+        if growing:
+            found.append(
+                Finding(
+                    "per_step_or_per_sample",
+                    "finding_grows_with_batch",
+                    {
+                        **values,
+                        "bound": min(m.low for _, m, _ in growing),
+                        "groups": _group_listing("finding_growth_item", [(g, m) for g, m, _ in growing]),
+                    },
+                    {g: m for g, m, _ in growing},
                 )
+            )
     return found
 
 
@@ -520,45 +500,35 @@ def closer_to_roof(data: AnalysisData) -> list[Finding]:
     GFLOP/s at the largest batch lies above its interval at the smallest (traced steps, bootstrap), "no faster" where
     it lies below; otherwise the data cannot tell and nothing is said."""
     found = []
-    for device in data.devices():
-        for mode in _modes(data, device):
-            batches = data.batches(device, mode)
-            if len(batches) < 2:
+    for device, mode, a, b in data.traced_pairs(consecutive=False):
+        small, large = a.batch, b.batch
+        roof = b.record.analysis.flop_rate.peak_gflops_per_s
+        for group in ("convolution", "linear"):
+            select = of_group(group)
+            if not a.rows(select) or not b.rows(select) or a.flops(select) <= 0 or b.flops(select) <= 0:
                 continue
-            small, large = batches[0], batches[-1]
-            a, b = data.traced.get(_at(small, device, mode)), data.traced.get(_at(large, device, mode))
-            if a is None or b is None:
+            rate_a = _rate(a, select)
+            rate_b = _rate(b, select)
+            if rate_b.low > rate_a.high:
+                message = "finding_closer_to_roof" if roof > 0 else "finding_closer_to_roof_no_roof"
+            elif rate_b.high < rate_a.low:
+                message = "finding_not_closer_to_roof" if roof > 0 else "finding_not_closer_to_roof_no_roof"
+            else:
                 continue
-            roof = b.record.analysis.flop_rate.peak_gflops_per_s
-            for group in ("convolution", "linear"):
-                select = of_group(group)
-                if not a.rows(select) or not b.rows(select) or a.flops(select) <= 0 or b.flops(select) <= 0:
-                    continue
-                rate_a = _rate(a, select)
-                rate_b = _rate(b, select)
-                if rate_b.low > rate_a.high:
-                    message = "finding_closer_to_roof" if roof > 0 else "finding_closer_to_roof_no_roof"
-                elif rate_b.high < rate_a.low:
-                    message = "finding_not_closer_to_roof" if roof > 0 else "finding_not_closer_to_roof_no_roof"
-                else:
-                    continue
-                values = {
-                    "device": Label(f"device_{device}"),
-                    "mode": Label(f"mode_{mode}"),
-                    "group": Label(f"group_{group}"),
-                    "small": small,
-                    "large": large,
-                    "rate_small": rate_a.value,
-                    "rate_small_low": rate_a.low,
-                    "rate_small_high": rate_a.high,
-                    "rate_large": rate_b.value,
-                    "rate_large_low": rate_b.low,
-                    "rate_large_high": rate_b.high,
-                    "roof": roof,
-                    "pct_small": 100 * rate_a.value / roof if roof > 0 else math.nan,
-                    "pct_large": 100 * rate_b.value / roof if roof > 0 else math.nan,
-                }
-                found.append(Finding("closer_to_roof", message, values, {"small": rate_a, "large": rate_b}))
+            values = {
+                **_subject(device, mode, small, large),
+                "group": Label(f"group_{group}"),
+                "rate_small": rate_a.value,
+                "rate_small_low": rate_a.low,
+                "rate_small_high": rate_a.high,
+                "rate_large": rate_b.value,
+                "rate_large_low": rate_b.low,
+                "rate_large_high": rate_b.high,
+                "roof": roof,
+                "pct_small": 100 * rate_a.value / roof if roof > 0 else math.nan,
+                "pct_large": 100 * rate_b.value / roof if roof > 0 else math.nan,
+            }
+            found.append(Finding("closer_to_roof", message, values, {"small": rate_a, "large": rate_b}))
     return found
 
 
@@ -641,44 +611,37 @@ def memory_by_batch(data: AnalysisData) -> list[Finding]:
     than 1 % and "grows" where they grew by more than that; the numbers are the allocator's record, and the finding
     says so only where every timing process saw the same peak (else it gives the range)."""
     found = []
-    for device in data.devices():
-        for mode in _modes(data, device):
-            batches = data.batches(device, mode)
-            if len(batches) < 2:
+    for device, mode, small, large in data.batch_pairs(consecutive=False):
+        first, last = data.record(small, device, mode), data.record(large, device, mode)
+        if first is None or last is None or first.memory is None or last.memory is None:
+            continue
+        before, after = first.memory.bytes_of, last.memory.bytes_of
+        stays, grows, shrinks = [], [], []
+        for name in before:
+            old, new = before[name], after.get(name, 0)
+            part = Label(f"memory_{name.replace(' ', '_')}")
+            if max(old, new) < MATERIAL_BYTES:
                 continue
-            first, last = data.record(batches[0], device, mode), data.record(batches[-1], device, mode)
-            if first is None or last is None or first.memory is None or last.memory is None:
-                continue
-            before, after = first.memory.bytes_of, last.memory.bytes_of
-            stays, grows, shrinks = [], [], []
-            for name in before:
-                old, new = before[name], after.get(name, 0)
-                part = Label(f"memory_{name.replace(' ', '_')}")
-                if max(old, new) < MATERIAL_BYTES:
-                    continue
-                if abs(new - old) <= 0.01 * max(old, new):
-                    stays.append({"part": part, "mb": new / 1e6})
-                elif new > old:
-                    grows.append({"part": part, "old": old / 1e6, "new": new / 1e6})
-                else:
-                    shrinks.append({"part": part, "old": old / 1e6, "new": new / 1e6})
-            if not grows:
-                continue
-            values = {
-                "device": Label(f"device_{device}"),
-                "mode": Label(f"mode_{mode}"),
-                "small": batches[0],
-                "large": batches[-1],
-                "peak_small": first.memory.peak_mb,
-                "peak_large": last.memory.peak_mb,
-                "stays": Listing("finding_memory_stays_item", tuple(stays)),
-                "grows": Listing("finding_memory_grows_item", tuple(grows)),
-                "shrinks": Listing("finding_memory_grows_item", tuple(shrinks))
-                if shrinks
-                else Label("finding_memory_none"),
-            }
-            message = "finding_memory" if stays else "finding_memory_all_grow"
-            found.append(Finding("memory_by_batch", message, values))
+            if abs(new - old) <= 0.01 * max(old, new):
+                stays.append({"part": part, "mb": new / 1e6})
+            elif new > old:
+                grows.append({"part": part, "old": old / 1e6, "new": new / 1e6})
+            else:
+                shrinks.append({"part": part, "old": old / 1e6, "new": new / 1e6})
+        if not grows:
+            continue
+        values = {
+            **_subject(device, mode, small, large),
+            "peak_small": first.memory.peak_mb,
+            "peak_large": last.memory.peak_mb,
+            "stays": Listing("finding_memory_stays_item", tuple(stays)),
+            "grows": Listing("finding_memory_grows_item", tuple(grows)),
+            "shrinks": Listing("finding_memory_grows_item", tuple(shrinks))
+            if shrinks
+            else Label("finding_memory_none"),
+        }
+        message = "finding_memory" if stays else "finding_memory_all_grow"
+        found.append(Finding("memory_by_batch", message, values))
     return found
 
 
@@ -711,10 +674,7 @@ def gpu_against_cpu(data: AnalysisData) -> list[Finding]:
             if not growth.high < (large / small) ** FIXED_EXPONENT:
                 continue
             values = {
-                "device": Label(f"device_{device}"),
-                "mode": Label(f"mode_{mode}"),
-                "small": small,
-                "large": large,
+                **_subject(device, mode, small, large),
                 "speedup_small": speedups[0].value,
                 "speedup_small_low": speedups[0].low,
                 "speedup_small_high": speedups[0].high,
