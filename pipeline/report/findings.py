@@ -6,7 +6,8 @@ worded by the language's message catalogue (pipeline/report/messages), so every 
 Where the numbers come from, and so what their intervals mean:
 - *paired timing*: the ratios of `profiles/<device>/comparisons.json`, medians over the timing processes with their
   95 % interval (between processes; the machine's speed that all combinations shared cancels);
-- *traced steps*: the parts of a traced step (`StepAnalysis.parts`: each ATen operator's own time, grouped by the
+- *traced steps* (only of a combination whose traced pass ran like its timed steps: `TraceCheck.inside`): the parts
+  of a traced step (`StepAnalysis.parts`: each ATen operator's own time, grouped by the
   phase and the layer it serves). They come from one traced pass of ~30 steps in one process, not from the timing
   processes: their 95 % intervals are a bootstrap over those steps (resampled 2,000 times with a fixed seed), so they
   hold the step-to-step spread within that pass, not a rerun's;
@@ -37,6 +38,7 @@ FIXED_EXPONENT = 0.25
 PROPORTIONAL_EXPONENT = 0.75
 MATERIAL_SHARE = 0.02  # a group below 2 % of the traced step at both batch sizes is not worth a sentence
 EXPLAINED_WITHIN = 1.5  # a traced ratio within 1.5x of the FLOP count's is what the FLOPs explain
+UNDECIDED_MARGIN = 0.01  # a group's change whose interval ends within 1 % of the whole change from 0 is not named
 MATERIAL_BYTES = 10_000  # a memory part under 10 kB at both batch sizes is not named
 # The processes a timing interval's half-width needs shrink as 1/sqrt(n); past this many, the advice is that more
 # processes would not settle it on this machine.
@@ -52,8 +54,10 @@ class Measured:
     high: float
     source: str  # "paired timing" | "traced steps" | "allocator" | "FLOP count" | "train stage"
 
-    def excludes(self, point: float) -> bool:
-        return not self.low <= point <= self.high
+    def excludes(self, point: float, margin: float = 0.0) -> bool:
+        """The whole interval lies more than `margin` away from `point` (a bound within the margin is undecided: the
+        bootstrap's own randomness could put it on either side)."""
+        return self.low > point + margin or self.high < point - margin
 
 
 @dataclass(frozen=True)
@@ -182,7 +186,7 @@ class AnalysisData:
         traced = {
             record.combination: TracedSteps(record, BOOTSTRAP_SEED + position)
             for position, record in enumerate(records)
-            if _parts_usable(record.analysis.parts)
+            if _parts_usable(record.analysis.parts) and (record.trace_check is None or record.trace_check.inside)
         }
         return cls(records, comparisons, train_speed, train_batch_size, traced)
 
@@ -324,8 +328,9 @@ GROUP_ORDER = ("optimizer", "convolution", "pool_activation_dropout", "linear", 
 
 def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
     """Rule: the per-sample change between two batch sizes is attributed to the groups of the traced steps only where
-    the paired ratio decided its direction and the traced steps moved the same way beyond their interval; a group is
-    named where its own change's interval excludes 0, with its share of the whole change (bootstrap interval)."""
+    the paired ratio decided its direction, the traced steps moved the same way beyond their interval, and the traced
+    per-sample ratio's interval meets the paired one (the traced passes ran like the timed steps); a group is named
+    where its own change's interval lies clear of 0 by 1 % of the whole change, with its share of the whole change."""
     found = []
     for device, mode, a, b in data.traced_pairs(consecutive=True):
         small, large = a.batch, b.batch
@@ -335,7 +340,11 @@ def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
         total = a.draws_of(everything) / small - b.draws_of(everything) / large  # saved per sample
         saved = measured(a.total() / small - b.total() / large, total)
         falls = paired.value < 1
-        if not saved.excludes(0.0) or (saved.value > 0) != falls:
+        traced_ratio = measured(
+            (b.total() / large) / (a.total() / small),
+            (b.draws_of(everything) / large) / (a.draws_of(everything) / small),
+        )
+        if not saved.excludes(0.0) or (saved.value > 0) != falls or not _overlap(traced_ratio, _ratio(paired)):
             continue
         rows = []
         for group in GROUP_ORDER:
@@ -344,7 +353,7 @@ def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
                 continue
             change = _draws_or_zero(a, select) / small - _draws_or_zero(b, select) / large
             value = _mean_or_zero(a, select) / small - _mean_or_zero(b, select) / large
-            if not measured(value, change).excludes(0.0):
+            if not measured(value, change).excludes(0.0, margin=UNDECIDED_MARGIN * abs(saved.value)):
                 continue
             share = measured(100 * value / saved.value, 100 * change / total)
             rows.append((group, share))
@@ -361,6 +370,10 @@ def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
         message = "finding_change_attributed_saved" if falls else "finding_change_attributed_cost"
         found.append(Finding("why_per_sample_changes", message, values, {"change": saved, **dict(rows)}))
     return found
+
+
+def _overlap(first: Measured, second: Measured) -> bool:
+    return first.low <= second.high and second.low <= first.high
 
 
 def _draws_or_zero(traced: TracedSteps, select: Callable[[str, str], bool]) -> np.ndarray:
@@ -487,6 +500,7 @@ def per_step_or_per_sample(data: AnalysisData) -> list[Finding]:
                     {
                         **values,
                         "bound": min(m.low for _, m, _ in growing),
+                        "fall": scale / min(m.low for _, m, _ in growing),
                         "groups": _group_listing("finding_growth_item", [(g, m) for g, m, _ in growing]),
                     },
                     {g: m for g, m, _ in growing},
@@ -542,8 +556,9 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
     """Rule: at each batch size with a paired train/inference ratio and both traced, the ratio is set against the
     FLOP count's, and the training step's phases (forward, backward, the optimizer's update, time outside operators)
     are given with their share of the traced step; "more than the FLOPs predict" only where the ratio's whole
-    interval lies above the FLOP ratio. The update is named as the reason only where the traced ratio with it lies
-    beyond 1.5x the FLOP ratio and, without it, its interval reaches within 1.5x; "the update alone does not explain
+    interval lies above the FLOP ratio. A cause is said only where the traced ratio's interval meets the paired one
+    (the traced passes ran like the timed steps): the update is named as the reason where the paired ratio lies wholly
+    beyond 1.5x the FLOP ratio and the traced ratio without the update within it; "the update alone does not explain
     it" where, without it, the whole interval stays beyond 1.5x."""
     found = []
     for device in data.devices():
@@ -574,7 +589,9 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
             )
             ratio = _ratio(paired)
             above = ratio.low > flop_ratio
-            with_update = a.total() / b.total()
+            traced = measured(a.total() / b.total(), total / b.draws_of(everything))
+            consistent = _overlap(traced, ratio)
+            explained = EXPLAINED_WITHIN * flop_ratio
             values = {
                 "device": Label(f"device_{device}"),
                 "batch": batch,
@@ -595,11 +612,14 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
                 "without_low": without.low,
                 "without_high": without.high,
             }
-            cites = {"ratio": ratio, "without_update": without, **{p: m for p, m, _ in phases}}
-            if above and with_update > EXPLAINED_WITHIN * flop_ratio >= without.low:
+            values |= {"traced_ratio": traced.value, "traced_low": traced.low, "traced_high": traced.high}
+            cites = {"ratio": ratio, "traced_ratio": traced, "without_update": without, **{p: m for p, m, _ in phases}}
+            if above and consistent and ratio.low > explained >= without.value:
                 message = "finding_train_update_explains"
-            elif above and without.low > EXPLAINED_WITHIN * flop_ratio:
+            elif above and consistent and without.low > explained:
                 message = "finding_train_more_than_flops"
+            elif above:
+                message = "finding_train_above_flops"
             else:
                 message = "finding_train_against_flops"
             found.append(Finding("train_against_inference", message, values, cites))
@@ -727,7 +747,7 @@ def training_against_profile(data: AnalysisData) -> list[Finding]:
     execution = runtime.get("execution")
     if execution is not None and str(execution) not in ("eager", ""):
         differences.append({"what": Label("difference_execution"), "train": execution, "profile": "eager"})
-    if speed.get("machine_busy"):
+    if speed.get("machine_busy") and not record.conditions.busy:
         differences.append({"_message": "finding_difference_busy", "share": float(speed.get("cpu_share", 0.0))})
     values = {
         "device": Label(f"device_{record.combination.device}"),

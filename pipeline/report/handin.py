@@ -360,7 +360,9 @@ def paired_note(inputs: ReportInputs, say: Catalogue) -> str:
         return ""
     if not inputs.drift:
         return say("paired_note_no_drift") + "\n"
-    drift = ", ".join(f"±{value:.1f} % ({device})" for device, value in sorted(inputs.drift.items()))
+    drift = say("list_joiner").join(
+        say("drift_item", value=value, device=say(f"device_{device}")) for device, value in sorted(inputs.drift.items())
+    )
     return say("paired_note", drift=drift) + "\n"
 
 
