@@ -360,9 +360,10 @@ def test_roofline_places_steps_and_operators_under_both_roofs_and_names_which_ar
     text = roofline_markdown(points)
     assert "they meet at **10.0 FLOP/byte**" in text
     assert (
-        "Compute-bound (right of the ridge even at the lower bound of their intensity): `aten::mkldnn_convolution` "
-        "(inference batch 64; 50.0 FLOP/byte). Left of the ridge, not decided by this bound: whole step (inference "
-        "batch 64; 2.0 FLOP/byte); `aten::addmm` (inference batch 64; 0.5 FLOP/byte)." in text
+        "Compute-bound at their counted intensity (right of the ridge; re-reads from DRAM would have to multiply "
+        "their traffic by more than 5.0x to move the least of them left of it): `aten::mkldnn_convolution` "
+        "(inference batch 64; 50.0 FLOP/byte). Left of the ridge at their counted intensity, not decided: whole step "
+        "(inference batch 64; 2.0 FLOP/byte); `aten::addmm` (inference batch 64; 0.5 FLOP/byte)." in text
     )
     assert f"| 64 | cpu | inference | `aten::addmm` | 0.50 | 4.00 | 5.0 | 80.0 | {UNDECIDED} |" in text
     assert "Above the" not in text  # every point under its roof

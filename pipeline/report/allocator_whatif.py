@@ -73,9 +73,10 @@ def allocator_markdown(records: Sequence[ProfileRecord]) -> str:
             f"Every CPU profile stage also times its steps with glibc malloc's defaults ({'; '.join(allocators)}), "
             f"{how}; everything else, the tables included, runs with the tuned allocator "
             f"({'; '.join(tuned_allocators)}). With the defaults, buffers above the mmap threshold can be mapped and "
-            "unmapped every step, so each step faults its memory in again page by page; the operator that allocates "
-            "is charged for it. How often that happens depends on what the process freed before (glibc raises its "
-            "threshold to the largest mapped block freed so far), so the page faults differ between processes: the "
+            "unmapped every step, so each step can fault its memory in again page by page, in the time of whichever "
+            "operator touches it first. How often that happens depends on what the process freed before (glibc's "
+            "manual: it raises its threshold to the largest mapped block freed so far), so the page faults differ "
+            "between processes: the "
             "table gives their median (of an even number of processes, the mean of the middle two) and their range.\n",
             *markdown_table(columns, rows),
             "",

@@ -267,7 +267,7 @@ def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
         )
         notes.append(
             f"**Busy machine**: the load average exceeded the {busy[0].cores} cores while timing {loads}; "
-            "those step times are likely inflated and less stable: rerun on a quiet machine."
+            "those step times may be slower and less stable than on a quiet machine: rerun on one to know."
         )
     mismatched = [row for row in rows if not row.trace_inside]
     if mismatched:

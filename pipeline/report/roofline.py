@@ -3,10 +3,10 @@ device's two measured roofs (Williams, Waterman & Patterson, CACM 2009).
 
 Arithmetic intensity is FLOPs over the bytes the work reads and writes (inputs, weights, outputs), both counted
 by the profile stage on the real step (pipeline.profiling.run.count_step_flops): per operator for its counted
-calls, per step over every operator (views move nothing). The bytes assume no cache reuse between operators, so
-a step's intensity is a lower bound. The attainable rate at intensity I is min(matmul roof, bandwidth roof x I):
-left of the ridge (where the two meet) an operation is memory-bound, right of it compute-bound. Both roofs come
-from the `roofs` stage (hardware/roofs.json). Torch-free; reads profile records only.
+calls, per step over every operator (views move nothing): each operator's bytes moved once, a step's summed as if
+no cache held anything between its operators. The attainable rate at intensity I is min(matmul roof, bandwidth
+roof x I): left of the ridge (where the two meet) an operation is memory-bound, right of it compute-bound. Both
+roofs come from the `roofs` stage (hardware/roofs.json). Torch-free; reads profile records only.
 """
 
 from __future__ import annotations
@@ -62,9 +62,10 @@ class RooflinePoint:
 
     @property
     def bound(self) -> str:
-        """The counted intensity is a lower bound (every byte counted as moved, no cache reuse): at or right of the
-        ridge it proves the point compute-bound; left of it, the true intensity may still lie right of the ridge,
-        so the bound decides nothing."""
+        """At or right of the ridge at its counted intensity (each operator's bytes moved once; a step's summed as if
+        no cache held anything between its operators) a point is compute-bound unless re-reads from DRAM multiply its
+        traffic; left of it the count decides nothing (a step's operators may share data through a cache, an
+        operator's data may come from a cache)."""
         return UNDECIDED if self.intensity < self.ridge else "compute-bound"
 
     @property
@@ -148,8 +149,10 @@ def roofline_markdown(points: Sequence[RooflinePoint]) -> str:
     columns = (">batch", "device", "mode", "work", ">FLOP/byte", ">GFLOP/s", ">roof GFLOP/s", ">% of roof", "bound")
     table = markdown_table(columns, rows)
     note = (
-        "FLOP/byte: FLOPs over the bytes read and written (inputs, weights, outputs) as the profile stage counted "
-        "them on the real step, assuming no cache reuse (a step's intensity is a lower bound). GFLOP/s: the whole "
+        "FLOP/byte: FLOPs over the bytes each operator reads and writes at least once (inputs, weights, outputs), as "
+        "the profile stage counted them on the real step; a step's bytes are the sum over its operators, as if "
+        "nothing stayed in a cache between them. An operator that re-reads its data from DRAM moves more (further "
+        "left); a step whose operators pass data through a cache moves less (further right). GFLOP/s: the whole "
         "step's from its timed median; an operator's from its traced self time (one traced pass, no interval). "
         "Roof: min(matmul roof, memory roof x FLOP/byte), both measured by the `roofs` stage."
     )
@@ -177,13 +180,16 @@ def _bound_sentence(points: Sequence[RooflinePoint]) -> str:
             described.append(f"{label} ({', '.join(p.where for p in placed)}; {span} FLOP/byte)")
         if bound == UNDECIDED:
             parts.append(
-                f"Left of the ridge, not decided by this bound: {'; '.join(described)}. Their counted intensity is a "
-                "lower bound (no cache reuse), so their true intensity may lie right of the ridge: only measured "
-                "DRAM traffic (hardware counters) could show them memory-bound."
+                f"Left of the ridge at their counted intensity, not decided: {'; '.join(described)}. A step's count "
+                "assumes no cache reuse between its operators, so its true intensity may lie right of the ridge; an "
+                "operator's data may come from a cache rather than DRAM: only measured DRAM traffic (hardware "
+                "counters) could show which of them DRAM's bandwidth bounds."
             )
         else:
+            margin = min(point.intensity / point.ridge for placed in names.values() for point in placed)
             parts.append(
-                "Compute-bound (right of the ridge even at the lower bound of their intensity): "
+                "Compute-bound at their counted intensity (right of the ridge; re-reads from DRAM would have to "
+                f"multiply their traffic by more than {margin:.1f}x to move the least of them left of it): "
                 f"{'; '.join(described)}."
             )
     return " ".join(parts)
@@ -193,7 +199,7 @@ def _above_sentence(points: Sequence[RooflinePoint]) -> str:
     """What a point above its roof means: under the memory roof, data a cache holds (the roof is DRAM's triad);
     under the matmul roof, an operator's one traced pass (no interval) against the fastest measured product."""
     above = sorted(
-        (point for point in points if point.roof_pct > 100.0),
+        (point for point in points if point.achieved.low > point.roof_gflops_per_s),  # above it over its interval
         key=lambda p: (p.bound, p.name != WHOLE_STEP, p.name, p.mode, p.batch_size),
     )
     if not above:
@@ -210,8 +216,8 @@ def _above_sentence(points: Sequence[RooflinePoint]) -> str:
     if memory:
         parts.append(
             f" Above the memory roof: {'; '.join(memory)}. That roof is DRAM's bandwidth (a STREAM triad over arrays "
-            "far beyond the caches); data small enough to stay in a cache between calls stream faster than that, so "
-            "for these the cache, not DRAM, sets the limit."
+            "far beyond the caches), so DRAM's bandwidth does not limit these; what does is not measured here (data "
+            "small enough to stay in a cache between calls can stream faster than DRAM)."
         )
     if compute:
         parts.append(

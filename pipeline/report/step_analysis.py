@@ -84,25 +84,24 @@ def anatomy_markdown(facts: Sequence[StepFacts]) -> str:
         return "_No step anatomy: the profile records carry no trace analysis (re-run `dvc repro`)._\n"
     shorter = [fact.label for fact in rows if fact.anatomy is not None and fact.anatomy.step_ms < fact.step.low]
     traced = (
-        f" Here {', '.join(shorter)} traced shorter than the low end of the timed step's 95 % interval: the two "
-        "passes ran seconds apart and the machine was faster while tracing (a shared machine's speed drifts over "
-        "seconds), so read the busy shares, not the two step times against each other."
+        f" Here {', '.join(shorter)} traced shorter than the low end of the timed step's 95 % interval although the "
+        "hooks only add: the tracing process ran faster than the timing processes (a process's or a machine's speed "
+        "can drift between passes), so read the busy shares, not the two step times against each other."
         if shorter
         else " Here every traced step is within or above the timed step's 95 % interval."
     )
     untraced = any(fact.untraced_ms is not None for fact in rows)
     hooks = (
         " Untraced: the median of the steps run without the profiler around the traced pass, in the same process; "
-        "hooks: what the traced step took beyond it."
+        "hooks: what the traced step took beyond it, which also holds any drift of the process's speed between "
+        "them (negative where the traced steps ran faster than the untraced ones around them)."
         if untraced
         else ""
     )
     lines = [
         "Busy: on a GPU, kernels, copies and memsets running (overlaps counted once); on the CPU, time inside "
         "ATen operators. Both are measured in the traced steps (`ProfilerStep#N`), a pass of its own after the "
-        "timing: the profiler's hooks add to every operator, so a traced step is usually the longer one."
-        + traced
-        + hooks,
+        "timing; the profiler's hooks add time to every operator they record." + traced + hooks,
     ]
     columns = (
         ">batch",
