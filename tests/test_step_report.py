@@ -217,7 +217,7 @@ def test_measured_cpu_roofs_are_positive_rates_with_their_methods(tmp_path: Path
     rates = [f"{kernel.kernel} ({kernel.gflops_per_s.best:.1f} GFLOP/s)" for kernel in roofs.matmul_kernels]
     assert roofs.method == (
         f"fastest of 3 fp32 256x256 matrix products through each of {rates[0]} and {rates[1]}, the faster: "
-        f"{fastest.kernel}; {roofs.threads} CPU threads"
+        f"{fastest.kernel}; {roofs.threads} CPU thread{'' if roofs.threads == 1 else 's'}"
     )
     assert roofs.bandwidth_method.startswith("fastest of 3 STREAM triads a = b + s*c over 3 x 4 MiB fp32 arrays")
     text = write_roofs(MachineRoofs({"cpu": "test"}, (roofs,)))

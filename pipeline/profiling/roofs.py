@@ -109,12 +109,14 @@ class DeviceRoofs:
         products = f"fastest of {self.matmul_gflops_per_s.repeats} fp32 {self.matrix_size}x{self.matrix_size} matrix"
         tf32 = ", TF32 allowed" if self.tf32 else ""
         if len(self.matmul_kernels) == 1:
-            return f"{products} products ({self.matmul_kernel}{tf32}; {self.threads} CPU threads)"
+            return f"{products} products ({self.matmul_kernel}{tf32}; {self.threads} CPU thread{_plural(self.threads)})"
         each = " and ".join(
             f"{kernel.kernel} ({kernel.gflops_per_s.best:.1f} GFLOP/s)" for kernel in self.matmul_kernels
         )
         fastest = f"the faster: {self.matmul_kernel}{tf32}"
-        return f"{products} products through each of {each}, {fastest}; {self.threads} CPU threads"
+        return (
+            f"{products} products through each of {each}, {fastest}; {self.threads} CPU thread{_plural(self.threads)}"
+        )
 
     def summary_metrics(self) -> dict[str, float]:
         """What the roofs stage logs to MLflow per device (each product library's roof by its first word)."""
@@ -171,3 +173,7 @@ def read_roofs(path: Path) -> MachineRoofs:
     """Read `hardware/roofs.json`; a missing or foreign file is a user error naming the fix."""
     fix = "run `dvc repro roofs` (it measures this machine's roofs once)."
     return read_typed_json(path, MachineRoofs, "roofs file", (ROOFS_FORMAT,), fix)
+
+
+def _plural(count: int) -> str:
+    return "" if count == 1 else "s"
