@@ -10,7 +10,14 @@ from pathlib import Path
 
 from pipeline.common.credentials import redact
 from pipeline.common.errors import PipelineError
-from pipeline.common.interrupts import Terminated, deferred_signal, install_handlers, past_commit_point, pause_at
+from pipeline.common.interrupts import (
+    Terminated,
+    deferred_signal,
+    install_handlers,
+    past_commit_point,
+    pause_at,
+    raise_swallowed,
+)
 from pipeline.common.outputs import check_output_folder, sweep_stale_partials, write_error_message
 from pipeline.common.paths import ALL_OUTPUT_FOLDERS, NESTED_OUTPUT_FOLDERS, STAGE_OUTPUT_FOLDERS
 
@@ -39,6 +46,7 @@ def run_stage(name: str, main: Callable[[], None]) -> None:
         pause_at("imported")
         prepare_output_folders(name)
         main()
+        raise_swallowed()  # a stop whose exception a finalizer or callback dropped still ends the stage
     except PipelineError as error:
         print(redact(f"\nerror in stage '{name}': {error}"), file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
