@@ -1,10 +1,15 @@
-"""Every input the report reads is checked at the edge: a truncated, empty, incomplete or NaN-holding stage output
-stops the real report stage (stages.report.main, run as its script runs it) with one paragraph naming the file and
-`dvc repro -f <stage>`, exit 2, no traceback, and the report it wrote before left byte for byte."""
+"""The report stage's edges, on the real stage (stages.report.main, run as its script runs it): every input it
+reads is checked (a truncated, empty, incomplete or NaN-holding stage output stops it with one paragraph naming the
+file and `dvc repro -f <stage>`, exit 2, no traceback, and the report it wrote before left byte for byte); a direct
+run removes what its new report no longer holds; a full disk under its figures names the figure."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +20,7 @@ import yaml
 from pipeline.common.stage_runner import run_stage
 from stages import report as report_stage
 from tests.helpers.records import write_two_profiles
+from tests.helpers.repo import REPO_ROOT
 from tests.helpers.stores import empty_store
 
 pytestmark = pytest.mark.slow  # the real stage: MLflow in process
@@ -170,3 +176,63 @@ def test_a_damaged_report_input_stops_the_stage_naming_the_file_and_its_stage(
     assert says in paragraph and f"rerun `dvc repro -f {stage}`" in paragraph, paragraph
     assert "report written" not in stdout
     assert _outputs(project) == before  # the last good report stays
+
+
+def test_a_direct_run_removes_the_files_its_new_report_no_longer_holds(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, _, stderr = _report(capsys, monkeypatch)
+    assert code == 0, stderr
+    first = set(_outputs(project))
+    assert {"report/handin.zh.md", "report/handin.zh.html", "report/figures/training_curves.png"} <= first
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["report"]["languages"] = ["en"]
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    for relative in ("plots/train_epochs.csv", "plots/train_steps.csv"):  # no curves to draw any more
+        (project / relative).unlink()
+    code, _, stderr = _report(capsys, monkeypatch)
+    assert code == 0, stderr
+    second = _outputs(project)
+    assert first - set(second) == {
+        "report/handin.zh.md",
+        "report/handin.zh.html",
+        "report/figures/training_curves.png",
+        "report/figures/handin_curves.png",
+    }
+    assert "_Training curves not available (see Missing inputs)._" in second["report/report.md"].decode()
+    assert [path.name for path in (project / "report").rglob(".*")] == []  # no temp folder left
+
+
+FULL_FIGURES_SCRIPT = r"""
+set -e
+mkdir -p report/figures
+mount -t tmpfs -o size=8m tmpfs report/figures
+python -c 'open("report/figures/filler", "wb").write(bytes((8 << 20) - (8 << 10)))'
+set +e
+python -m stages.report
+echo "exit $?" >&2
+"""
+
+
+def test_a_full_disk_under_the_figures_names_the_figure_it_could_not_write(project: Path) -> None:
+    environment = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
+    environment["PATH"] = f"{Path(sys.executable).parent}:{environment['PATH']}"
+    environment["PYTHONPATH"] = str(REPO_ROOT)
+    result = subprocess.run(
+        ["unshare", "-rm", "bash", "-c", FULL_FIGURES_SCRIPT],
+        cwd=project,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if "unshare:" in result.stderr:
+        pytest.fail(f"needs `unshare -rm` to mount a small tmpfs without root: {result.stderr[-500:]}")
+    stderr = result.stderr
+    assert "exit 2" in stderr and "Traceback" not in stderr, stderr[-3000:]
+    assert re.search(
+        r"error in stage 'report': could not write report/figures/[\w.]+\.png \(No space left on device\): the "
+        r"file system holding report/figures/ is full",
+        stderr,
+    ), stderr[-3000:]
+    assert not (project / "report" / "report.md").exists()  # nothing was written
