@@ -11,7 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
+from pipeline.params.parsing import RESTORE_HINT
 from tests.helpers.repo import REPO_ROOT
 
 PROBE = """
@@ -51,3 +53,37 @@ def test_dvc_analytics_are_off_for_the_project_whatever_the_environment() -> Non
         timeout=120,
     )
     assert result.stdout.strip() == "False", result.stdout + result.stderr
+
+
+def _declared_outputs() -> dict[str, bool]:
+    """Every output dvc.yaml declares that DVC removes before running its stage (outs, metrics, plots, not
+    `persist`; `${item}` expanded over the devices in params.yaml), and whether DVC caches it."""
+    pipeline = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
+    devices = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())["profile"]["devices"]
+    found: dict[str, bool] = {}
+    for stage in pipeline["stages"].values():
+        body = stage.get("do", stage)
+        for kind in ("outs", "metrics", "plots"):
+            for entry in body.get(kind, []):
+                path, options = (entry, {}) if isinstance(entry, str) else next(iter(entry.items()))
+                cached = (options or {}).get("cache", kind == "outs")
+                if (options or {}).get("persist"):
+                    continue
+                for item in devices if "${item}" in path else [None]:
+                    found[path.replace("${item}", str(item))] = bool(cached)
+    return found
+
+
+def test_the_restore_hint_of_params_errors_is_true_for_every_output() -> None:
+    """Said with every params error: each output DVC removes before a stage comes back by the command it names."""
+    outputs = _declared_outputs()
+    tracked = set(
+        subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.split()
+    )
+    checkout, git = RESTORE_HINT.split("`dvc checkout`")[1].split("`git checkout -- <path>`")
+    assert outputs and any(cached for cached in outputs.values()) and not all(outputs.values())
+    for path, cached in outputs.items():
+        named = path.split("/")[0] + "/" if path.split("/")[0] + "/" in (checkout if cached else git) else path
+        assert named in (checkout if cached else git), (path, cached, RESTORE_HINT)
+        if not cached:  # git keeps it: `git checkout -- <path>` restores it
+            assert any(name == path or name.startswith(path + "/") for name in tracked), path

@@ -22,7 +22,11 @@ _Section = typing.TypeVar("_Section")
 
 # Said with every params error: `dvc repro -s <stage>` (and a direct run) skips the validate stage,
 # and DVC deletes a stage's outputs before running its command.
-RESTORE_HINT = "Outputs DVC removed before running a stage are still in its cache: `dvc checkout` restores them."
+RESTORE_HINT = (
+    "Outputs DVC removed before running a stage come back with `dvc checkout` where DVC caches them (models/, data/, "
+    "traces/, graph/ exports) and with `git checkout -- <path>` where git keeps them (`cache: false` in dvc.yaml: "
+    "metrics/, plots/, profiles/, report/, hardware/, graph/summary.md, graph/model_graph.svg)."
+)
 
 
 def params_from_mapping(raw: Any, source: str = "params.yaml") -> Params:
