@@ -56,8 +56,8 @@ def test_dvc_analytics_are_off_for_the_project_whatever_the_environment() -> Non
 
 
 def _declared_outputs() -> dict[str, bool]:
-    """Every output dvc.yaml declares that DVC removes before running its stage (outs, metrics, plots, not
-    `persist`; `${item}` expanded over the devices in params.yaml), and whether DVC caches it."""
+    """Every output dvc.yaml declares (outs, metrics, plots; `${item}` expanded over the devices in params.yaml), and
+    whether it is `persist` (DVC leaves it in place when its stage runs)."""
     pipeline = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
     devices = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())["profile"]["devices"]
     found: dict[str, bool] = {}
@@ -66,24 +66,14 @@ def _declared_outputs() -> dict[str, bool]:
         for kind in ("outs", "metrics", "plots"):
             for entry in body.get(kind, []):
                 path, options = (entry, {}) if isinstance(entry, str) else next(iter(entry.items()))
-                cached = (options or {}).get("cache", kind == "outs")
-                if (options or {}).get("persist"):
-                    continue
                 for item in devices if "${item}" in path else [None]:
-                    found[path.replace("${item}", str(item))] = bool(cached)
+                    found[path.replace("${item}", str(item))] = bool((options or {}).get("persist"))
     return found
 
 
-def test_the_restore_hint_of_params_errors_is_true_for_every_output() -> None:
-    """Said with every params error: each output DVC removes before a stage comes back by the command it names."""
+def test_dvc_removes_no_output_before_its_stage_so_the_restore_hint_of_params_errors_is_true() -> None:
+    """Said with every params error: the last complete outputs are untouched. True only if DVC removes none."""
     outputs = _declared_outputs()
-    tracked = set(
-        subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.split()
-    )
-    checkout, git = RESTORE_HINT.split("`dvc checkout`")[1].split("`git checkout -- <path>`")
-    assert outputs and any(cached for cached in outputs.values()) and not all(outputs.values())
-    for path, cached in outputs.items():
-        named = path.split("/")[0] + "/" if path.split("/")[0] + "/" in (checkout if cached else git) else path
-        assert named in (checkout if cached else git), (path, cached, RESTORE_HINT)
-        if not cached:  # git keeps it: `git checkout -- <path>` restores it
-            assert any(name == path or name.startswith(path + "/") for name in tracked), path
+    assert len(outputs) > 20 and "report" in outputs and "models/model.pt" in outputs
+    assert [path for path, persist in outputs.items() if not persist] == []
+    assert RESTORE_HINT.startswith("The last complete outputs are untouched")

@@ -20,12 +20,10 @@ from pipeline.params.schema import Params
 _Section = typing.TypeVar("_Section")
 
 
-# Said with every params error: `dvc repro -s <stage>` (and a direct run) skips the validate stage,
-# and DVC deletes a stage's outputs before running its command.
+# Said with every params error: `dvc repro -s <stage>` (and a direct run) skips the validate stage.
 RESTORE_HINT = (
-    "Outputs DVC removed before running a stage come back with `dvc checkout` where DVC caches them (models/, data/, "
-    "traces/, graph/ exports) and with `git checkout -- <path>` where git keeps them (`cache: false` in dvc.yaml: "
-    "metrics/, plots/, profiles/, report/, hardware/, graph/summary.md, graph/model_graph.svg)."
+    "The last complete outputs are untouched: DVC keeps every output in place (`persist` in dvc.yaml) and a stage "
+    "replaces its outputs only once all of them are written."
 )
 
 
