@@ -242,3 +242,25 @@ def test_a_second_sigterm_during_the_cleanup_is_not_lost_and_the_run_still_ends_
     assert result.returncode == 143, result.stdout + result.stderr
     assert "received <function _on_signal" in result.stdout, result.stdout  # not SIG_IGN: a later one is heard
     assert result.stdout.splitlines()[-1] == "status ['KILLED']", result.stdout + result.stderr
+
+
+def test_in_a_shielded_cleanup_one_more_signal_is_recorded_and_a_second_stops_it() -> None:
+    result = _run(
+        """
+        import os, signal
+        from pipeline.common.interrupts import install_handlers, received_signal, shielded
+        install_handlers("train")
+        try:
+            with shielded():
+                os.kill(os.getpid(), signal.SIGTERM)
+                print("cleanup goes on")
+                os.kill(os.getpid(), signal.SIGINT)
+                print("second signal ignored")
+        except KeyboardInterrupt as error:
+            print("second signal:", type(error).__name__)
+        print("recorded", signal.Signals(received_signal()).name)
+        """
+    )
+    assert result.stdout.splitlines() == ["cleanup goes on", "second signal: KeyboardInterrupt", "recorded SIGTERM"], (
+        result.stdout + result.stderr
+    )
