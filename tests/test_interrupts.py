@@ -199,6 +199,7 @@ def _stage_with_a_run(folder: Path, body: str, clean_up: str = "") -> subprocess
         from pipeline.params.schema import TrackingConfig
         from tests.helpers.stores import empty_store
 
+        os.environ.pop("MLFLOW_TRACKING_URI", None)  # the store below, whatever the suite's process had set
         folder = Path({str(folder)!r})
         uri = empty_store(folder)
         original = lifecycle._clean_up

@@ -10,7 +10,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,14 @@ INPUTS = {
     "plots/train_steps.csv": "step,epoch,train_loss,train_accuracy\n1,1,0.6,0.7\n2,1,0.5,0.8\n",
 }
 TABLE = "profiles/cpu/64-inference/top_operators.md"
+
+
+@pytest.fixture(autouse=True)
+def _no_tracking_uri_left() -> Iterator[None]:
+    """mlflow.set_tracking_uri (each stage run here, in process) sets $MLFLOW_TRACKING_URI: gone after each test, so
+    that no later test or child process logs into this test's store."""
+    yield
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
 def _json_with(relative: str, **changes: Any) -> Callable[[Path], None]:

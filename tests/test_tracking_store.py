@@ -5,11 +5,12 @@ signals (tests/helpers/store_stops.py stops a creation at its Nth SQL statement)
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,14 @@ from tests.helpers.stores import empty_store
 pytestmark = pytest.mark.slow
 MOMENTS = 10
 EXPERIMENT = "store-test"
+
+
+@pytest.fixture(autouse=True)
+def _no_tracking_uri_left() -> Iterator[None]:
+    """mlflow.set_tracking_uri (each stage run here, in process) sets $MLFLOW_TRACKING_URI: gone after each test, so
+    that no later test or child process logs into this test's store."""
+    yield
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
 def _stops(request: dict[str, object]) -> object:
