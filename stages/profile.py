@@ -39,6 +39,10 @@ def main() -> None:
         paths = [c.outputs for c in wanted]
         device_paths = DeviceProfileOutputs(device)
         with AtomicOutputs() as outputs, tqdm(total=config.processes + len(wanted), unit="pass") as bar:
+            # The device's folders are this run's whole output (dvc.yaml keeps them, `persist`): what it no longer
+            # writes (a batch size or mode removed from params.yaml) goes when the new set is committed.
+            outputs.own(device_paths.folder)
+            outputs.own(device_paths.traces)
             records, comparisons = run_device_profile(
                 setups,
                 spec,

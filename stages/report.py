@@ -27,6 +27,7 @@ def main() -> None:
         open_tracker("report", params.tracking) as tracker,
         AtomicOutputs() as outputs,
     ):
+        outputs.own(REPORT_DIR)  # a direct run removes what the new report no longer holds, as `dvc repro` does
         figures = Path(scratch) / "figures"
         figures.mkdir()
         report = build_report(params, figures)
@@ -41,7 +42,7 @@ def main() -> None:
             tracker.log_artifact_text(handin.for_mlflow, markdown_name)
             tracker.log_artifact_text(handin.page, page_name)
         for figure in sorted(figures.iterdir()):
-            outputs.staged(REPORT_FIGURES / figure.name).write_bytes(figure.read_bytes())
+            outputs.write_bytes(REPORT_FIGURES / figure.name, figure.read_bytes())
             tracker.log_artifact(figure, "figures")
             tag = tensorboard_image_tag(f"figures/{figure.name}")
             if tag is not None and figure.name not in handin_figures.files:  # the hand-ins are MLflow artifacts only

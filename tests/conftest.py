@@ -22,9 +22,9 @@ from tests.helpers.projects import (
 from tests.helpers.repo import REPO_PARAMS, REPO_ROOT
 from tests.helpers.stress import exit_summary
 
-# Every `dvc` command a test runs would also start `dvc daemon analytics` (0.3 s of CPU, 76 times a run: 5 % of the
-# suite's CPU), which then fails to reach its server offline. Tests and their children run without it; a user's own
-# `dvc` keeps the user's choice (`dvc config --global core.analytics false` turns it off).
+# Every `dvc` command would also start `dvc daemon analytics` (0.3 s of CPU, 76 times a run: 5 % of the suite's
+# CPU), which then fails to reach its server offline and leaves a temp file. The project turns it off
+# (`core.analytics false` in .dvc/config); the variable also covers a test's project whose config lacks it.
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 

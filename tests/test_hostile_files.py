@@ -609,6 +609,34 @@ def test_commit_is_all_or_nothing_when_one_rename_fails(
     assert list(tmp_path.rglob(".partial-*")) == []
 
 
+def test_files_an_owned_folder_no_longer_holds_go_with_the_commit_and_stay_when_it_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AtomicOutputs.own: a direct run removes what its new outputs no longer hold, all or nothing."""
+    monkeypatch.chdir(tmp_path)
+    old = {Path("report/report.md"): "old report", Path("report/handin.zh.md"): "old zh", Path("report/f/a.png"): "a"}
+    for final, text in old.items():
+        final.parent.mkdir(parents=True, exist_ok=True)
+        final.write_text(text)
+    blocker = Path("report/report.md")
+
+    def stage() -> None:
+        with AtomicOutputs() as outputs:
+            outputs.own(Path("report"))
+            outputs.write_text(blocker, "new report")
+
+    restore = _make_unreplaceable(blocker)
+    try:
+        code, stderr = _stage_exit(stage, capsys, name="report")
+    finally:
+        restore()
+    _assert_user_error(code, stderr, "could not replace report/report.md", "every output of this stage was left")
+    assert {final: final.read_text() for final in old} == old  # the stale files stay with the old set
+    run_stage("report", stage)
+    assert sorted(str(path) for path in Path("report").rglob("*") if path.is_file()) == ["report/report.md"]
+    assert blocker.read_text() == "new report"
+
+
 def _dead_pid() -> int:
     finished = subprocess.Popen([sys.executable, "-c", "pass"])
     finished.wait()  # its pid now names no process

@@ -124,7 +124,7 @@ def test_bad_value_is_refused_naming_the_key_and_the_fix(
 
     stderr = _refused(lambda: params_from_mapping(raw), capsys)
     assert expected in stderr, stderr
-    assert "dvc checkout" in stderr  # how to get outputs back if DVC removed them anyway
+    assert "The last complete outputs are untouched" in stderr  # DVC removes none (`persist`): nothing to restore
     assert "hunter2" not in stderr
 
 

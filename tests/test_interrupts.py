@@ -136,3 +136,132 @@ def test_ci_stops_at_one_moment_per_commit_and_consecutive_commits_cover_all_ten
     assert [moment_for(count) for count in range(120, 130)] == list(ALL_MOMENTS)
     assert sorted(moment_for(count) for count in range(57, 67)) == sorted(ALL_MOMENTS)  # any ten in a row
     assert moment_for(130) == moment_for(120) == ALL_MOMENTS[0]
+
+
+def _stage_with_dropped_signals(output: Path, *signal_names: str) -> subprocess.CompletedProcess[str]:
+    """A stage that, before its commit point, receives each of `signal_names` while Python runs a finalizer (a
+    WeakKeyDictionary's weakref callback and a `__del__`), where an exception raised by the handler is printed
+    ("Exception ignored in") and dropped; then it writes `output` through AtomicOutputs and prints "finished"."""
+    output.write_text("old")
+    return _run(
+        f"""
+        import gc, os, signal, time, weakref
+        from pathlib import Path
+        from pipeline.common.outputs import AtomicOutputs
+        from pipeline.common.stage_runner import run_stage
+
+        class Key:
+            def __del__(self):
+                os.kill(os.getpid(), signal.{signal_names[-1]})
+                time.sleep(0.05)  # the handler runs in here
+
+        def main():
+            table = weakref.WeakKeyDictionary()
+            key = Key()
+            weakref.finalize(key, lambda: (os.kill(os.getpid(), signal.{signal_names[0]}), time.sleep(0.05)))
+            table[key] = "value"
+            del key
+            gc.collect()
+            with AtomicOutputs() as outputs:
+                outputs.write_text(Path({str(output)!r}), "new")
+            print("finished")
+
+        run_stage("report", main)
+        """
+    )
+
+
+def test_a_signal_whose_exception_a_finalizer_drops_still_stops_the_stage_before_its_commit(tmp_path: Path) -> None:
+    result = _stage_with_dropped_signals(tmp_path / "out.txt", "SIGTERM", "SIGTERM")
+    assert "Exception ignored in" in result.stderr  # the exception was dropped where it was raised
+    assert result.returncode == 143 and "finished" not in result.stdout, result.stdout + result.stderr
+    assert "stage 'report' terminated (SIGTERM); no outputs were written." in result.stderr
+    assert (tmp_path / "out.txt").read_text() == "old" and list(tmp_path.glob(".partial-*")) == []
+
+
+def test_a_dropped_sigint_stops_the_stage_with_exit_130(tmp_path: Path) -> None:
+    result = _stage_with_dropped_signals(tmp_path / "out.txt", "SIGINT", "SIGINT")
+    assert result.returncode == 130 and "finished" not in result.stdout, result.stdout + result.stderr
+    assert "stage 'report' interrupted; no outputs were written." in result.stderr
+    assert (tmp_path / "out.txt").read_text() == "old"
+
+
+def _stage_with_a_run(folder: Path, body: str, clean_up: str = "") -> subprocess.CompletedProcess[str]:
+    """A stage with a real MLflow run in `folder`'s store: `body` runs inside open_tracker; `clean_up` runs at the
+    start of the run's cleanup. Prints the run's status last."""
+    return _run(
+        f"""
+        import gc, os, signal, time, weakref
+        from pathlib import Path
+        from mlflow import MlflowClient
+        import pipeline.tracking.lifecycle as lifecycle
+        from pipeline.common.stage_runner import run_stage
+        from pipeline.params.schema import TrackingConfig
+        from tests.helpers.stores import empty_store
+
+        os.environ.pop("MLFLOW_TRACKING_URI", None)  # the store below, whatever the suite's process had set
+        folder = Path({str(folder)!r})
+        uri = empty_store(folder)
+        original = lifecycle._clean_up
+
+        def clean_up(*arguments):
+            {clean_up or "pass"}
+            original(*arguments)
+
+        lifecycle._clean_up = clean_up
+
+        def main():
+            with lifecycle.open_tracker("probe", TrackingConfig("probe", "runs", "lab-model"), root=folder):
+                {body}
+
+        try:
+            run_stage("probe", main)
+        finally:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+            client = MlflowClient(uri)
+            runs = client.search_runs([client.get_experiment_by_name("probe").experiment_id],
+                                      filter_string="tags.`mlflow.runName` = 'probe'")
+            print("status", [run.info.status for run in runs])
+        """
+    )
+
+
+def test_a_run_whose_stop_a_finalizer_dropped_ends_killed_not_finished(tmp_path: Path) -> None:
+    body = "weakref.finalize(type('K', (), {})(), lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(0.05)))"
+    result = _stage_with_a_run(tmp_path, f"{body}; gc.collect()")
+    assert "Exception ignored in" in result.stderr
+    assert result.returncode == 143, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] == "status ['KILLED']", result.stdout + result.stderr
+
+
+def test_a_second_sigterm_during_the_cleanup_is_not_lost_and_the_run_still_ends_killed(tmp_path: Path) -> None:
+    result = _stage_with_a_run(
+        tmp_path,
+        "os.kill(os.getpid(), signal.SIGTERM); time.sleep(1)",
+        clean_up="os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.05); print('received', signal.getsignal(15))",
+    )
+    assert result.returncode == 143, result.stdout + result.stderr
+    assert "received <function _on_signal" in result.stdout, result.stdout  # not SIG_IGN: a later one is heard
+    assert result.stdout.splitlines()[-1] == "status ['KILLED']", result.stdout + result.stderr
+
+
+def test_in_a_shielded_cleanup_one_more_signal_is_recorded_and_a_second_stops_it() -> None:
+    result = _run(
+        """
+        import os, signal
+        from pipeline.common.interrupts import install_handlers, received_signal, shielded
+        install_handlers("train")
+        try:
+            with shielded():
+                os.kill(os.getpid(), signal.SIGTERM)
+                print("cleanup goes on")
+                os.kill(os.getpid(), signal.SIGINT)
+                print("second signal ignored")
+        except KeyboardInterrupt as error:
+            print("second signal:", type(error).__name__)
+        print("recorded", signal.Signals(received_signal()).name)
+        """
+    )
+    assert result.stdout.splitlines() == ["cleanup goes on", "second signal: KeyboardInterrupt", "recorded SIGTERM"], (
+        result.stdout + result.stderr
+    )

@@ -5,7 +5,8 @@ that `make test-stress` runs it on the second worker meanwhile).
 
 The stage holds at each moment ($LAB_PAUSE_AT / $LAB_PAUSE_PLAN, pipeline.common.interrupts) and the signal is sent
 from outside once it says so, so each case hits the same point every time. Every time: all processes gone within
-10 s, no output in place (nor a temp folder), and the MLflow run KILLED where one had been started.
+10 s, no new output in place (the stage alone: none, its outputs removed first; `dvc repro`: the previous ones byte
+for byte, dvc.yaml keeps them) nor a temp folder, and the MLflow run KILLED where one had been started.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tests.helpers.stress import (
     SIGNALS,
     Stderr,
     check_left_nothing,
+    output_bytes,
     remove_outputs,
     stress_project,
     train_runs,
@@ -74,6 +76,7 @@ def test_dvc_repro_process_group_stops_cleanly_at_every_moment(
     """As Ctrl-C in a terminal does: the signal goes to `dvc repro` and the stage it runs, together."""
     for signum in SIGNALS:
         runs_before = len(train_runs(project))
+        before = output_bytes(project)
         process = subprocess.Popen(
             ["dvc", "repro", "--force", "--single-item", "train"],
             cwd=project,
@@ -90,7 +93,7 @@ def test_dvc_repro_process_group_stops_cleanly_at_every_moment(
         text, gone_s = stderr.wait_all_gone(project, signalled)
         record_property(EXIT_PROPERTY, gone_s)
         assert process.returncode != 0, text[-2000:]
-        check_left_nothing(project, moment, runs_before, text)
+        check_left_nothing(project, moment, runs_before, text, before)
         # DVC recorded nothing for the stopped stage: it is out of date, and the next `dvc repro` runs it.
         status = run_command(["dvc", "status", "--json", "train"], project, stage_environment(mnist_mirror))
         assert status.returncode == 0 and "train" in json.loads(status.stdout), status.stdout + status.stderr

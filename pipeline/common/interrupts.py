@@ -6,6 +6,14 @@ every cleanup path runs: temp outputs discarded, the MLflow run ended KILLED, ex
 (pipeline.common.stage_runner). A stage started with SIGINT ignored (a background job of a non-interactive shell)
 keeps ignoring it, as POSIX tools do; SIGTERM always stops it.
 
+Raising is not enough on its own: Python runs a signal's handler wherever the main thread is, and an exception
+raised inside a finalizer (`__del__`, a weakref callback such as WeakKeyDictionary's) or some library callbacks is
+printed ("Exception ignored in: ...") and dropped, and the stage would go on to finish. So the handler also records
+every signal, and the stage checks the record where it matters (`raise_swallowed`): at its commit point before any
+rename, when its MLflow run would end FINISHED, and when its `main` returns. A signal seen before the commit point
+stops the stage there, whether its exception arrived or not. The cleanup a signal starts (the run's end) is
+`shielded`: one more signal meanwhile is recorded and the cleanup finishes; a further one stops it at once.
+
 The commit point is the moment before a stage's first output is renamed into place (`enter_commit_point`,
 called by pipeline.common.outputs.AtomicOutputs.commit and the data set's folder swap). A signal that arrived
 before it is raised there, before anything moved. From there on an exception would cut the renames, or the
@@ -29,6 +37,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -36,7 +45,10 @@ PAUSE_VARIABLE = "LAB_PAUSE_AT"
 PAUSE_LIMIT_S = 300.0  # a paused stage nobody signals goes on after this
 PLAN_VARIABLE = "LAB_PAUSE_PLAN"
 _INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+_received: list[int] = []  # signals received before the commit point, in order
 _deferred: list[int] = []  # signals received after the commit point, in order
+_shielded: list[int] = []  # signals received inside `shielded`, in order
+_shield_depth = 0
 _committing = False
 _pause_at = ""  # "<stage>:<moment>", set by install_handlers
 
@@ -46,19 +58,60 @@ class Terminated(KeyboardInterrupt):
     (temp outputs discarded, the MLflow run ended KILLED)."""
 
 
-def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    # Later SIGTERMs are ignored: the cleanup this one starts must be allowed to finish.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Terminated()
+def _stop(signum: int) -> KeyboardInterrupt:
+    return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    """Before the commit point: record the signal and raise. SIGTERM is never set to ignored here, so a second
+    one, during the cleanup the first started, is recorded too (and stops a `shielded` cleanup if it comes twice)."""
+    if _shield_depth:
+        _shielded.append(signum)
+        if len(_shielded) > 1:
+            raise _stop(signum)
+        return
+    _received.append(signum)
+    raise _stop(signum)
 
 
 def install_handlers(stage: str) -> None:
-    """SIGTERM raises `Terminated`; SIGINT keeps Python's KeyboardInterrupt, or stays ignored if it was. Reads
-    where `stage` is to pause, if anywhere: the first moment, `start-up`, is right here, before the stage's imports."""
+    """SIGTERM and SIGINT record the signal and raise `Terminated` or KeyboardInterrupt; SIGINT stays ignored if it
+    was. Reads where `stage` is to pause, if anywhere: the first moment, `start-up`, is right here, before the
+    stage's imports."""
     global _pause_at
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGTERM, _on_signal)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_signal)
     _pause_at = _requested_pause(stage)
     pause_at("start-up")
+
+
+def received_signal() -> int | None:
+    """The first SIGINT/SIGTERM received before the commit point, if any."""
+    return _received[0] if _received else None
+
+
+def raise_swallowed() -> None:
+    """Raise KeyboardInterrupt/Terminated if a signal arrived before the commit point: its own exception, raised in a
+    finalizer or callback, may have been dropped. Runs the handlers of signals pending right now first."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, [])  # CPython runs pending handlers in it (PyErr_CheckSignals)
+    if _received and not _committing:
+        raise _stop(_received[0])
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """The cleanup a stop starts (ending the MLflow run KILLED): one signal meanwhile is recorded, not raised, so
+    the cleanup finishes; a second one stops it at once, as a user who insists expects."""
+    global _shield_depth
+    _shield_depth += 1
+    try:
+        yield
+    finally:
+        _shield_depth -= 1
+        if not _shield_depth:
+            _received.extend(_shielded)
+            _shielded.clear()
 
 
 def _requested_pause(stage: str) -> str:
@@ -73,7 +126,7 @@ def _requested_pause(stage: str) -> str:
 def _defer(signum: int, frame: FrameType | None) -> None:
     _deferred.append(signum)
     if len(_deferred) > 1:  # the second one: stop now, whatever is left undone
-        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+        raise _stop(signum)
 
 
 def enter_commit_point() -> None:
@@ -82,9 +135,9 @@ def enter_commit_point() -> None:
     global _committing
     if _committing:
         return
-    # pthread_sigmask runs the Python handlers of signals that have arrived but not been handled yet
-    # (CPython calls PyErr_CheckSignals in it): KeyboardInterrupt/Terminated surfaces here, before any rename.
-    signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    # A signal that has arrived, handled or pending, and whose exception never got here, stops the stage here,
+    # before any rename.
+    raise_swallowed()
     for signum in _INTERRUPTS:
         if signal.getsignal(signum) not in (signal.SIG_IGN, signal.SIG_DFL, None):
             signal.signal(signum, _defer)

@@ -67,6 +67,8 @@ class AtomicOutputs:
 
     def __init__(self) -> None:
         self._staged: dict[Path, Path] = {}
+        self._owned: list[Path] = []
+        self._aside: set[Path] = set()  # where stale files wait for the end of the commit
 
     def staged(self, final: Path) -> Path:
         final = Path(final)
@@ -82,6 +84,18 @@ class AtomicOutputs:
         except OSError as error:  # disk full, quota, read-only: say which output, not just errno
             raise PipelineError(f"{write_error_message(error, final)} Nothing was written.") from None
 
+    def write_bytes(self, final: Path, data: bytes) -> None:
+        try:
+            self.staged(final).write_bytes(data)
+        except OSError as error:  # disk full, quota, read-only: say which output, not just errno
+            raise PipelineError(f"{write_error_message(error, final)} Nothing was written.") from None
+
+    def own(self, folder: Path) -> None:
+        """This stage writes the whole of `folder`: at the commit, files in it (at any depth) that the commit does
+        not write are removed with the old set, so a direct run leaves no stale file its new outputs no longer
+        hold (`dvc repro` removes them before the stage runs). Removing is part of the all-or-nothing commit."""
+        self._owned.append(Path(folder))
+
     def write_json(self, final: Path, payload: Any) -> None:
         self.write_text(final, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
@@ -94,17 +108,31 @@ class AtomicOutputs:
                 flush(dict(self._staged))
             pause_at("commit")
             enter_commit_point()
-            _replace_all(self._staged)
+            stale = self._stale_files()
+            self._aside = {partial_folder(path) for path in stale}
+            _replace_all(self._staged, stale)
         finally:
             self._remove_folders()
+
+    def _stale_files(self) -> list[Path]:
+        """The files in the owned folders that this commit does not write; temp folders (ours, other runs') aside."""
+        written = set(self._staged)
+        found = []
+        for folder in self._owned:
+            for path in sorted(folder.rglob("*")) if folder.is_dir() else []:
+                hidden = any(part.startswith(PARTIAL_PREFIX) or _STALE_NAME.match(part) for part in path.parts)
+                if not hidden and (path.is_file() or path.is_symlink()) and path not in written:
+                    found.append(path)
+        return found
 
     def discard(self) -> None:
         self._remove_folders()
 
     def _remove_folders(self) -> None:
-        for folder in {temporary.parent for temporary in self._staged.values()}:
+        for folder in {temporary.parent for temporary in self._staged.values()} | self._aside:
             shutil.rmtree(folder, ignore_errors=True)
         self._staged.clear()
+        self._aside.clear()
 
     def __enter__(self) -> AtomicOutputs:
         return self
@@ -118,8 +146,9 @@ class AtomicOutputs:
             self.discard()
 
 
-def _replace_all(staged: dict[Path, Path]) -> None:
-    """Two phases, each undone on failure: move the old finals aside, then the new files in.
+def _replace_all(staged: dict[Path, Path], stale: Sequence[Path] = ()) -> None:
+    """Two phases, each undone on failure: move the old finals (and the `stale` files, which nothing replaces)
+    aside, then the new files in.
 
     Moving an old file aside is the step an immutable file or a read-only mount refuses, so most
     failures happen before any output changed; a failure in the second phase moves the new files
@@ -135,6 +164,13 @@ def _replace_all(staged: dict[Path, Path]) -> None:
                 backup = temporary.parent / f".old-{index}-{final.name}"
                 os.replace(final, backup)
                 retired.append((final, backup))
+        for index, final in enumerate(stale):
+            current = final
+            aside = partial_folder(final)
+            aside.mkdir(exist_ok=True)
+            backup = aside / f".stale-{index}-{final.name}"
+            os.replace(final, backup)
+            retired.append((final, backup))
         for final, temporary in staged.items():
             current = final
             os.replace(temporary, final)

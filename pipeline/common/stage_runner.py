@@ -10,7 +10,15 @@ from pathlib import Path
 
 from pipeline.common.credentials import redact
 from pipeline.common.errors import PipelineError
-from pipeline.common.interrupts import Terminated, deferred_signal, install_handlers, past_commit_point, pause_at
+from pipeline.common.interrupts import (
+    Terminated,
+    deferred_signal,
+    install_handlers,
+    past_commit_point,
+    pause_at,
+    raise_swallowed,
+    shielded,
+)
 from pipeline.common.outputs import check_output_folder, sweep_stale_partials, write_error_message
 from pipeline.common.paths import ALL_OUTPUT_FOLDERS, NESTED_OUTPUT_FOLDERS, STAGE_OUTPUT_FOLDERS
 
@@ -39,6 +47,7 @@ def run_stage(name: str, main: Callable[[], None]) -> None:
         pause_at("imported")
         prepare_output_folders(name)
         main()
+        raise_swallowed()  # a stop whose exception a finalizer or callback dropped still ends the stage
     except PipelineError as error:
         print(redact(f"\nerror in stage '{name}': {error}"), file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
@@ -55,11 +64,13 @@ def run_stage(name: str, main: Callable[[], None]) -> None:
         print(redact(f"\nerror in stage '{name}': {message} {written}"), file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
     except Terminated:
-        print(f"\nstage '{name}' terminated (SIGTERM); {_what_was_written()}", file=sys.stderr)
-        sys.exit(EXIT_TERMINATED)
+        with shielded():  # a second signal while saying so would end the stage with a traceback
+            print(f"\nstage '{name}' terminated (SIGTERM); {_what_was_written()}", file=sys.stderr)
+            sys.exit(EXIT_TERMINATED)
     except KeyboardInterrupt:
-        print(f"\nstage '{name}' interrupted; {_what_was_written()}", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
+        with shielded():
+            print(f"\nstage '{name}' interrupted; {_what_was_written()}", file=sys.stderr)
+            sys.exit(EXIT_INTERRUPTED)
     late = deferred_signal()
     if late is not None:
         # It came after the commit point: the stage finished, and stops the pipeline all the same.

@@ -9,6 +9,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import ruamel.yaml
+import ruamel.yaml.error
 import yaml
 
 from pipeline.common.credentials import redact
@@ -69,13 +71,21 @@ def read_params_file(path: Path) -> Any:
             f"Save it as UTF-8. {fix}"
         ) from None
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
-    except yaml.YAMLError as error:
+        yaml.load(text, Loader=_StrictLoader)  # refuses aliases and duplicate keys, naming the line
+        return _as_dvc_reads(text)
+    except (yaml.YAMLError, ruamel.yaml.error.YAMLError) as error:
         raise PipelineError(f"{path} is not valid YAML ({redact(str(error))}). {fix}") from None
     except (ValueError, RecursionError) as error:  # an integer of more than 4300 digits; nesting thousands deep
         raise PipelineError(
             f"{path} holds a value this pipeline cannot read ({show_value(str(error))}). {fix}"
         ) from None
+
+
+def _as_dvc_reads(text: str) -> Any:
+    """The values as DVC reads params.yaml (dvc.utils.serialize.parse_yaml: ruamel's safe loader, YAML 1.2), so the
+    stages see the number DVC puts in `${...}` and `dvc params diff` shows: `1e9` is a float (YAML 1.1, PyYAML's,
+    reads a string), `yes`/`on` are strings (1.1: booleans), `010` is 10 (1.1: 8)."""
+    return ruamel.yaml.YAML(typ="safe").load(text)
 
 
 class _StrictLoader(yaml.SafeLoader):

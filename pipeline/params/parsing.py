@@ -20,9 +20,11 @@ from pipeline.params.schema import Params
 _Section = typing.TypeVar("_Section")
 
 
-# Said with every params error: `dvc repro -s <stage>` (and a direct run) skips the validate stage,
-# and DVC deletes a stage's outputs before running its command.
-RESTORE_HINT = "Outputs DVC removed before running a stage are still in its cache: `dvc checkout` restores them."
+# Said with every params error: `dvc repro -s <stage>` (and a direct run) skips the validate stage.
+RESTORE_HINT = (
+    "The last complete outputs are untouched: DVC keeps every output in place (`persist` in dvc.yaml) and a stage "
+    "replaces its outputs only once all of them are written."
+)
 
 
 def params_from_mapping(raw: Any, source: str = "params.yaml") -> Params:

@@ -40,7 +40,10 @@ def write_params_checked(
     """Validate `params_file` (values, and whether it fits this machine) and this machine's side of them
     (`check_environment`); if it passes, write `marker` and this machine's `fingerprint`, each only when its
     content differs (an unchanged file keeps its bytes and mtime: DVC reruns nothing after it)."""
-    check_environment(load_params(params_file))
+    params = load_params(params_file)
+    check_environment(params)
+    for note in capped_values(params):
+        print(note, file=sys.stderr)
     wanted = {marker: MARKER_TEXT, fingerprint: json.dumps(machine_fingerprint(), indent=2, sort_keys=True) + "\n"}
     changed = {path: text for path, text in wanted.items() if not (path.is_file() and path.read_text() == text)}
     if changed:
@@ -48,6 +51,20 @@ def write_params_checked(
             for path, text in changed.items():
                 outputs.write_text(path, text)
     print(f"{params_file} is valid -> {marker}; this machine -> {fingerprint}" + ("" if changed else " (unchanged)"))
+
+
+def capped_values(params: Params) -> list[str]:
+    """One note per accepted value that the stages cap, said once per `dvc repro` (here, in `validate`) rather
+    than once per stage that caps it."""
+    profile = params.profile
+    notes = []
+    if profile.program_starts > profile.processes:
+        notes.append(
+            f"note: `profile.program_starts` is {profile.program_starts}, more than `profile.processes` "
+            f"({profile.processes}): each profile stage starts {profile.processes}, one per timing process. Set it "
+            f"to at most {profile.processes} in params.yaml to say what runs."
+        )
+    return notes
 
 
 def check_environment(

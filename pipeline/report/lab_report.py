@@ -8,7 +8,6 @@ Torch-free: profiles are read through `pipeline.profiling.record`.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import shutil
 import statistics
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from pipeline.common.input_files import read_json_object, read_number_csv, read_text
 from pipeline.common.paths import (
     GRAPH_METRICS,
     GRAPH_SVG,
@@ -71,16 +71,33 @@ class ReportInputs:
     missing: list[str] = field(default_factory=list)  # one sentence per absent input
 
 
-def read_json(path: Path, producer: str, missing: list[str]) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
+def read_json(
+    path: Path, producer: str, missing: list[str], numbers: tuple[str, ...] = (), texts: tuple[str, ...] = ()
+) -> Any:
+    """`path`'s object, checked (pipeline.common.input_files); None, named in `missing`, where it does not exist."""
+    if not path.exists():
         missing.append(f"`{path}` is missing: run `dvc repro {producer}`.")
         return None
+    return read_json_object(path, producer, numbers, texts)
+
+
+HARDWARE_TEXTS = ("cpu", "cpu_count", "os", "machine", "python", "torch", "torchvision", "torch_cuda_build")
+TRAIN_METRIC_NUMBERS = ("test_accuracy", "test_loss", "train_accuracy", "train_loss")
+EPOCH_COLUMNS = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy")
+STEP_COLUMNS = ("step", "epoch", "train_loss", "train_accuracy")
 
 
 def read_inputs(config: ProfileConfig) -> ReportInputs:
+    """Every stage output the report reads, each checked here, before anything is drawn or written: a damaged one
+    stops the stage with the file and the stage that rewrites it; a missing one is named in the report."""
     profiles = read_profiles(config)
+    for record in profiles.records:
+        read_text(record.combination.outputs.table_markdown, record.combination.stage_name)
+        if record.analysis.top_kernels:
+            read_text(record.combination.outputs.kernel_table_markdown, record.combination.stage_name)
+    for plot, columns in ((TRAIN_EPOCHS_PLOT, EPOCH_COLUMNS), (TRAIN_STEPS_PLOT, STEP_COLUMNS)):
+        if plot.exists():
+            read_number_csv(plot, "train", columns)
     missing = list(profiles.missing)
     drift = {}
     if HARDWARE_ROOFS.exists():
@@ -91,14 +108,14 @@ def read_inputs(config: ProfileConfig) -> ReportInputs:
         }
     else:
         missing.append(f"`{HARDWARE_ROOFS}` is missing: run `dvc repro roofs`.")
-    model_summary = SUMMARY_MARKDOWN.read_text() if SUMMARY_MARKDOWN.exists() else None
+    model_summary = read_text(SUMMARY_MARKDOWN, "export_graph") if SUMMARY_MARKDOWN.exists() else None
     if model_summary is None:
         missing.append(f"`{SUMMARY_MARKDOWN}` is missing: run `dvc repro export_graph`.")
     return ReportInputs(
-        hardware=read_json(HARDWARE_FINGERPRINT, "hardware", missing),
-        train_metrics=read_json(TRAIN_METRICS, "train", missing),
-        train_speed=read_json(TRAIN_SPEED, "train", missing),
-        graph_metrics=read_json(GRAPH_METRICS, "export_graph", missing),
+        hardware=read_json(HARDWARE_FINGERPRINT, "validate", missing, texts=HARDWARE_TEXTS),
+        train_metrics=read_json(TRAIN_METRICS, "train", missing, numbers=TRAIN_METRIC_NUMBERS),
+        train_speed=read_json(TRAIN_SPEED, "train", missing, numbers=("images_per_second",)),
+        graph_metrics=read_json(GRAPH_METRICS, "export_graph", missing, numbers=("total_parameters",)),
         model_summary=model_summary,
         profiles=profiles.records,
         comparisons=profiles.comparisons,

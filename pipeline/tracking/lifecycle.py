@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.common.credentials import redact
 from pipeline.common.errors import PipelineError
+from pipeline.common.interrupts import raise_swallowed, shielded
 from pipeline.common.outputs import flushed_before_commit
 from pipeline.params.schema import TrackingConfig
 from pipeline.tracking.lineage import current_pipeline_run, mark_current, parent_run_id, reflect_children
@@ -155,6 +156,7 @@ def open_tracker(
         with flushed_before_commit(tracker.before_commit):  # logged before the outputs move (pipeline.common.outputs)
             yield tracker
         tracker.flush()
+        raise_swallowed()  # a stop whose exception a finalizer or callback dropped ends the run KILLED, not FINISHED
         status = "FINISHED"
     except KeyboardInterrupt:
         status, hurry = "KILLED", True
@@ -170,7 +172,8 @@ def open_tracker(
         raise failure from None
     finally:
         cleanup = one_try_each() if hurry else contextlib.nullcontext()
-        with cleanup:
+        # A stopped stage's run ends KILLED even if another signal comes meanwhile (a third stops it at once).
+        with cleanup, shielded() if status == "KILLED" else contextlib.nullcontext():
             _clean_up(tracker, uri, run_name, status, failure)
 
 

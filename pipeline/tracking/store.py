@@ -5,10 +5,12 @@ left by dead processes ended FAILED.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import re
 import sqlite3
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -223,8 +225,8 @@ def _sqlite_path(uri: str) -> Path | None:
 def prepare_experiment(uri: str, experiment: str, root: Path) -> str:
     """Create (once) the store and the experiment; return the experiment id.
 
-    A fresh SQLite store is migrated by whichever process opens it first; two doing so at once
-    race ("duplicate column name"), so creation happens under a file lock beside the database.
+    A SQLite store is created, completed or upgraded (settle_sqlite_store) under a file lock beside the
+    database: two processes migrating one store at once race ("duplicate column name").
     """
     from mlflow import MlflowClient
 
@@ -235,6 +237,7 @@ def prepare_experiment(uri: str, experiment: str, root: Path) -> str:
     with lock_context:
         if database is not None:
             check_sqlite_store(database)
+            settle_sqlite_store(database)
         client = MlflowClient(uri)
         found = client.get_experiment_by_name(experiment)
         if found is not None:
@@ -248,6 +251,160 @@ def prepare_experiment(uri: str, experiment: str, root: Path) -> str:
             "(children of a `pipeline@<commit>-<params>` run per `dvc repro`). Written by this project's pipeline."
         )
         return client.create_experiment(experiment, artifact_location=location, tags={NOTE_TAG: description})
+
+
+_BUILDING_SUFFIX = ".building"  # `mlflow.db.building-<pid>`: a store being built or upgraded aside
+
+
+def settle_sqlite_store(database: Path) -> None:
+    """Make `database` a complete MLflow store at MLflow's current schema, all or nothing; call under its lock.
+
+    MLflow creates and migrates a SQLite store in place, in dozens of statements SQLite commits one by one: a
+    stage stopped meanwhile left a half-built store that every later run failed on ("table logged_models already
+    exists"). Here a store is built, or copied and upgraded, in a file beside it, and renamed into place only when
+    complete, so a stop at any moment leaves the old store or the new one; what a stopped build left aside is
+    removed by the next. A half-built store left by MLflow itself (an interrupted `mlflow ui`, or an older version
+    of this pipeline) that holds no runs is rebuilt, saying so on stderr. A database with runs that this MLflow
+    cannot upgrade, or whose tables are not MLflow's, is refused with a message.
+    """
+    for leftover in database.parent.glob(f"{database.name}{_BUILDING_SUFFIX}-*"):
+        leftover.unlink(missing_ok=True)  # under the lock: every builder is gone
+    if not database.exists():
+        _build_aside(database, source=None)
+        return
+    state = store_state(database)
+    if state.complete:
+        return
+    fix = (
+        f"Move it aside (`mv {database} {database}.other`) to start an empty store here, or point "
+        "$MLFLOW_TRACKING_URI at another store. Nothing was run."
+    )
+    if state.foreign_tables:
+        raise PipelineError(
+            f"MLflow store {database} is not an MLflow store: it holds tables MLflow does not make "
+            f"({', '.join(sorted(state.foreign_tables)[:5])}). {fix}"
+        )
+    if state.runs == 0:
+        _build_aside(database, source=None)
+        print(
+            f"MLflow store {database} was half-built (its creation was stopped: schema revision "
+            f"{state.revision or 'none'} of {state.head}) and held no runs: rebuilt it.",
+            file=sys.stderr,
+        )
+        return
+    if not state.known_revision:
+        raise PipelineError(
+            f"MLflow store {database} holds {state.runs} runs at schema revision {state.revision or 'none'}, which "
+            f"this MLflow ({_mlflow_version()}) does not know: it was made by another MLflow version. Use that "
+            f"version, or: {fix}"
+        )
+    try:
+        _build_aside(database, source=database)
+    except Exception as error:  # SQLAlchemy's or Alembic's: a migration this store's state does not allow
+        raise PipelineError(
+            f"MLflow store {database} holds {state.runs} runs at schema revision {state.revision}, and upgrading a "
+            f"copy of it to {state.head} failed ({str(error).splitlines()[0][:200]}); the store is as it was. "
+            f"Upgrade it with the MLflow version that made it, or: {fix}"
+        ) from None
+    print(
+        f"MLflow store {database} upgraded from schema revision {state.revision} to {state.head} "
+        f"({state.runs} runs kept).",
+        file=sys.stderr,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _StoreState:
+    complete: bool
+    runs: int
+    revision: str | None
+    head: str
+    known_revision: bool
+    foreign_tables: frozenset[str]
+
+
+def store_state(database: Path) -> _StoreState:
+    """What a store's tables and Alembic revision say about it, read with sqlite3 (no migration started)."""
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.base_sql_model import Base
+    from mlflow.store.db.utils import _get_alembic_config
+    from mlflow.store.tracking.dbmodels.initial_models import Base as InitialBase
+
+    with contextlib.closing(sqlite3.connect(f"{database.as_uri()}?mode=ro", uri=True, timeout=60)) as connection:
+        tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        revisions = (
+            [row[0] for row in connection.execute("SELECT version_num FROM alembic_version")]
+            if "alembic_version" in tables
+            else []
+        )
+        runs = connection.execute("SELECT count(*) FROM runs").fetchone()[0] if "runs" in tables else 0
+    script = ScriptDirectory.from_config(_get_alembic_config(db_url=""))  # type: ignore[no-untyped-call]
+    head = script.get_current_head() or ""
+    revision = revisions[0] if len(revisions) == 1 else None
+    known = {rev.revision for rev in script.walk_revisions()}
+    mlflow_tables = set(Base.metadata.tables) | set(InitialBase.metadata.tables)
+    foreign = {
+        name
+        for name in tables
+        if name not in mlflow_tables and not name.startswith(("alembic_", "_alembic_tmp_", "sqlite_"))
+    }
+    return _StoreState(
+        complete=set(Base.metadata.tables) <= tables and revision == head,
+        runs=int(runs),
+        revision=revision,
+        head=head,
+        known_revision=revision in known,
+        foreign_tables=frozenset(foreign),
+    )
+
+
+def _build_aside(database: Path, source: Path | None) -> None:
+    """A complete store (new, or `source` copied and upgraded) built beside `database`, then renamed over it."""
+    from mlflow.store.db.utils import _initialize_tables, _upgrade_db, create_sqlalchemy_engine
+
+    aside = database.with_name(f"{database.name}{_BUILDING_SUFFIX}-{os.getpid()}")
+    aside.unlink(missing_ok=True)
+    try:
+        if source is not None:
+            with (
+                contextlib.closing(sqlite3.connect(f"{source.as_uri()}?mode=ro", uri=True, timeout=60)) as old,
+                contextlib.closing(sqlite3.connect(aside)) as new,
+            ):
+                old.backup(new)
+        engine = create_sqlalchemy_engine(f"sqlite:///{aside}")  # type: ignore[no-untyped-call]
+        try:
+            if source is None or not _tables_complete(aside):
+                # Creates the tables that are missing, then migrates to the head revision.
+                _initialize_tables(engine)  # type: ignore[no-untyped-call]
+            else:
+                _upgrade_db(engine)  # type: ignore[no-untyped-call]
+        finally:
+            engine.dispose()
+        with aside.open("rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(aside, database)
+        folder = os.open(database.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    finally:
+        aside.unlink(missing_ok=True)
+        aside.with_name(aside.name + "-journal").unlink(missing_ok=True)
+
+
+def _tables_complete(database: Path) -> bool:
+    from mlflow.store.db.base_sql_model import Base
+
+    with contextlib.closing(sqlite3.connect(f"{database.as_uri()}?mode=ro", uri=True, timeout=60)) as connection:
+        tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    return set(Base.metadata.tables) <= tables
+
+
+def _mlflow_version() -> str:
+    import mlflow
+
+    return f"MLflow {mlflow.__version__}"
 
 
 @contextlib.contextmanager

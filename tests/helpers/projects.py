@@ -318,14 +318,21 @@ def publish_reproduced(project: Path, cache: Path, digest: str) -> None:
     (cache / digest / PUBLISHED).write_text(f"{project}\n")
 
 
+def reproduced_cache(config: pytest.Config) -> Path | None:
+    """pytest's cache folder for published projects; None with `-p no:cacheprovider`, where `config.cache`, set by
+    that plugin, does not exist at all."""
+    cache = getattr(config, "cache", None)
+    return None if cache is None else Path(cache.mkdir("reproduced"))
+
+
 def build_reproduced(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
     """The session's reproduced project (`reproduced_project`), built by the first worker that needs it and then
     published in pytest's cache (`publish_reproduced`) under this tree's digest, unless the cache is off
     (`-p no:cacheprovider`)."""
 
     def publish(project: Path) -> None:
-        if config.cache is not None:
-            cache = config.cache.mkdir("reproduced")
+        cache = reproduced_cache(config)
+        if cache is not None:
             with FileLock(cache.parent / "reproduced.lock"):
                 publish_reproduced(project, cache, tree_digest(mnist_mirror))
 

@@ -119,8 +119,22 @@ class Stderr:
         return self.text, gone_s
 
 
-def check_left_nothing(project: Path, moment: str, runs_before: int, stderr: str) -> None:
-    assert not [relative for relative in OUTPUTS if (project / relative).exists()], stderr[-3000:]
+def output_bytes(project: Path) -> dict[str, bytes | None]:
+    """The train stage's outputs as they are: each one's bytes, None where it does not exist."""
+    paths = {relative: project / relative for relative in OUTPUTS}
+    return {relative: path.read_bytes() if path.exists() else None for relative, path in paths.items()}
+
+
+def check_left_nothing(
+    project: Path, moment: str, runs_before: int, stderr: str, before: dict[str, bytes | None] | None = None
+) -> None:
+    """The stop wrote nothing: every output as it was `before` (byte for byte; dvc.yaml keeps them, `persist`), or
+    absent where no `before` is given (the stage alone, its outputs removed first)."""
+    if before is None:
+        assert not [relative for relative in OUTPUTS if (project / relative).exists()], stderr[-3000:]
+    else:
+        changed = [name for name, old in output_bytes(project).items() if old != before[name]]
+        assert changed == [], stderr[-3000:]
     assert list(project.rglob(".partial-*")) == [] and not list((project / "models").glob(".*partial*"))
     assert "Traceback" not in stderr, stderr[-3000:]
     runs = train_runs(project)
