@@ -220,6 +220,8 @@ def test_the_update_is_named_as_why_training_costs_more_than_its_flops_only_wher
     assert beyond.message == "finding_train_more_than_flops"  # without the update: 2.3 / 0.15 = 15x, beyond 4.5x
     [tiny] = train_against_inference(modes_at(1, 0.01, 20.0))
     assert tiny.message == "finding_train_above_flops"  # the traced ratio (3.4x) disagrees with the paired: no cause
+    [agree] = train_against_inference(modes_at(1, 0.01, 3.4))  # traced 3.4x, above 3x, within 1.5x: no cause
+    assert agree.message == "finding_train_above_flops_agree" and "cannot say why" not in rendered(agree)["en"]
     [within] = train_against_inference(modes_at(1, 5.0, 2.9))
     assert within.message == "finding_train_against_flops"
     assert "more than" not in rendered(within)["en"] and "without it" not in rendered(within)["en"]

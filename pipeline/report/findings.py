@@ -614,14 +614,16 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
             }
             values |= {"traced_ratio": traced.value, "traced_low": traced.low, "traced_high": traced.high}
             cites = {"ratio": ratio, "traced_ratio": traced, "without_update": without, **{p: m for p, m, _ in phases}}
-            if above and consistent and ratio.low > explained >= without.value:
-                message = "finding_train_update_explains"
-            elif above and consistent and without.low > explained:
-                message = "finding_train_more_than_flops"
-            elif above:
-                message = "finding_train_above_flops"
-            else:
+            if not above:
                 message = "finding_train_against_flops"
+            elif not consistent:
+                message = "finding_train_above_flops"
+            elif ratio.low > explained >= without.value:
+                message = "finding_train_update_explains"
+            elif without.low > explained:
+                message = "finding_train_more_than_flops"
+            else:
+                message = "finding_train_above_flops_agree"
             found.append(Finding("train_against_inference", message, values, cites))
     return found
 
