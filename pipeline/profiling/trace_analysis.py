@@ -536,7 +536,8 @@ def _anatomy(
     else:
         reason = (
             f"{busy_pct:.1f} % of the {step_ms:.3f} ms traced step is inside ATen operators, "
-            f"{100 - busy_pct:.1f} % outside them (Python and framework code between operators)"
+            f"{100 - busy_pct:.1f} % outside them (Python and framework code between operators, and the profiler's "
+            "own hooks)"
         )
     return StepAnatomy(
         device=device,

@@ -76,7 +76,8 @@ def allocator_markdown(records: Sequence[ProfileRecord]) -> str:
             "unmapped every step, so each step can fault its memory in again page by page, in the time of whichever "
             "operator touches it first. How often that happens depends on what the process freed before (glibc's "
             "manual: it raises its threshold to the largest mapped block freed so far), so the page faults differ "
-            "between processes: the "
+            "between processes. These runs count the faults beside the slowdown; they do not test whether the faults "
+            "cause it (process by process the two need not move together). The "
             "table gives their median (of an even number of processes, the mean of the middle two) and their range.\n",
             *markdown_table(columns, rows),
             "",
@@ -116,8 +117,8 @@ def allocator_sentences(records: Sequence[ProfileRecord]) -> list[str]:
         "with the same operators on the same values."
     )
     sentence += (
-        " Paired: each defaults process ran next to a tuned one, so the machine's drift between minutes is not "
-        "in these ratios."
+        " Paired: each defaults process ran next to a tuned one, so drift that both processes of a pair shared "
+        "cancels in these ratios (what each process did on its own stays in their spread)."
         if paired
         else " Not paired: the defaults were timed in the stage's own process and the tuned step in the timing "
         "processes, minutes apart at most."

@@ -358,22 +358,44 @@ def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
             share = measured(100 * value / saved.value, 100 * change / total)
             rows.append((group, share))
         rows.sort(key=lambda row: -row[1].value)
-        if not rows:
+        helped = [row for row in rows if row[1].value > 0]
+        against = [row for row in rows if row[1].value < 0]
+        if not helped:
             continue
         values = {
             **_subject(device, mode, small, large),
             "change": abs(saved.value),
             "change_low": min(abs(saved.low), abs(saved.high)),
             "change_high": max(abs(saved.low), abs(saved.high)),
-            "groups": _group_listing("finding_share_item", rows),
+            "groups": _group_listing("finding_share_item", helped),
+            "against": _group_listing("finding_share_item", [(g, _negated(m)) for g, m in against]),
         }
-        message = "finding_change_attributed_saved" if falls else "finding_change_attributed_cost"
+        message = {
+            (True, False): "finding_change_attributed_saved",
+            (True, True): "finding_change_attributed_saved_against",
+            (False, False): "finding_change_attributed_cost",
+            (False, True): "finding_change_attributed_cost_against",
+        }[(falls, bool(against))]
         found.append(Finding("why_per_sample_changes", message, values, {"change": saved, **dict(rows)}))
     return found
 
 
+def rounded_up(value: float, digits: int) -> float:
+    """`value` rounded up at `digits` decimals: an upper bound printed never below what it bounds."""
+    return math.ceil(value * 10**digits) / 10**digits
+
+
+def rounded_down(value: float, digits: int) -> float:
+    """`value` rounded down at `digits` decimals: a lower bound printed never above what it bounds."""
+    return math.floor(value * 10**digits) / 10**digits
+
+
 def _overlap(first: Measured, second: Measured) -> bool:
     return first.low <= second.high and second.low <= first.high
+
+
+def _negated(share: Measured) -> Measured:
+    return Measured(-share.value, -share.high, -share.low, share.source)
 
 
 def _draws_or_zero(traced: TracedSteps, select: Callable[[str, str], bool]) -> np.ndarray:
@@ -472,14 +494,15 @@ def per_step_or_per_sample(data: AnalysisData) -> list[Finding]:
                     "finding_fixed_per_step",
                     {
                         **values,
-                        "bound": max(m.high for _, m, _ in fixed),
-                        "fall": scale / max(m.high for _, m, _ in fixed),
+                        "bound": rounded_up(max(m.high for _, m, _ in fixed), 2),
+                        "fall": rounded_down(scale / max(m.high for _, m, _ in fixed), 0),
                         "groups": Listing(
                             "finding_fixed_item",
                             tuple(
                                 {
                                     "group": Label(f"group_{g}"),
                                     "small": small,
+                                    "large": large,
                                     "ms": ms,
                                     "value": m.value,
                                     "low": m.low,
@@ -499,8 +522,9 @@ def per_step_or_per_sample(data: AnalysisData) -> list[Finding]:
                     "finding_grows_with_batch",
                     {
                         **values,
-                        "bound": min(m.low for _, m, _ in growing),
-                        "fall": scale / min(m.low for _, m, _ in growing),
+                        "bound": rounded_down(min(m.low for _, m, _ in growing), 1),
+                        "fall": rounded_up(scale / min(m.low for _, m, _ in growing), 1),
+                        "pct": rounded_down(100 * min(m.low for _, m, _ in growing) / scale, 0),
                         "groups": _group_listing("finding_growth_item", [(g, m) for g, m, _ in growing]),
                     },
                     {g: m for g, m, _ in growing},
@@ -707,7 +731,7 @@ def gpu_against_cpu(data: AnalysisData) -> list[Finding]:
                 "idle_large": idle_large.value,
                 "idle_ms_small": a.mean(idle),
                 "idle_ms_large": b.mean(idle),
-                "bound": growth.high,
+                "bound": rounded_up(growth.high, 1),
                 "scale": large / small,
             }
             cites = {"speedup_small": speedups[0], "speedup_large": speedups[1], "idle_growth": growth}

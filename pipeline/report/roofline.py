@@ -11,6 +11,7 @@ roofs come from the `roofs` stage (hardware/roofs.json). Torch-free; reads profi
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +30,10 @@ from pipeline.report.tables import markdown_table
 matplotlib.use("Agg")  # no display: CI and servers
 
 UNDECIDED = "left of the ridge: not decided"
+NEAR_RIDGE = "near the ridge: not decided"
+# A point is called compute-bound only at twice the ridge's intensity or more: its count is each operator's bytes
+# moved once, so re-reads from DRAM could move a point just right of the ridge to its left.
+COMPUTE_BOUND_MARGIN = 2.0
 WHOLE_STEP = "whole step"
 BATCH_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink")
 
@@ -66,7 +71,9 @@ class RooflinePoint:
         no cache held anything between its operators) a point is compute-bound unless re-reads from DRAM multiply its
         traffic; left of it the count decides nothing (a step's operators may share data through a cache, an
         operator's data may come from a cache)."""
-        return UNDECIDED if self.intensity < self.ridge else "compute-bound"
+        if self.intensity < self.ridge:
+            return UNDECIDED
+        return "compute-bound" if self.intensity >= COMPUTE_BOUND_MARGIN * self.ridge else NEAR_RIDGE
 
     @property
     def where(self) -> str:
@@ -163,6 +170,7 @@ def _bound_sentence(points: Sequence[RooflinePoint]) -> str:
     """`Compute-bound (...): ...; left of the ridge, not decided: ...`, each name with where it sits."""
     sides: dict[str, dict[str, list[RooflinePoint]]] = {
         "compute-bound": defaultdict(list),
+        NEAR_RIDGE: defaultdict(list),
         UNDECIDED: defaultdict(list),
     }
     for point in points:
@@ -178,7 +186,12 @@ def _bound_sentence(points: Sequence[RooflinePoint]) -> str:
             span = f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}-{high:.1f}"
             label = WHOLE_STEP if name == WHOLE_STEP else f"`{name}`"
             described.append(f"{label} ({', '.join(p.where for p in placed)}; {span} FLOP/byte)")
-        if bound == UNDECIDED:
+        if bound == NEAR_RIDGE:
+            parts.append(
+                f"Right of the ridge at their counted intensity, but by less than {COMPUTE_BOUND_MARGIN:g}x, not "
+                f"decided: {'; '.join(described)}. Re-reads from DRAM could move them left of it."
+            )
+        elif bound == UNDECIDED:
             parts.append(
                 f"Left of the ridge at their counted intensity, not decided: {'; '.join(described)}. A step's count "
                 "assumes no cache reuse between its operators, so its true intensity may lie right of the ridge; an "
@@ -186,10 +199,11 @@ def _bound_sentence(points: Sequence[RooflinePoint]) -> str:
                 "counters) could show which of them DRAM's bandwidth bounds."
             )
         else:
-            margin = min(point.intensity / point.ridge for placed in names.values() for point in placed)
+            margin = math.floor(10 * min(p.intensity / p.ridge for placed in names.values() for p in placed)) / 10
             parts.append(
-                "Compute-bound at their counted intensity (right of the ridge; re-reads from DRAM would have to "
-                f"multiply their traffic by more than {margin:.1f}x to move the least of them left of it): "
+                f"Compute-bound at their counted intensity (at least {COMPUTE_BOUND_MARGIN:g}x right of the ridge; "
+                f"re-reads from DRAM would have to multiply their traffic by more than {margin:.1f}x to move the least "
+                "of them left of it): "
                 f"{'; '.join(described)}."
             )
     return " ".join(parts)
@@ -211,7 +225,7 @@ def _above_sentence(points: Sequence[RooflinePoint]) -> str:
         return f"{name} ({point.where}: {point.roof_pct:.0f} % of its roof, {amount})"
 
     memory = [label(point) for point in above if point.bound == UNDECIDED]
-    compute = [label(point) for point in above if point.bound == "compute-bound"]
+    compute = [label(point) for point in above if point.bound != UNDECIDED]
     parts = []
     if memory:
         parts.append(

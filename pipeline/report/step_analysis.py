@@ -134,7 +134,9 @@ def anatomy_markdown(facts: Sequence[StepFacts]) -> str:
     ]
     lines.extend(["", *markdown_table((*columns, "verdict"), table)])
     lines.append("")
-    lines.extend(f"- {fact.label}: **{fact.anatomy.words}**: {fact.anatomy.reason}." for fact in rows if fact.anatomy)
+    lines.extend(
+        f"- {fact.label}: **{fact.anatomy.words}**: {_anatomy_reason(fact.anatomy)}." for fact in rows if fact.anatomy
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -297,3 +299,15 @@ def _device_pairs(facts: Sequence[StepFacts]) -> list[tuple[StepFacts, StepFacts
     cpu = {(fact.batch_size, fact.mode): fact for fact in facts if fact.device == "cpu"}
     pairs = [(cpu[(f.batch_size, f.mode)], f) for f in facts if f.device != "cpu" and (f.batch_size, f.mode) in cpu]
     return sorted(pairs, key=lambda pair: (pair[0].batch_size, pair[0].mode))
+
+
+def _anatomy_reason(anatomy: StepAnatomy) -> str:
+    """The numbers behind the verdict; on the CPU, what the time outside operators holds (records state it without
+    the profiler's own hooks, which it holds too)."""
+    if anatomy.device != "cpu":
+        return anatomy.reason
+    return (
+        f"{anatomy.busy_pct:.1f} % of the {anatomy.step_ms:.3f} ms traced step is inside ATen operators, "
+        f"{anatomy.idle_pct:.1f} % outside them (Python and framework code between operators, and the profiler's own "
+        "hooks)"
+    )
