@@ -382,12 +382,12 @@ def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
 
 def rounded_up(value: float, digits: int) -> float:
     """`value` rounded up at `digits` decimals: an upper bound printed never below what it bounds."""
-    return math.ceil(value * 10**digits) / 10**digits
+    return float(math.ceil(value * 10**digits) / 10**digits)
 
 
 def rounded_down(value: float, digits: int) -> float:
     """`value` rounded down at `digits` decimals: a lower bound printed never above what it bounds."""
-    return math.floor(value * 10**digits) / 10**digits
+    return float(math.floor(value * 10**digits) / 10**digits)
 
 
 def _overlap(first: Measured, second: Measured) -> bool:
