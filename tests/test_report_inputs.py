@@ -205,7 +205,9 @@ def test_a_direct_run_removes_the_files_its_new_report_no_longer_holds(
         "report/handin.zh.md",
         "report/handin.zh.html",
         "report/figures/training_curves.png",
-        "report/figures/handin_curves.png",
+        "report/figures/handin_curves.en.png",
+        "report/figures/handin_curves.zh.png",
+        "report/figures/handin_top_operators.zh.png",  # each language's figures go with it
     }
     assert "_Training curves not available (see Missing inputs)._" in second["report/report.md"].decode()
     assert [path.name for path in (project / "report").rglob(".*")] == []  # no temp folder left
