@@ -106,7 +106,8 @@ def test_the_chinese_handin_holds_every_heading_and_label_of_the_template_and_fi
     )
     # The helper's paired ratio of batch 64 over 1 is 0.25 (0.24-0.26), below 1 in all six processes.
     assert (
-        "单样本耗时是批大小 1 时的 0.250 倍（95% 置信区间 0.240–0.260，6 个进程的比值全部低于 1）：更短。" in batch_64
+        "单样本耗时是批大小 1 时的 0.250 倍（95% 置信区间 0.240–0.260，6 个进程的比值全部低于 1）：单样本耗时缩短。"
+        in batch_64
     )
     assert batches[2][1] == "没有做性能分析：把 16 加入 `profile.batch_sizes` 即可。"
     assert environment[1][2] == "无" and environment[4][2].endswith("未使用：没有在 GPU 上做性能分析")

@@ -125,7 +125,8 @@ def test_cpu_vs_gpu_section_gives_ratios_and_explains_the_slow_gpu_at_batch_1() 
 def test_anatomy_text_names_the_rows_whose_traced_step_is_shorter_than_the_timed_interval() -> None:
     facts = [fact for fact in reference_facts({"1-cuda-train": 8.3, "64-cpu-train": 90.0}) if fact.anatomy]
     assert len(facts) == 2
-    assert "Here every traced step is within or above the timed step's 95 % interval." in anatomy_markdown(facts)
+    text = anatomy_markdown(facts)
+    assert "Here each row's median traced step is within or above the timed step's 95 % interval." in text
     first = facts[0]
     assert first.anatomy is not None
     faster = dataclasses.replace(first.anatomy, step_ms=first.step.low / 2)
@@ -281,7 +282,7 @@ def test_allocator_section_compares_each_cpu_combination_and_says_what_is_not_th
     drift = _with_whatif(make_record(1, "cpu", "train", 8.0, (("aten::add", 10.0),)), 7.0, 0, 0)
     gpu = make_record(64, "cuda", "train", 2.0)  # no what-if on a GPU: no row
     table = allocator_markdown([faulting, same, drift, gpu])
-    assert "| 64 train | 70.000 (68.600-71.400) | 50.000 (49.000-51.000) | 1.40x (1.35-1.46x) | 9,000 | 0 |" in table
+    assert "| 64 train | 70.000 (68.600-71.400) | 50.000 (49.000-51.000) | 1.40x (1.35-1.46x) | 9,000 | 0.00 |" in table
     assert "`aten::mkldnn_convolution` 50.0 → 60.0 %" in table
     assert "| 16 train |" in table and "no measurable difference" in table and "cuda" not in table
     (sentence,) = allocator_sentences([faulting, same, drift, gpu])
@@ -314,8 +315,8 @@ def test_a_paired_allocator_whatif_states_the_pairs_ratio_and_a_direction_only_w
     faster = _paired(_with_whatif(make_record(1, "cpu", "train", 8.0), 7.6, 2, 1), (0.94, 0.95, 0.96))
     table = allocator_markdown([slower, tie, faster])
     assert (
-        "| 64 train | 52.000 (50.960-53.040) | 50.000 (49.000-51.000) | 1.04x (1.03-1.05x) | 9,000 (9,000-9,000) | 1 |"
-        in table
+        "| 64 train | 52.000 (50.960-53.040) | 50.000 (49.000-51.000) | 1.04x (1.03-1.05x) | 9,000 (9,000-9,000) "
+        "| 1.00 |" in table
     )
     assert "| 16 train |" in table and "no measurable difference (0.99-1.02x)" in table
     assert "ratio is taken pair by pair" in table
@@ -401,4 +402,8 @@ def test_the_defaults_page_faults_are_given_as_the_processes_median_and_range() 
         record.allocator_whatif, page_faults_per_step=statistics.median(faults), process_page_faults=faults
     )
     table = allocator_markdown([dataclasses.replace(record, allocator_whatif=whatif)])
-    assert "| 67 (0-154) | 0 |" in table and "the mean of the middle two" in table and "median process's" not in table
+    assert (
+        "| 67 (0.00-154) | 0.00 |" in table
+        and "the mean of the middle two" in table
+        and "median process's" not in table
+    )

@@ -46,7 +46,7 @@ def allocator_markdown(records: Sequence[ProfileRecord]) -> str:
                 f"{tuned.value:.3f} ({tuned.low:.3f}-{tuned.high:.3f})",
                 slowdown.describe(),
                 _faults(whatif),
-                f"{whatif.tuned_page_faults_per_step:,.0f}",
+                _count(whatif.tuned_page_faults_per_step),
                 shifted_operators(record, whatif),
             )
         )
@@ -133,8 +133,9 @@ def allocator_sentences(records: Sequence[ProfileRecord]) -> list[str]:
         for record, value in ratios
         if value.measurable
         and record.allocator_whatif is not None
-        and record.allocator_whatif.page_faults_per_step < 1
-        and record.allocator_whatif.tuned_page_faults_per_step < 1
+        and not any(record.allocator_whatif.process_page_faults)
+        and record.allocator_whatif.page_faults_per_step == 0
+        and record.allocator_whatif.tuned_page_faults_per_step == 0
     ]
     if drift:
         sentence += (
@@ -147,5 +148,10 @@ def allocator_sentences(records: Sequence[ProfileRecord]) -> list[str]:
 def _faults(whatif: AllocatorWhatIf) -> str:
     """The defaults' page faults per step: the median over the processes, with their range where they were recorded."""
     counts = whatif.process_page_faults
-    median = f"{whatif.page_faults_per_step:,.0f}"
-    return f"{median} ({min(counts):,.0f}-{max(counts):,.0f})" if counts else median
+    median = _count(whatif.page_faults_per_step)
+    return f"{median} ({_count(min(counts))}-{_count(max(counts))})" if counts else median
+
+
+def _count(faults: float) -> str:
+    """Page faults per step: whole numbers from 10 on, two decimals below (0.03 is not 0)."""
+    return f"{faults:,.0f}" if faults >= 10 else f"{faults:.2f}"

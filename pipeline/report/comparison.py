@@ -227,7 +227,8 @@ def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
         "row's step time is the "
         "median over the processes of their medians, its 95 % CI the spread between processes (within this run: "
         "how far the machine's speed drifts between runs is stated once, under Environment). IQR is the spread of "
-        "all blocks."
+        "all blocks. Convolution share: the rows of the operator table whose name holds `conv` (wrappers such as "
+        "`aten::_convolution` included), as % of the traced step's operator time."
     ]
 
     def names(flagged: Sequence[ComparisonRow]) -> str:

@@ -138,6 +138,14 @@ class TracedSteps:
     def total(self) -> float:
         return float(self.means.sum())
 
+    def hooks_cover_outside(self) -> bool:
+        """The profiler's hooks may account for all of the time outside operators: the most they add to a step (95 %,
+        from the steps run untraced around the pass) is at least that time. Then "outside" says nothing of the step."""
+        check = self.record.trace_check
+        hooks = check.hooks_high_ms if check is not None else None
+        outside = self.mean(of_group("outside")) if self.rows(of_group("outside")) else 0.0
+        return hooks is not None and hooks >= outside
+
     def flops(self, select: Callable[[str, str], bool]) -> float:
         return sum(flops for key, flops in self.mflops.items() if select(*key)) * 1e6
 
@@ -351,6 +359,8 @@ def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
             select = of_group(group)
             if not a.rows(select) and not b.rows(select):
                 continue
+            if group == "outside" and (a.hooks_cover_outside() or b.hooks_cover_outside()):
+                continue  # the profiler's hooks may be all of it
             change = _draws_or_zero(a, select) / small - _draws_or_zero(b, select) / large
             value = _mean_or_zero(a, select) / small - _mean_or_zero(b, select) / large
             if not measured(value, change).excludes(0.0, margin=UNDECIDED_MARGIN * abs(saved.value)):
@@ -417,6 +427,8 @@ def classed_groups(
         select = of_group(group)
         if not a.rows(select) or not b.rows(select):
             continue
+        if group == "outside" and (a.hooks_cover_outside() or b.hooks_cover_outside()):
+            continue  # the profiler's hooks may be all of it
         if a.mean(select) < MATERIAL_SHARE * a.total() and b.mean(select) < MATERIAL_SHARE * b.total():
             continue
         small_draws = a.draws_of(select)
@@ -636,7 +648,14 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
                 "without_low": without.low,
                 "without_high": without.high,
             }
-            values |= {"traced_ratio": traced.value, "traced_low": traced.low, "traced_high": traced.high}
+            values |= {
+                "traced_ratio": traced.value,
+                "traced_low": traced.low,
+                "traced_high": traced.high,
+                "excess_share": 100 * (traced.value - without.value) / (traced.value - flop_ratio)
+                if traced.value > flop_ratio
+                else 0.0,
+            }
             cites = {"ratio": ratio, "traced_ratio": traced, "without_update": without, **{p: m for p, m, _ in phases}}
             if not above:
                 message = "finding_train_against_flops"

@@ -9,6 +9,7 @@ where its input is missing. Torch-free.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -150,7 +151,7 @@ def environment_table(inputs: ReportInputs, say: Catalogue) -> str:
             say(
                 "cpu_value",
                 cpu=hardware["cpu"],
-                family_model=hardware.get("cpu_family_model", say("not_recorded")),
+                family_model=_family_model(hardware.get("cpu_family_model"), say),
                 vcpus=hardware["cpu_count"],
             ),
             "<br>".join(say("gpu_value", model=model, count=count) for model, count in sorted(gpus.items()))
@@ -164,6 +165,14 @@ def environment_table(inputs: ReportInputs, say: Catalogue) -> str:
             say("cuda_used", build=build, runtime=runtime) if runtime else say("cuda_unused", build=build),
         ]
     return _table([(say(group), say(label), value) for (group, label), value in zip(labels, values, strict=True)], 3)
+
+
+def _family_model(recorded: str | None, say: Catalogue) -> str:
+    """The fingerprint's `family 6, model 207` in the hand-in's words; as recorded where it reads otherwise."""
+    found = re.fullmatch(r"family (\d+), model (\d+)", recorded or "")
+    if found is None:
+        return recorded or say("not_recorded")
+    return say("family_model", family=found.group(1), model=found.group(2))
 
 
 def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigures, say: Catalogue) -> str:

@@ -88,7 +88,7 @@ def anatomy_markdown(facts: Sequence[StepFacts]) -> str:
         "hooks only add: the tracing process ran faster than the timing processes (a process's or a machine's speed "
         "can drift between passes), so read the busy shares, not the two step times against each other."
         if shorter
-        else " Here every traced step is within or above the timed step's 95 % interval."
+        else " Here each row's median traced step is within or above the timed step's 95 % interval."
     )
     untraced = any(fact.untraced_ms is not None for fact in rows)
     hooks = (
