@@ -161,7 +161,7 @@ def test_what_sets_the_cost_is_said_where_per_step_work_leads_the_small_batch_an
     # batch 1: the update 5 ms and the outside 0.2 ms of 5.8 ms; batch 64: convolutions 38.4 ms of 43.6 ms
     assert finding.values["fixed_share"] == pytest.approx(100 * 5.2 / 5.8, rel=0.01)
     assert finding.values["growing_share"] == pytest.approx(100 * 38.4 / 43.6, rel=0.01)
-    assert "（Adadelta 优化器更新、算子之外的时间）" in rendered(finding)["zh"]
+    assert "（Adadelta 优化器更新；算子之外的时间）" in rendered(finding)["zh"]
     assert what_sets_the_cost(batch_pair(optimizer_ms=0.1)) == []  # batch 1: per-step work 0.3 of 0.9 ms
 
 

@@ -400,6 +400,17 @@ def rounded_down(value: float, digits: int) -> float:
     return float(math.floor(value * 10**digits) / 10**digits)
 
 
+def bootstrap_upper(value: float, digits: int) -> float:
+    """An upper bound from the bootstrap, stated one unit of its last digit further out than rounding up: another
+    seed moves an interval's end by about that much, and the claim must hold whatever the seed."""
+    return rounded_up(value, digits) + 10.0**-digits
+
+
+def bootstrap_lower(value: float, digits: int) -> float:
+    """A lower bound from the bootstrap, stated one unit of its last digit further out (see bootstrap_upper)."""
+    return rounded_down(value, digits) - 10.0**-digits
+
+
 def _overlap(first: Measured, second: Measured) -> bool:
     return first.low <= second.high and second.low <= first.high
 
@@ -506,8 +517,8 @@ def per_step_or_per_sample(data: AnalysisData) -> list[Finding]:
                     "finding_fixed_per_step",
                     {
                         **values,
-                        "bound": rounded_up(max(m.high for _, m, _ in fixed), 2),
-                        "fall": rounded_down(scale / max(m.high for _, m, _ in fixed), 0),
+                        "bound": bootstrap_upper(max(m.high for _, m, _ in fixed), 2),
+                        "fall": rounded_down(scale / bootstrap_upper(max(m.high for _, m, _ in fixed), 2), 0),
                         "groups": Listing(
                             "finding_fixed_item",
                             tuple(
@@ -534,9 +545,8 @@ def per_step_or_per_sample(data: AnalysisData) -> list[Finding]:
                     "finding_grows_with_batch",
                     {
                         **values,
-                        "bound": rounded_down(min(m.low for _, m, _ in growing), 1),
-                        "fall": rounded_up(scale / min(m.low for _, m, _ in growing), 1),
-                        "pct": rounded_down(100 * min(m.low for _, m, _ in growing) / scale, 0),
+                        "bound": bootstrap_lower(min(m.low for _, m, _ in growing), 1),
+                        "pct": rounded_down(100 * bootstrap_lower(min(m.low for _, m, _ in growing), 1) / scale, 0),
                         "groups": _group_listing("finding_growth_item", [(g, m) for g, m, _ in growing]),
                     },
                     {g: m for g, m, _ in growing},
@@ -750,7 +760,7 @@ def gpu_against_cpu(data: AnalysisData) -> list[Finding]:
                 "idle_large": idle_large.value,
                 "idle_ms_small": a.mean(idle),
                 "idle_ms_large": b.mean(idle),
-                "bound": rounded_up(growth.high, 1),
+                "bound": bootstrap_upper(growth.high, 1),
                 "scale": large / small,
             }
             cites = {"speedup_small": speedups[0], "speedup_large": speedups[1], "idle_growth": growth}

@@ -22,7 +22,7 @@ from pipeline.profiling.statistics import MIN_ORDER_STATISTIC_PROCESSES
 from pipeline.report.catalogue import HTML_LANGUAGE, Catalogue, load_catalogue
 from pipeline.report.comparison import ComparisonRow
 from pipeline.report.figures import read_csv
-from pipeline.report.findings import MOST_PROCESSES_ADVISED, Finding, processes_to_decide
+from pipeline.report.findings import MOST_PROCESSES_ADVISED, Finding, processes_to_decide, rounded_up
 from pipeline.report.handin_figures import curves_figure, curves_path, operators_figure, operators_path
 from pipeline.report.lab_report import Report, ReportInputs, analysis_markdown, cuda_runtime, gpu_names
 from pipeline.report.rendering import GRAPH_FIGURE, markdown_to_html, with_figures_named
@@ -370,7 +370,8 @@ def paired_note(inputs: ReportInputs, say: Catalogue) -> str:
     if not inputs.drift:
         return say("paired_note_no_drift") + "\n"
     drift = say("list_joiner").join(
-        say("drift_item", value=value, device=say(f"device_{device}")) for device, value in sorted(inputs.drift.items())
+        say("drift_item", value=rounded_up(value, 1), device=say(f"device_{device}"))
+        for device, value in sorted(inputs.drift.items())
     )
     return say("paired_note", drift=drift) + "\n"
 

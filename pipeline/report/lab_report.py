@@ -41,7 +41,7 @@ from pipeline.report.comparison import (
     comparisons_table,
 )
 from pipeline.report.figures import batch_size_plot, cpu_vs_gpu_figure, read_csv, roofline_figure, training_curves
-from pipeline.report.findings import AnalysisData, Finding, findings
+from pipeline.report.findings import AnalysisData, Finding, findings, rounded_up
 from pipeline.report.memory import memory_section
 from pipeline.report.rendering import GRAPH_FIGURE
 from pipeline.report.roofline import RooflinePoint, roofline_chart, roofline_markdown, roofline_points
@@ -128,7 +128,7 @@ def drift_sentence(drift: dict[str, float]) -> str:
     """The machine's drift, said once: a property of the machine, not of any row."""
     if not drift:
         return "The machine's speed drift between runs was not measured (`profile.drift_probe_s: 0`).\n"
-    sizes = ", ".join(f"±{value:.1f} % on the {device}" for device, value in sorted(drift.items()))
+    sizes = ", ".join(f"±{rounded_up(value, 1):.1f} % on the {device}" for device, value in sorted(drift.items()))
     return (
         f"**A rerun minutes later may move every row together by up to {sizes}** (95 %; the `roofs` stage timed a "
         "fixed workload for `profile.drift_probe_s`). Each row's own interval (section 5) is the spread within this "
