@@ -152,7 +152,7 @@ def test_work_paid_per_step_and_work_that_grows_with_the_batch_are_told_apart() 
     assert [item["group"].key for item in fixed.values["groups"].items] == ["group_optimizer", "group_outside"]
     assert [item["group"].key for item in growing.values["groups"].items] == ["group_convolution"]
     assert growing.cites["convolution"].low > 64**0.75
-    assert "per sample it fell at least" in rendered(fixed)["en"]
+    assert "per sample they fell at least" in rendered(fixed)["en"]
     assert "主要按步计的开销" in rendered(fixed)["zh"]
 
 

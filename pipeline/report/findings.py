@@ -683,39 +683,46 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
 
 def memory_by_batch(data: AnalysisData) -> list[Finding]:
     """Rule: between the smallest and the largest batch size, a memory part "stays" where its bytes differ by less
-    than 1 % and "grows" where they grew by more than that; the numbers are the allocator's record, and the finding
-    says so only where every timing process saw the same peak (else it gives the range)."""
+    than 1 %, is "held at one peak only" where it is under 10 kB at one of them (the two peaks fall at different
+    points of the step: that is not growth), and otherwise grows or shrinks; the numbers are the allocator's
+    record."""
     found = []
     for device, mode, small, large in data.batch_pairs(consecutive=False):
         first, last = data.record(small, device, mode), data.record(large, device, mode)
         if first is None or last is None or first.memory is None or last.memory is None:
             continue
         before, after = first.memory.bytes_of, last.memory.bytes_of
-        stays, grows, shrinks = [], [], []
+        stays, grows, shrinks, moved = [], [], [], []
         for name in before:
             old, new = before[name], after.get(name, 0)
             part = Label(f"memory_{name.replace(' ', '_')}")
             if max(old, new) < MATERIAL_BYTES:
                 continue
+            item = {"part": part, "old": old / 1e6, "new": new / 1e6}
             if abs(new - old) <= 0.01 * max(old, new):
                 stays.append({"part": part, "mb": new / 1e6})
+            elif min(old, new) < MATERIAL_BYTES:
+                moved.append(item)  # held at one peak only: the two peaks fall at different points of the step
             elif new > old:
-                grows.append({"part": part, "old": old / 1e6, "new": new / 1e6})
+                grows.append(item)
             else:
-                shrinks.append({"part": part, "old": old / 1e6, "new": new / 1e6})
-        if not grows:
+                shrinks.append(item)
+        if not grows and not moved:
             continue
+
+        def listed(items: list[dict[str, Any]], message: str = "finding_memory_grows_item") -> Listing | Label:
+            return Listing(message, tuple(items)) if items else Label("finding_memory_none")
+
         values = {
             **_subject(device, mode, small, large),
             "peak_small": first.memory.peak_mb,
             "peak_large": last.memory.peak_mb,
-            "stays": Listing("finding_memory_stays_item", tuple(stays)),
-            "grows": Listing("finding_memory_grows_item", tuple(grows)),
-            "shrinks": Listing("finding_memory_grows_item", tuple(shrinks))
-            if shrinks
-            else Label("finding_memory_none"),
+            "stays": listed(stays, "finding_memory_stays_item"),
+            "grows": listed(grows),
+            "shrinks": listed(shrinks),
+            "moved": listed(moved),
         }
-        message = "finding_memory" if stays else "finding_memory_all_grow"
+        message = "finding_memory"
         found.append(Finding("memory_by_batch", message, values))
     return found
 
