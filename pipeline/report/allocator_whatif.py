@@ -76,8 +76,8 @@ def allocator_markdown(records: Sequence[ProfileRecord]) -> str:
             "threshold are mapped and unmapped every time, so each step can fault its memory in again page by page, "
             "in the time of whichever operator touches it first. How often that happens depends on what the process "
             "freed before (glibc's manual: it raises its threshold to the largest mapped block freed so far), so the "
-            "page faults differ between processes. These runs count the faults beside the slowdown; they do not test whether the faults "
-            "cause it (process by process the two need not move together). The "
+            "page faults differ between processes. These runs count the faults beside the slowdown; they do not test "
+            "whether the faults cause it (process by process the two need not move together). The "
             "table gives their median (of an even number of processes, the mean of the middle two) and their range.\n",
             *markdown_table(columns, rows),
             "",

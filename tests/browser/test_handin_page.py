@@ -23,6 +23,8 @@ from matplotlib import font_manager
 from matplotlib.ft2font import FT2Font
 from PIL import Image
 
+from pipeline.report.catalogue import load_catalogue
+from pipeline.report.handin_figures import figure_font
 from tests.helpers.browser import CHROMIUM, NO_CHROMIUM
 from tests.helpers.projects import run_report_stage
 
@@ -79,8 +81,12 @@ def test_the_chinese_handin_page_shows_its_figures_and_no_box_glyphs(tmp_path: P
         "网络分析，使用率前十名的操作",
     ]
     assert all(shown for _, shown in found["images"]), found["images"]
-    font = FT2Font(font_manager.findfont(font_manager.FontProperties()))
-    covered = set(font.get_charmap())
+    # The figures carry the hand-in's words in the font that draws them (where one is installed), else no words.
+    fonts = [font_manager.findfont(font_manager.FontProperties())]
+    family = figure_font(load_catalogue("zh"))
+    if family is not None:
+        fonts.append(font_manager.findfont(font_manager.FontProperties(family=family)))
+    covered = set().union(*(FT2Font(font).get_charmap() for font in fonts))
     for data in re.findall(r'src="data:image/png;base64,([^"]+)"', dom):
         with Image.open(io.BytesIO(base64.b64decode(data))) as figure:
             text = figure.text["Description"]

@@ -135,7 +135,9 @@ SHOTS = (
         (),
         lambda page: page.click("Close"),
     ),
-    Shot("handin-batches", 6, lambda at: at.handin.as_uri(), ("批大小", "结果比较", "每样本"), then=_to_batch_table),
+    Shot(
+        "handin-batches", 6, lambda at: at.handin.as_uri(), ("批大小", "结果比较", "单样本耗时"), then=_to_batch_table
+    ),
 )
 
 
