@@ -383,3 +383,21 @@ def test_time_outside_operators_is_not_named_where_the_profilers_hooks_may_be_al
     assert [item["group"].key for item in finding.values["groups"].items] == ["group_optimizer"]
     [fixed] = said(per_step_or_per_sample(data), "finding_fixed_per_step")
     assert [item["group"].key for item in fixed.values["groups"].items] == ["group_optimizer"]
+
+
+def test_a_memory_part_held_at_one_peak_only_is_not_said_to_grow() -> None:
+    """Batch 1's peak falls in the optimizer's update (its temporaries, no activations), batch 64's in the backward
+    pass: activations from 0 are a moved peak, not growth; the inputs grew from 3 kB."""
+    small = with_memory(
+        make_record(1, "cpu", "train", 6.0), {"weights": 4_800_000, "inputs": 3_144, "optimizer temporaries": 9_400_000}
+    )
+    large = with_memory(
+        make_record(64, "cpu", "train", 45.0), {"weights": 4_800_000, "inputs": 201_000, "activations": 15_000_000}
+    )
+    [finding] = memory_by_batch(AnalysisData.of([small, large], []))
+    assert [item["part"].key for item in finding.values["grows"].items] == ["memory_inputs"]
+    moved = [item["part"].key for item in finding.values["moved"].items]
+    assert moved == ["memory_optimizer_temporaries", "memory_activations"] or set(moved) == {
+        "memory_optimizer_temporaries",
+        "memory_activations",
+    }

@@ -683,7 +683,7 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
 
 def memory_by_batch(data: AnalysisData) -> list[Finding]:
     """Rule: between the smallest and the largest batch size, a memory part "stays" where its bytes differ by less
-    than 1 %, is "held at one peak only" where it is under 10 kB at one of them (the two peaks fall at different
+    than 1 %, is "held at one peak only" where it is nothing at one of them (the two peaks fall at different
     points of the step: that is not growth), and otherwise grows or shrinks; the numbers are the allocator's
     record."""
     found = []
@@ -701,7 +701,7 @@ def memory_by_batch(data: AnalysisData) -> list[Finding]:
             item = {"part": part, "old": old / 1e6, "new": new / 1e6}
             if abs(new - old) <= 0.01 * max(old, new):
                 stays.append({"part": part, "mb": new / 1e6})
-            elif min(old, new) < MATERIAL_BYTES:
+            elif min(old, new) == 0:
                 moved.append(item)  # held at one peak only: the two peaks fall at different points of the step
             elif new > old:
                 grows.append(item)
