@@ -57,7 +57,7 @@ def allocator_markdown(records: Sequence[ProfileRecord]) -> str:
         ">defaults ÷ tuned",
         ">page faults per step, defaults: median (processes' range)",
         ">tuned",
-        "operators whose share moves most (defaults → tuned)",
+        "operators whose share moves most, among those in both tables (defaults → tuned)",
     )
     allocators = sorted({whatif.default_allocator for _, whatif, _ in measured})
     tuned_allocators = sorted({record.settings.allocator for record, _, _ in measured})

@@ -400,17 +400,6 @@ def rounded_down(value: float, digits: int) -> float:
     return float(math.floor(value * 10**digits) / 10**digits)
 
 
-def bootstrap_upper(value: float, digits: int) -> float:
-    """An upper bound from the bootstrap, stated one unit of its last digit further out than rounding up: another
-    seed moves an interval's end by about that much, and the claim must hold whatever the seed."""
-    return rounded_up(value, digits) + 10.0**-digits
-
-
-def bootstrap_lower(value: float, digits: int) -> float:
-    """A lower bound from the bootstrap, stated one unit of its last digit further out (see bootstrap_upper)."""
-    return rounded_down(value, digits) - 10.0**-digits
-
-
 def _overlap(first: Measured, second: Measured) -> bool:
     return first.low <= second.high and second.low <= first.high
 
@@ -517,8 +506,10 @@ def per_step_or_per_sample(data: AnalysisData) -> list[Finding]:
                     "finding_fixed_per_step",
                     {
                         **values,
-                        "bound": bootstrap_upper(max(m.high for _, m, _ in fixed), 2),
-                        "fall": rounded_down(scale / bootstrap_upper(max(m.high for _, m, _ in fixed), 2), 0),
+                        "bound": rounded_up(
+                            scale**FIXED_EXPONENT, 2
+                        ),  # the rule's bound: every seed that classes holds it
+                        "fall": rounded_down(scale / rounded_up(scale**FIXED_EXPONENT, 2), 0),
                         "groups": Listing(
                             "finding_fixed_item",
                             tuple(
@@ -545,8 +536,8 @@ def per_step_or_per_sample(data: AnalysisData) -> list[Finding]:
                     "finding_grows_with_batch",
                     {
                         **values,
-                        "bound": bootstrap_lower(min(m.low for _, m, _ in growing), 1),
-                        "pct": rounded_down(100 * bootstrap_lower(min(m.low for _, m, _ in growing), 1) / scale, 0),
+                        "bound": rounded_down(scale**PROPORTIONAL_EXPONENT, 1),  # the rule's bound, as above
+                        "pct": rounded_down(100 * rounded_down(scale**PROPORTIONAL_EXPONENT, 1) / scale, 0),
                         "groups": _group_listing("finding_growth_item", [(g, m) for g, m, _ in growing]),
                     },
                     {g: m for g, m, _ in growing},
@@ -767,7 +758,7 @@ def gpu_against_cpu(data: AnalysisData) -> list[Finding]:
                 "idle_large": idle_large.value,
                 "idle_ms_small": a.mean(idle),
                 "idle_ms_large": b.mean(idle),
-                "bound": bootstrap_upper(growth.high, 1),
+                "bound": rounded_up((large / small) ** FIXED_EXPONENT, 1),
                 "scale": large / small,
             }
             cites = {"speedup_small": speedups[0], "speedup_large": speedups[1], "idle_growth": growth}
