@@ -9,7 +9,7 @@ Where the numbers come from, and so what their intervals mean:
 - *traced steps* (only of a combination whose traced pass ran like its timed steps: `TraceCheck.inside`): the parts
   of a traced step (`StepAnalysis.parts`: each ATen operator's own time, grouped by the
   phase and the layer it serves). They come from one traced pass of ~30 steps in one process, not from the timing
-  processes: their 95 % intervals are a bootstrap over those steps (resampled 2,000 times with a fixed seed), so they
+  processes: their 95 % intervals are a bootstrap over those steps (resampled 5,000 times with a fixed seed), so they
   hold the step-to-step spread within that pass, not a rerun's;
 - *allocator*: what a step holds at its peak, from the allocator's record of one step in each timing process;
 - *FLOP count*: torch.utils.flop_counter's count of one step (exact for the operators it has formulas for).
@@ -29,7 +29,7 @@ from pipeline.profiling.measures import StepPart
 from pipeline.profiling.record import Combination, DeviceComparisons, PairedComparison, ProfileRecord
 from pipeline.report.catalogue import Catalogue
 
-BOOTSTRAP_DRAWS = 2000
+BOOTSTRAP_DRAWS = 5000
 BOOTSTRAP_SEED = 20261127
 # A group's per-step time is "about the same" at two batch sizes while it grows by less than the fourth root of the
 # batch ratio (2.8x from 1 to 64), and "grows with the batch" once it grows by more than its 3/4 power (22.6x from 1
@@ -338,7 +338,8 @@ def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
     """Rule: the per-sample change between two batch sizes is attributed to the groups of the traced steps only where
     the paired ratio decided its direction, the traced steps moved the same way beyond their interval, and the traced
     per-sample ratio's interval meets the paired one (the traced passes ran like the timed steps); a group is named
-    where its own change's interval lies clear of 0 by 1 % of the whole change, with its share of the whole change."""
+    where it is at least 2 % of the whole change and its own change's interval lies clear of 0 by 1 % of it, with its
+    share of the whole change."""
     found = []
     for device, mode, a, b in data.traced_pairs(consecutive=True):
         small, large = a.batch, b.batch
@@ -363,6 +364,8 @@ def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
                 continue  # the profiler's hooks may be all of it
             change = _draws_or_zero(a, select) / small - _draws_or_zero(b, select) / large
             value = _mean_or_zero(a, select) / small - _mean_or_zero(b, select) / large
+            if abs(value) < MATERIAL_SHARE * abs(saved.value):
+                continue  # under 2 % of the whole change: not worth naming, whatever its interval
             if not measured(value, change).excludes(0.0, margin=UNDECIDED_MARGIN * abs(saved.value)):
                 continue
             share = measured(100 * value / saved.value, 100 * change / total)
