@@ -129,6 +129,7 @@ class TracedSteps:
         return [index for index, (phase, group) in enumerate(self.keys) if select(phase, group)]
 
     def mean(self, select: Callable[[str, str], bool]) -> float:
+        """The selected parts' summed time per step; 0 where none is selected (as each draw's is, in draws_of)."""
         return float(self.means[self.rows(select)].sum())
 
     def draws_of(self, select: Callable[[str, str], bool]) -> np.ndarray:
@@ -143,8 +144,7 @@ class TracedSteps:
         from the steps run untraced around the pass) is at least that time. Then "outside" says nothing of the step."""
         check = self.record.trace_check
         hooks = check.hooks_high_ms if check is not None else None
-        outside = self.mean(of_group("outside")) if self.rows(of_group("outside")) else 0.0
-        return hooks is not None and hooks >= outside
+        return hooks is not None and hooks >= self.mean(of_group("outside"))
 
     def flops(self, select: Callable[[str, str], bool]) -> float:
         return sum(flops for key, flops in self.mflops.items() if select(*key)) * 1e6
@@ -356,14 +356,12 @@ def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
         if not saved.excludes(0.0) or (saved.value > 0) != falls or not _overlap(traced_ratio, _ratio(paired)):
             continue
         rows = []
-        for group in GROUP_ORDER:
+        for group in _nameable_groups(a, b):
             select = of_group(group)
             if not a.rows(select) and not b.rows(select):
                 continue
-            if group == "outside" and (a.hooks_cover_outside() or b.hooks_cover_outside()):
-                continue  # the profiler's hooks may be all of it
-            change = _draws_or_zero(a, select) / small - _draws_or_zero(b, select) / large
-            value = _mean_or_zero(a, select) / small - _mean_or_zero(b, select) / large
+            change = a.draws_of(select) / small - b.draws_of(select) / large
+            value = a.mean(select) / small - b.mean(select) / large
             if abs(value) < MATERIAL_SHARE * abs(saved.value):
                 continue  # under 2 % of the whole change: not worth naming, whatever its interval
             if not measured(value, change).excludes(0.0, margin=UNDECIDED_MARGIN * abs(saved.value)):
@@ -411,12 +409,10 @@ def _negated(share: Measured) -> Measured:
     return Measured(-share.value, -share.high, -share.low, share.source)
 
 
-def _draws_or_zero(traced: TracedSteps, select: Callable[[str, str], bool]) -> np.ndarray:
-    return traced.draws_of(select) if traced.rows(select) else np.zeros(BOOTSTRAP_DRAWS)
-
-
-def _mean_or_zero(traced: TracedSteps, select: Callable[[str, str], bool]) -> float:
-    return traced.mean(select) if traced.rows(select) else 0.0
+def _nameable_groups(a: TracedSteps, b: TracedSteps) -> list[str]:
+    """GROUP_ORDER, less the time outside operators where the profiler's hooks may be all of it in either step."""
+    hooks = a.hooks_cover_outside() or b.hooks_cover_outside()
+    return [group for group in GROUP_ORDER if not (group == "outside" and hooks)]
 
 
 def classed_groups(
@@ -426,12 +422,10 @@ def classed_groups(
     and `b`, each with its per-step growth and its time per step in `a` (see per_step_or_per_sample)."""
     scale = b.batch / a.batch
     fixed, growing = [], []
-    for group in GROUP_ORDER:
+    for group in _nameable_groups(a, b):
         select = of_group(group)
         if not a.rows(select) or not b.rows(select):
             continue
-        if group == "outside" and (a.hooks_cover_outside() or b.hooks_cover_outside()):
-            continue  # the profiler's hooks may be all of it
         if a.mean(select) < MATERIAL_SHARE * a.total() and b.mean(select) < MATERIAL_SHARE * b.total():
             continue
         small_draws = a.draws_of(select)
@@ -624,8 +618,8 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
                         )
                     )
             without = measured(
-                (a.total() - _mean_or_zero(a, of_phase("optimizer"))) / b.total(),
-                (total - _draws_or_zero(a, of_phase("optimizer"))) / b.draws_of(everything),
+                (a.total() - a.mean(of_phase("optimizer"))) / b.total(),
+                (total - a.draws_of(of_phase("optimizer"))) / b.draws_of(everything),
             )
             ratio = _ratio(paired)
             above = ratio.low > flop_ratio
