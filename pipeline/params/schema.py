@@ -172,6 +172,9 @@ class ProfileConfig:
     # Seconds of the allocator what-if per CPU combination: the step timed with glibc malloc's defaults too
     # (pipeline.common.allocator); 0 = off.
     allocator_whatif_s: float = _rule(ge=0, le=3600)
+    # Read the device's energy counter during the timing, where it has one (NVML on an NVIDIA GPU, RAPL on a CPU
+    # whose machine exposes it): each step's energy per sample (pipeline/profiling/energy_during_timing.py).
+    energy: bool = _rule()
     # Rows of the operator table.
     top_k: int = _rule(ge=1, le=200)
 

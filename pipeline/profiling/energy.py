@@ -504,8 +504,25 @@ class SummedCounter:
         return sum(counter.millijoules() for counter in self.counters)
 
 
+class SteadyCounter:
+    """A stand-in for machines without a counter (tests, dry runs): `watts` of steady power on the monotonic clock,
+    counted up to the last multiple of `period_s`, as a counter that updates once per period does."""
+
+    def __init__(self, watts: float, period_s: float) -> None:
+        self.watts = watts
+        self.period_s = period_s
+        self.name = f"a stand-in counter of {watts:g} W updating every {period_s:g} s"
+
+    def millijoules(self) -> int:
+        return round(math.floor(time.monotonic() / self.period_s) * self.period_s * self.watts * 1000)
+
+
 def open_counter(source: str) -> EnergyCounter | Unavailable:
-    """The counter a profile's timing processes read: `gpu:<index>` (NVML) or `rapl` (every CPU package, summed)."""
+    """The counter a profile's timing processes read: `gpu:<index>` (NVML), `rapl` (every CPU package, summed), or
+    `steady:<watts>:<period_s>` (SteadyCounter, for machines without one)."""
+    if source.startswith("steady:"):
+        watts, period_s = source.removeprefix("steady:").split(":")
+        return SteadyCounter(float(watts), float(period_s))
     if source.startswith("gpu:"):
         return open_gpu_counter(int(source.removeprefix("gpu:")))
     if source == "rapl":

@@ -487,7 +487,7 @@ def timing_spec(setups: Sequence[ProfileSetup], config: ProfileConfig, checkpoin
         warmup_steps=config.warmup_steps,
         ci_target_pct=config.ci_target_pct,
         budget_s=config.time_budget_s * len(setups),
-        energy=energy_source(setups[0].device)[0],
+        energy=energy_source(setups[0].device)[0] if config.energy else "",
     )
 
 
@@ -500,6 +500,11 @@ def energy_source(device: torch.device) -> tuple[str, str]:
         found = rapl_counters()
         return ("rapl", "") if not isinstance(found, Unavailable) else ("", f"CPU energy (RAPL) {found.reason}")
     return "", f"no energy counter is read on a {device.type} device"
+
+
+def no_energy_reason(device: torch.device, spec: WorkerSpec) -> str:
+    """Why the timing processes of `spec` read no energy counter, in words for the report."""
+    return energy_source(device)[1] or "not measured (`profile.energy: false`)"
 
 
 def run_device_profile(
@@ -534,7 +539,7 @@ def run_device_profile(
     allocator = tune_allocator().description
     records = []
     power = gpu_power_state(setups[0].device.index or 0) if setups[0].device.type == "cuda" else None
-    missing = "" if spec.energy else energy_source(setups[0].device)[1]  # why the timing read no counter
+    missing = "" if spec.energy else no_energy_reason(setups[0].device, spec)  # why the timing read no counter
     energies = [_energy(found, missing, power) for found in paired.energy]
     measured = zip(setups, paired.timings, paired.memory, energies, trace_paths, default_runs, strict=True)
     for setup, timing, memory, (energy, no_energy), path, default_run in measured:

@@ -235,6 +235,9 @@ class InterleavedTiming:
     blocks: tuple[tuple[Block, ...], ...]  # per step, one block per round, in round order
     conditions: MeasurementConditions
     seconds: float  # wall time spent, probes included
+    # (step index, start, end) on time.perf_counter of each block with its warm-up, in the order they ran: what ran
+    # when, for an energy counter read meanwhile (pipeline.profiling.energy_during_timing)
+    spans: tuple[tuple[int, float, float], ...] = ()
 
 
 def time_interleaved(
@@ -272,6 +275,7 @@ def time_interleaved(
         timers.append((block, steps_per_block, warmup, step))
     deadline = started + time_budget_s
     blocks: list[list[Block]] = [[] for _ in steps]
+    spans: list[tuple[int, float, float]] = []
     round_s = 0.0
     while True:
         round_started = time.perf_counter()
@@ -279,9 +283,11 @@ def time_interleaved(
             break
         for index in order.sample(range(len(steps)), len(steps)):
             timer, steps_per_block, warmup, step = timers[index]
+            span_started = time.perf_counter()  # the device is idle: the previous block ended on a synchronising clock
             for _ in range(warmup):
                 step()
             blocks[index].append(Block(steps_per_block, timer.timeit(1)))
+            spans.append((index, span_started, time.perf_counter()))
         round_s = time.perf_counter() - round_started
         if len(blocks[0]) >= MIN_BLOCKS and not any(
             estimate_step_time(step_blocks, 1, ci_target_pct).noisy for step_blocks in blocks
@@ -291,4 +297,5 @@ def time_interleaved(
         blocks=tuple(tuple(step_blocks) for step_blocks in blocks),
         conditions=measurement_conditions(load_before, threads),
         seconds=time.perf_counter() - started,
+        spans=tuple(spans),
     )

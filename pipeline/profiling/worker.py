@@ -33,7 +33,7 @@ import signal
 import statistics
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -48,13 +48,11 @@ from pipeline.data.mnist import load_split
 from pipeline.data.tensors import MEMORY_FORMAT, normalize_images
 from pipeline.model.checkpoint import load_checkpoint
 from pipeline.params.schema import ProfileConfig
-from pipeline.profiling.energy import Unavailable, measure_energy, measure_update_period, open_counter
+from pipeline.profiling.energy import Unavailable
+from pipeline.profiling.energy_during_timing import Poller, Span, Update, fit_powers
 from pipeline.profiling.memory import BuiltStep, measure_step_memory
-from pipeline.profiling.timing import page_faults_per_step, synchronizer, time_interleaved
+from pipeline.profiling.timing import InterleavedTiming, page_faults_per_step, synchronizer, time_interleaved
 from pipeline.training.steps import inference_step
-
-# Energy windows per step and timing process: the processes' spread gives the interval, as for the step time.
-ENERGY_WINDOWS = 1
 
 
 @dataclass(frozen=True)
@@ -76,7 +74,7 @@ class WorkerSpec:
     budget_s: float  # wall time for the timing itself, after the warm-up (all items together)
     seed: int = 0  # draws each round's order
     tune_allocator: bool = True  # False: glibc malloc's defaults, as a fresh program has them (the allocator what-if)
-    energy: str = ""  # the energy counter to read after the timing (pipeline.profiling.energy.open_counter); "": none
+    energy: str = ""  # the energy counter polled during the timing (pipeline.profiling.energy.open_counter); "": none
     memory: bool = True  # measure each item's memory after the timing (pipeline.profiling.memory)
     page_faults: bool = False  # count each item's minor page faults per step after the timing
 
@@ -157,9 +155,16 @@ def measure(spec: WorkerSpec) -> dict[str, Any]:
     """Build the step of every item of `spec` in this process and time them interleaved: the blocks of each item, in
     round order, as plain JSON values."""
     device = torch.device(spec.device)
+    poller = Poller(spec.energy) if spec.energy else None  # started first: its start overlaps the steps' building
     built = build_items(spec)
     steps = [step.run for step in built]
+    counter = poller.ready() if poller else None  # the counter's name, or why it cannot be read
     timing = time_interleaved(steps, device, spec.ci_target_pct, spec.budget_s, random.Random(spec.seed))
+    energy: list[dict[str, Any]] = []
+    if poller and isinstance(counter, str):
+        energy = step_energies(poller.stop(), timing, counter)
+    elif isinstance(counter, Unavailable):
+        energy = [{"unavailable": counter.reason} for _ in steps]
     sync = synchronizer(device)
     faults = []
     if spec.page_faults:
@@ -173,36 +178,28 @@ def measure(spec: WorkerSpec) -> dict[str, Any]:
         "conditions": dataclasses.asdict(timing.conditions),
         "memory": [dataclasses.asdict(found) for found in memory],
         "page_faults": faults,
-        "energy": measure_energies(spec.energy, steps, sync) if spec.energy else [],
+        "energy": energy,
     }
 
 
-def measure_energies(
-    source: str, steps: Sequence[Callable[[], None]], sync: Callable[[], None]
-) -> list[dict[str, Any]]:
-    """Each step's energy from the counter `source` names, over ENERGY_WINDOWS windows (after the timing, so that
-    its steps' heat and clocks are the timed ones'); per step, its figures, or why there are none."""
-    counter = open_counter(source)
-    period = counter if isinstance(counter, Unavailable) else measure_update_period(counter)
-    if isinstance(period, Unavailable):
-        return [{"unavailable": period.reason} for _ in steps]
-    assert not isinstance(counter, Unavailable)
-    found: list[dict[str, Any]] = []
-    for step in steps:
-        estimate = measure_energy(step, sync, counter, period.longest_s, windows=ENERGY_WINDOWS)
-        if isinstance(estimate, Unavailable):
-            found.append({"unavailable": estimate.reason})
-            continue
-        found.append(
-            {
-                "joules_per_step": estimate.joules_per_step,
-                "mean_power_w": estimate.mean_power_w,
-                "windows": len(estimate.windows),
-                "update_period_s": period.median_s,
-                "counter": estimate.counter,
-            }
-        )
-    return found
+def step_energies(updates: list[Update] | Unavailable, timing: InterleavedTiming, counter: str) -> list[dict[str, Any]]:
+    """Each step's energy, from the counter's updates polled during `timing` (pipeline.profiling.energy_during_timing):
+    its fitted power times its median step time here; per step, its figures, or why there are none."""
+    items = len(timing.blocks)
+    spans = [Span(*span) for span in timing.spans]
+    fit = updates if isinstance(updates, Unavailable) else fit_powers(updates, spans, items)
+    if isinstance(fit, Unavailable):
+        return [{"unavailable": fit.reason} for _ in range(items)]
+    return [
+        {
+            "joules_per_step": power * statistics.median(block.seconds / block.steps for block in blocks),
+            "mean_power_w": power,
+            "windows": fit.intervals,
+            "update_period_s": fit.update_period_s,
+            "counter": counter,
+        }
+        for power, blocks in zip(fit.power_w, timing.blocks, strict=True)
+    ]
 
 
 def _child(spec: WorkerSpec, output: int) -> None:
