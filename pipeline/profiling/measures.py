@@ -322,17 +322,18 @@ class StepMemory:
 
 @dataclass(frozen=True)
 class StepEnergy:
-    """Energy one step draws, from a hardware energy counter read across timed windows (pipeline.profiling.energy).
+    """Energy one step draws: its power, fitted from a hardware energy counter polled during the timing, times its
+    step time in the same process (pipeline.profiling.energy_during_timing).
 
     The interval is the spread of the timing processes' values, as for the step time."""
 
     joules_per_step: float  # median over processes
     joules_per_step_low: float  # 95 % interval (the processes' spread)
     joules_per_step_high: float
-    mean_power_w: float  # over the windows
+    mean_power_w: float  # the step's fitted power, median over processes
     counter: str  # which counter, in words (NVML's total energy of GPU 0; a RAPL package domain)
     update_period_ms: float  # how often the counter moved, measured on this device
-    windows: int  # timed windows over all processes
+    windows: int  # the counter's update intervals the fits used, over all processes
     processes: int
     power_limit_w: float | None = None  # GPU: the enforced power limit; None where not read
     sm_clock_mhz: float | None = None  # GPU: clocks when measured

@@ -412,6 +412,7 @@ def energy_sentence(record: ProfileRecord) -> str:
     return (
         f"Energy: {energy.joules_per_step * 1000:.3f} mJ per step (95 % CI {energy.joules_per_step_low * 1000:.3f}-"
         f"{energy.joules_per_step_high * 1000:.3f}, from {energy.processes} processes), {sample.value * 1000:.4f} mJ "
-        f"per sample, at {energy.mean_power_w:.0f} W on average; {energy.counter}, which moved every "
-        f"{energy.update_period_ms:.0f} ms, read across {energy.windows} timed windows{limits}."
+        f"per sample, at {energy.mean_power_w:.0f} W while it ran; {energy.counter}, which moved every "
+        f"{energy.update_period_ms:.0f} ms, polled during the timing: the power fitted over {energy.windows} of its "
+        f"updates, times the step's time{limits}."
     )
