@@ -6,7 +6,8 @@ with windows of each step's own, on a device with an energy counter (an NVIDIA G
 Needs the checkpoint and MNIST (`dvc repro train`). Each pair is two timing processes of every combination
 `params.yaml` profiles on the device, forked from one timing server as the profile stage's are: one polls the
 counter during its timing (pipeline.profiling.energy_during_timing), one does not, in alternating order; each
-process's wall time is taken around its answer. Then, in this process, the counter's update period is measured on
+process's wall time is taken around its answer, and each combination's median step time in it (the poller must
+not slow the steps it measures). Then, in this process, the counter's update period is measured on
 the idle device, and each combination runs one window of `--window-s` seconds of its own, read at both ends
 (pipeline.profiling.energy.measure_energy: off by at most an update period's energy, period / window of it). The
 table gives per combination the fitted energy per step (median over the polled processes, with their range) against
@@ -57,12 +58,14 @@ def main() -> None:
     polled = dataclasses.replace(plain, energy=source)
     seconds: dict[str, list[float]] = {"with": [], "without": []}
     fitted: list[list[dict[str, Any]]] = []
+    step_ms: dict[str, list[list[float]]] = {"with": [], "without": []}  # per process, each item's median step
     with worker_server(training="train" in config.modes, ready=True) as server:
         for pair in range(args.pairs):
             for name, spec in (("with", polled), ("without", plain))[:: 1 if pair % 2 == 0 else -1]:
                 started = time.perf_counter()
                 result = ask(server, dataclasses.replace(spec, seed=pair))
                 seconds[name].append(time.perf_counter() - started)
+                step_ms[name].append([statistics.median(block.step_ms for block in blocks) for blocks in result.blocks])
                 if name == "with":
                     fitted.append(list(result.energy))
                 print(f"pair {pair + 1}: a process {name} the counter took {seconds[name][-1]:.2f} s", flush=True)
@@ -100,17 +103,21 @@ def main() -> None:
         )
         fit_text = f"{statistics.median(fits):.2f} ({min(fits):.2f}-{max(fits):.2f})" if fits else "none"
         power_text = f"{statistics.median(powers):.1f}" if powers else "none"
+        steps_text = " | ".join(
+            ", ".join(f"{process[index]:.4f}" for process in step_ms[kind]) for kind in ("with", "without")
+        )
         if isinstance(window, Unavailable):
-            lines.append(f"| {name} | {fit_text} | {window.reason} | {power_text} | none |")
+            lines.append(f"| {name} | {fit_text} | {window.reason} | {power_text} | none | {steps_text} |")
         else:
             lines.append(
                 f"| {name} | {fit_text} | {1000 * window.joules_per_step:.2f} (±{window.window_error_pct:.1f}) | "
-                f"{power_text} | {window.mean_power_w:.1f} |"
+                f"{power_text} | {window.mean_power_w:.1f} | {steps_text} |"
             )
     figures = {
         "counter": counter.name,
         "update_period": dataclasses.asdict(period),
         "process_seconds": seconds,
+        "step_ms": step_ms,
         "ratio_with_to_without": statistics.median(seconds["with"]) / statistics.median(seconds["without"]),
         "combinations": rows,
         "intervals_per_fit": [answers[0].get("windows") for answers in fitted],
@@ -123,8 +130,11 @@ def main() -> None:
         f"timing process: {statistics.median(seconds['with']):.2f} s with the counter polled, "
         f"{statistics.median(seconds['without']):.2f} s without (ratio {figures['ratio_with_to_without']:.3f})"
     )
-    print("| combination | fitted mJ/step (median, range) | window mJ/step (±%) | fitted W | window W |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print(
+        "| combination | fitted mJ/step (median, range) | window mJ/step (±%) | fitted W | window W | step ms with "
+        "the counter polled | without |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     print("\n".join(lines))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
