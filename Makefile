@@ -50,13 +50,17 @@ test-fast: install
 test-stress: install
 	python -m pytest -m stress -n 3
 
-# CI's share of test-stress (.ci/run): the stage-alone, `dvc repro` and `dvc queue kill` paths, both signals, at one
-# of the ten moments: MOMENT=<name> (tests/helpers/stress.py), else the one the commit count picks, so that any
-# ten consecutive commits cover all ten. About a minute where test-stress takes 7-9; not the class server's outages.
+# CI's share of test-stress (.ci/run): the train stage's stage-alone, `dvc repro` and `dvc queue kill` paths, both
+# signals, at one of the ten moments, and one of the three stages stopped every way through `dvc repro` at that moment:
+# MOMENT=<name> and STAGE=<name> (tests/helpers/stress.py), else those the commit count picks, so that any 30
+# consecutive commits cover them all. Not the class server's outages.
 test-stress-sample: install
 	LAB_STRESS_MOMENTS="$${MOMENT:-$$(python -c 'import sys; from tests.helpers.stress import moment_for; \
 	print(moment_for(int(sys.argv[1])))' "$$(git rev-list --count HEAD)")}" \
-	python -m pytest -m stress -n 2 tests/test_signal_stress.py tests/test_signal_stress_queue.py
+	LAB_STRESS_STAGES="$${STAGE:-$$(python -c 'import sys; from tests.helpers.stress import stage_for; \
+	print(stage_for(int(sys.argv[1])))' "$$(git rev-list --count HEAD)")}" \
+	python -m pytest -m stress -n 2 tests/test_signal_stress.py tests/test_signal_stress_queue.py \
+	tests/test_signal_stress_stages.py
 
 # MLflow's web UI rendered in headless Chromium (Debian package `chromium`): not part of `make test`. On two workers,
 # the lab guide's pages on one and the other modules on the other; the lab guide reads the reproduced project the

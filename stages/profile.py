@@ -12,6 +12,7 @@ import sys
 
 from tqdm import tqdm
 
+from pipeline.common.interrupts import pause_at
 from pipeline.common.outputs import AtomicOutputs
 from pipeline.common.paths import DATA_ROOT, HARDWARE_ROOFS, MODEL_CHECKPOINT, DeviceProfileOutputs
 from pipeline.common.stage_runner import run_stage
@@ -22,6 +23,7 @@ from pipeline.profiling.processes import forked_worker_server
 from pipeline.profiling.record import Combination
 from pipeline.profiling.run import prepare_profiles, run_description, run_device_profile, timing_spec
 from pipeline.profiling.texts import stage_warnings
+from pipeline.tracking.lifecycle import settled_after_commit
 
 
 def main() -> None:
@@ -34,11 +36,17 @@ def main() -> None:
         # the clean state of a fresh server without importing torch again (pipeline.profiling.processes).
         training = any(combination.mode != "inference" for combination in wanted)
         server = stack.enter_context(forked_worker_server(training=training)) if config.processes > 1 else None
+        pause_at("server-forked")
         setups = prepare_profiles(wanted, config, MODEL_CHECKPOINT, DATA_ROOT, HARDWARE_ROOFS)
+        pause_at("prepared")
         spec = timing_spec(setups, config, MODEL_CHECKPOINT, DATA_ROOT)
         paths = [c.outputs for c in wanted]
         device_paths = DeviceProfileOutputs(device)
-        with AtomicOutputs() as outputs, tqdm(total=config.processes + len(wanted), unit="pass") as bar:
+        with (
+            settled_after_commit() as ended,  # each combination's run: current once the outputs are in place
+            AtomicOutputs() as outputs,
+            tqdm(total=config.processes + len(wanted), unit="pass") as bar,
+        ):
             # The device's folders are this run's whole output (dvc.yaml keeps them, `persist`): what it no longer
             # writes (a batch size or mode removed from params.yaml) goes when the new set is committed.
             outputs.own(device_paths.folder)
@@ -54,12 +62,15 @@ def main() -> None:
                 server,
                 config.program_starts,
             )
+            pause_at("traced")
             comparison_text = write_comparison_outputs(outputs, device_paths, comparisons)
+            pause_at("comparisons-written")
             for setup, record, path in zip(setups, records, paths, strict=True):
                 texts = write_profile_outputs(outputs, path, record)
-                log_profile(
-                    params.tracking, run_description(setup, config.top_k), outputs, path, record, texts, comparison_text
-                )
+                description = run_description(setup, config.top_k)
+                ended.append(log_profile(params.tracking, description, outputs, path, record, texts, comparison_text))
+                pause_at("logging")  # after the first combination's run has ended
+            pause_at("logged")
     print(comparison_text)
     for warning in stage_warnings(records):
         print(f"Warning: {warning}.", file=sys.stderr)

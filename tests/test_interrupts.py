@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.projects import default_sigint
 from tests.helpers.repo import REPO_ROOT
 
@@ -136,6 +138,26 @@ def test_ci_stops_at_one_moment_per_commit_and_consecutive_commits_cover_all_ten
     assert [moment_for(count) for count in range(120, 130)] == list(ALL_MOMENTS)
     assert sorted(moment_for(count) for count in range(57, 67)) == sorted(ALL_MOMENTS)  # any ten in a row
     assert moment_for(130) == moment_for(120) == ALL_MOMENTS[0]
+
+
+def test_ci_samples_one_stage_per_commit_and_thirty_consecutive_commits_cover_every_stage_at_every_moment() -> None:
+    from tests.helpers.stress import ALL_MOMENTS, STAGE_NAMES, chosen_stages, moment_for, stage_for
+
+    assert chosen_stages("") == STAGE_NAMES and chosen_stages("profile, report") == ("profile", "report")
+    with pytest.raises(pytest.UsageError, match=r"names no stage \['reprot'\]"):
+        chosen_stages("reprot")
+    for first in (0, 41):
+        pairs = {(stage_for(count), moment_for(count)) for count in range(first, first + 30)}
+        assert pairs == {(stage, moment) for stage in STAGE_NAMES for moment in ALL_MOMENTS}
+
+
+def test_a_failure_injected_at_a_moment_is_raised_there_and_nowhere_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.common import interrupts
+
+    monkeypatch.setattr(interrupts, "_fail_at", "report:report-built")
+    interrupts.pause_at("params-loaded")  # another moment: goes on
+    with pytest.raises(interrupts.InjectedFailure, match=r"failure injected at report:report-built \(\$LAB_FAIL_AT\)"):
+        interrupts.pause_at("report-built")
 
 
 def _stage_with_dropped_signals(output: Path, *signal_names: str) -> subprocess.CompletedProcess[str]:

@@ -42,6 +42,7 @@ from pathlib import Path
 from types import FrameType
 
 PAUSE_VARIABLE = "LAB_PAUSE_AT"
+FAIL_VARIABLE = "LAB_FAIL_AT"  # "<stage>:<moment>": raise InjectedFailure there instead of pausing (tests only)
 PAUSE_LIMIT_S = 300.0  # a paused stage nobody signals goes on after this
 PLAN_VARIABLE = "LAB_PAUSE_PLAN"
 _INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
@@ -51,6 +52,11 @@ _shielded: list[int] = []  # signals received inside `shielded`, in order
 _shield_depth = 0
 _committing = False
 _pause_at = ""  # "<stage>:<moment>", set by install_handlers
+_fail_at = ""  # likewise
+
+
+class InjectedFailure(RuntimeError):
+    """The error $LAB_FAIL_AT makes a stage raise at a named moment: a bug anywhere in it, for the stress tests."""
 
 
 class Terminated(KeyboardInterrupt):
@@ -78,11 +84,13 @@ def install_handlers(stage: str) -> None:
     """SIGTERM and SIGINT record the signal and raise `Terminated` or KeyboardInterrupt; SIGINT stays ignored if it
     was. Reads where `stage` is to pause, if anywhere: the first moment, `start-up`, is right here, before the
     stage's imports."""
-    global _pause_at
+    global _pause_at, _fail_at
     signal.signal(signal.SIGTERM, _on_signal)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_signal)
     _pause_at = _requested_pause(stage)
+    failing = os.environ.get(FAIL_VARIABLE, "")
+    _fail_at = failing if failing.startswith(f"{stage}:") else ""
     pause_at("start-up")
 
 
@@ -156,7 +164,10 @@ def deferred_signal() -> int | None:
 
 def pause_at(moment: str) -> None:
     """Hold here while $LAB_PAUSE_AT names `moment` (tests only): say so on stderr, then sleep until a signal
-    ends it (KeyboardInterrupt/Terminated raised here) or PAUSE_LIMIT_S passes."""
+    ends it (KeyboardInterrupt/Terminated raised here) or PAUSE_LIMIT_S passes. Where $LAB_FAIL_AT names it, raise
+    InjectedFailure instead."""
+    if _fail_at and _fail_at.partition(":")[2] == moment:
+        raise InjectedFailure(f"failure injected at {_fail_at} (${FAIL_VARIABLE})")
     if not _pause_at or _pause_at.partition(":")[2] != moment:
         return
     print(f"[paused at {_pause_at}]", file=sys.stderr, flush=True)

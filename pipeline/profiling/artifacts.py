@@ -27,6 +27,7 @@ from pipeline.profiling.texts import (
     timing_summary,
 )
 from pipeline.tracking.lifecycle import open_tracker
+from pipeline.tracking.tracker import Tracker
 
 
 @dataclass(frozen=True)
@@ -123,10 +124,11 @@ def log_profile(
     record: ProfileRecord,
     texts: ProfileTexts,
     comparisons: str,
-) -> None:
-    """One MLflow run (and TensorBoard folder) per combination, `profile@<batch>-<device>-<mode>`."""
+) -> tuple[Tracker, str]:
+    """One MLflow run (and TensorBoard folder) per combination, `profile@<batch>-<device>-<mode>`, ended before the
+    device's outputs are committed: returned with its name (tracking.lifecycle.settled_after_commit)."""
     combination, timing = record.combination, record.timing
-    with open_tracker("profile", tracking, variant=combination.name) as tracker:
+    with open_tracker("profile", tracking, variant=combination.name, current=False) as tracker:
         tracker.log_params(run.params)
         tracker.set_tags(run.tags)
         tracker.link_training(run.model_digest)
@@ -154,6 +156,7 @@ def log_profile(
         # The device's outputs move into place once every combination is logged, after this run has ended: it
         # records now the md5 of the files it wrote, by which a later stage finds it (lineage.producer_run).
         tracker.before_commit({path: outputs.staged(path) for path in paths.files()})
+    return tracker, f"profile@{combination.name}"
 
 
 @dataclass(frozen=True)

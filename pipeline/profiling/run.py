@@ -45,6 +45,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from pipeline.common.allocator import glibc_defaults, plan_allocator, tune_allocator
 from pipeline.common.errors import PipelineError
+from pipeline.common.interrupts import pause_at
 from pipeline.common.native_stderr import filtered_native_stderr
 from pipeline.data.mnist import load_split
 from pipeline.data.tensors import MEMORY_FORMAT, normalize_images
@@ -535,6 +536,7 @@ def run_device_profile(
     paired = time_in_processes(
         spec, processes, on_process, server, servers=min(program_starts, processes), alternate=alternate
     )
+    pause_at("timed")
     default_runs = default_allocator_runs(setups, paired, defaults.description if defaults else "")
     allocator = tune_allocator().description
     records = []

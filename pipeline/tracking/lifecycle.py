@@ -101,6 +101,7 @@ def open_tracker(
     variant: str | None = None,
     root: Path | None = None,
     system_metrics: bool = False,
+    current: bool = True,
 ) -> Iterator[Tracker]:
     """Start the stage's MLflow run and TensorBoard writer; end the run FINISHED, FAILED or KILLED.
 
@@ -114,6 +115,9 @@ def open_tracker(
     `system_metrics`: MLflow samples CPU, memory, disk, network (psutil) and GPU (pynvml, where a GPU
     and nvidia-ml-py are present) into `system/*` metrics while the run is open, every
     SYSTEM_METRICS_INTERVAL_S unless $MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL says otherwise.
+
+    `current=False`: a run that ends before its stage's outputs are committed (one per combination) does not yet
+    become the workspace's current one; the stage settles it after the commit (`settle_runs`).
     """
     import mlflow
 
@@ -174,7 +178,7 @@ def open_tracker(
         cleanup = one_try_each() if hurry else contextlib.nullcontext()
         # A stopped stage's run ends KILLED even if another signal comes meanwhile (a third stops it at once).
         with cleanup, shielded() if status == "KILLED" else contextlib.nullcontext():
-            _clean_up(tracker, uri, run_name, status, failure)
+            _clean_up(tracker, uri, run_name, status, failure, current)
 
 
 # The store's whole retry budget (store.HTTP_CLIENT_DEFAULTS: about a minute) is for riding out an outage while the
@@ -199,7 +203,9 @@ def one_try_each() -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _clean_up(tracker: Tracker, uri: str, run_name: str, status: str, failure: PipelineError | None) -> None:
+def _clean_up(
+    tracker: Tracker, uri: str, run_name: str, status: str, failure: PipelineError | None, current: bool = True
+) -> None:
     """What `stage_run` does however the stage ended: what the store still takes, the event file, the run's end."""
     import mlflow
 
@@ -214,7 +220,7 @@ def _clean_up(tracker: Tracker, uri: str, run_name: str, status: str, failure: P
     except OSError as error:
         if status == "FINISHED":  # the work was done: this is the stage's error (else the first one stands)
             unwritten, status = error, "FAILED"
-    _end_run(tracker, uri, run_name, status, failure)
+    _end_run(tracker, uri, run_name, status, failure, current)
     if unwritten is not None:
         raise unwritten
 
@@ -294,13 +300,15 @@ def _reflect_in_parent(tracker: Tracker) -> None:
         )
 
 
-def _end_run(tracker: Tracker, uri: str, run_name: str, status: str, failure: PipelineError | None) -> None:
+def _end_run(
+    tracker: Tracker, uri: str, run_name: str, status: str, failure: PipelineError | None, current: bool = True
+) -> None:
     """End the run with `status`; a FINISHED run becomes the workspace's current one for its stage. A store
     that fails here adds that to `failure`, or fails a stage that had finished."""
     import mlflow
 
     try:
-        if status == "FINISHED":
+        if status == "FINISHED" and current:
             mark_current(
                 tracker.client, tracker.experiment_id, tracker.run_id, run_name, tracker.machine_id, tracker.workspace
             )
@@ -324,3 +332,23 @@ def _end_run(tracker: Tracker, uri: str, run_name: str, status: str, failure: Pi
                     f"at its end.{left} Check the store, then run the stage again to log it."
                 )
             ) from None
+
+
+@contextlib.contextmanager
+def settled_after_commit() -> Iterator[list[tuple[Tracker, str]]]:
+    """For runs that end FINISHED before their stage's outputs are committed (`open_tracker(current=False)`, one per
+    combination): append each with its run name to the list given. Entered before the stage's AtomicOutputs, this
+    exits after their commit: each run then becomes the workspace's current one; if the stage stopped or failed
+    before, each is marked KILLED, as its outputs never landed and the older ones still stand."""
+    ended: list[tuple[Tracker, str]] = []
+    try:
+        yield ended
+    except BaseException:
+        with shielded():
+            for tracker, _ in ended:
+                tracker.client.set_terminated(tracker.run_id, status="KILLED")
+        raise
+    for tracker, run_name in ended:
+        mark_current(
+            tracker.client, tracker.experiment_id, tracker.run_id, run_name, tracker.machine_id, tracker.workspace
+        )

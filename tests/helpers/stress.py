@@ -53,6 +53,24 @@ def moment_for(commits: int) -> str:
 
 
 MOMENTS = chosen_moments(os.environ.get("LAB_STRESS_MOMENTS", ""))
+# The stages tests/test_signal_stress_stages.py stops through `dvc repro`; $LAB_STRESS_STAGES may name some of them.
+STAGE_NAMES = ("report", "profile", "train")
+
+
+def stage_for(commits: int) -> str:
+    """CI's sample of the stages: one per commit, with moment_for, so that any 30 consecutive commits cover every
+    stage at every moment."""
+    return STAGE_NAMES[commits % len(STAGE_NAMES)]
+
+
+def chosen_stages(value: str) -> tuple[str, ...]:
+    chosen = tuple(name.strip() for name in value.split(",") if name.strip()) or STAGE_NAMES
+    unknown = [name for name in chosen if name not in STAGE_NAMES]
+    if unknown:
+        raise pytest.UsageError(f"LAB_STRESS_STAGES names no stage {unknown}; the stages: {', '.join(STAGE_NAMES)}")
+    return chosen
+
+
 EXIT_LIMIT_S = 10.0
 PAUSE_LIMIT_S = 120.0  # to reach a moment: imports, training (slow on a loaded machine)
 OUTPUTS = ("models/model.pt", "metrics/train.json", "metrics/train_speed.json", "plots/train_steps.csv")
@@ -97,9 +115,9 @@ class Stderr:
     def text(self) -> str:
         return "".join(self.lines)
 
-    def wait_for_pause(self, moment: str) -> None:
+    def wait_for_pause(self, moment: str, stage: str = "train") -> None:
         deadline = time.monotonic() + PAUSE_LIMIT_S
-        while not any(f"[paused at train:{moment}]" in line for line in list(self.lines)):
+        while not any(f"[paused at {stage}:{moment}]" in line for line in list(self.lines)):
             if self.process.poll() is not None:
                 self._reader.join(timeout=5)
                 pytest.fail(f"ended before pausing at {moment} (exit {self.process.returncode}):\n{self.text[-3000:]}")
