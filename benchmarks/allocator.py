@@ -21,6 +21,7 @@ from pathlib import Path
 
 from benchmarks.train_speed import add_test_samples_option, ratios, run_variants, run_worker, table
 from pipeline.common.allocator import ALLOCATOR_VARIABLE, DEFAULT, TOP_PAD, TRIM_THRESHOLD
+from pipeline.devices.registry import host_kind
 from pipeline.params.loading import load_params
 
 BASELINE = "glibc defaults"
@@ -69,7 +70,7 @@ def main(arguments: list[str] | None = None) -> None:
         args.repeats,
         seed,
         lambda name, run_seed: run_worker(
-            "pipeline", args.samples, run_seed, "cpu", environments[name], test_samples=args.test_samples
+            "pipeline", args.samples, run_seed, host_kind().name, environments[name], test_samples=args.test_samples
         ),
     )
     print()

@@ -29,10 +29,11 @@ import torch
 
 from pipeline.common.allocator import tune_allocator
 from pipeline.common.paths import DATA_ROOT, MODEL_CHECKPOINT
+from pipeline.devices.counters import Unavailable, open_counter
+from pipeline.devices.registry import device_kind
 from pipeline.params.loading import load_params
-from pipeline.profiling.energy import Unavailable, measure_energy, measure_update_period, open_counter
+from pipeline.profiling.energy import measure_energy, measure_update_period
 from pipeline.profiling.processes import ask, worker_server
-from pipeline.profiling.run import energy_source
 from pipeline.profiling.timing import synchronizer
 from pipeline.profiling.worker import WorkerSpec, build_items
 
@@ -48,8 +49,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     config = load_params().profile
-    device = torch.device(args.device)
-    source, why_not = (args.counter, "") if args.counter else energy_source(device)
+    source, why_not = (args.counter, "") if args.counter else device_kind(args.device).energy_source(0)
     if not source:
         sys.exit(f"No energy counter on {args.device}: {why_not}.")
     stage_spec = WorkerSpec.for_device(config, args.device, MODEL_CHECKPOINT, DATA_ROOT)
@@ -78,7 +78,7 @@ def main() -> None:
         sys.exit(f"No update period: {period.reason}.")
     tune_allocator()  # as in the timing processes, so that the steps run at their speed
     built = build_items(plain)
-    sync = synchronizer(device)
+    sync = synchronizer(torch.device(args.device))
     rows, lines = [], []
     for index, ((batch, mode), step) in enumerate(zip(plain.items, built, strict=True)):
         window = measure_energy(step.run, sync, counter, period.longest_s, windows=1, min_window_s=args.window_s)

@@ -38,9 +38,11 @@ import torch
 from pipeline.common.errors import PipelineError
 from pipeline.common.machine import cpu_model, machine_fingerprint
 from pipeline.common.paths import DATA_ROOT, MODEL_CHECKPOINT
+from pipeline.devices.registry import device_names, host_kind
 from pipeline.params.loading import load_params
 from pipeline.profiling.measures import StepEstimate
 from pipeline.profiling.processes import time_in_processes
+from pipeline.profiling.record import profile_matrix
 from pipeline.profiling.statistics import PairedRatio, available_cores, between_process_interval, paired_ratio
 from pipeline.profiling.worker import WorkerSpec
 
@@ -97,7 +99,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, choices=range(2, 21), metavar="2-20")
     parser.add_argument("--goal-pct", type=float, default=5.0, help="largest rerun difference counted as agreement")
     parser.add_argument("--ratio-goal-pct", type=float, default=3.0, help="widest paired-ratio CI counted as narrow")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", choices=device_names(), default=host_kind().name)
     parser.add_argument(
         "--servers", type=int, default=1, choices=range(1, 13), metavar="1-12", help="fresh program starts per repeat"
     )
@@ -106,8 +108,9 @@ def main() -> None:
         raise SystemExit(f"{MODEL_CHECKPOINT} or {DATA_ROOT / 'MNIST'} is missing: run `dvc repro train` first.")
     config = load_params().profile
     fingerprint = machine_fingerprint()
-    items = tuple((batch, mode) for batch in config.batch_sizes for mode in config.modes)
-    names = [f"{batch}-{args.device}-{mode}" for batch, mode in items]
+    matrix = profile_matrix(config, args.device)
+    items = tuple((combination.batch_size, combination.mode) for combination in matrix)
+    names = [combination.name for combination in matrix]
     print(
         f"machine: {cpu_model()} ({fingerprint['cpu_family_model']}; {fingerprint['cpu_features']}), "
         f"{available_cores()} cores; profile.threads {config.threads or 'one per core'}, processes "

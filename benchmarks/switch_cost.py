@@ -33,6 +33,7 @@ import torch
 from pipeline.common.allocator import tune_allocator
 from pipeline.common.machine import cpu_model, machine_fingerprint
 from pipeline.common.paths import DATA_ROOT, MODEL_CHECKPOINT
+from pipeline.devices.registry import device_names, host_kind
 from pipeline.params.loading import load_params
 from pipeline.profiling.statistics import SWITCH_WARMUP_S
 from pipeline.profiling.timing import synchronizer
@@ -62,7 +63,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=40.0, help="rounds run for this long (wall time)")
     parser.add_argument("--steps", type=int, default=16, choices=range(SHOWN_STEPS + 4, 101), metavar="12-100")
     parser.add_argument("--tolerance-pct", type=float, default=2.0, help="a step this close to steady is warm")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", choices=device_names(), default=host_kind().name)
     args = parser.parse_args()
     if not 0 < args.seconds <= 3600:
         parser.error(f"--seconds must be above 0 and at most 3600, got {args.seconds:g}")

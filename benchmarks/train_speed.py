@@ -54,6 +54,7 @@ import yaml
 
 from pipeline.common.allocator import tune_allocator
 from pipeline.common.paths import DATA_ROOT, TRAIN_SPEED
+from pipeline.devices.registry import device_kind, device_names, host_kind
 from pipeline.params.loading import load_params
 from pipeline.params.schema import TrainConfig
 
@@ -224,7 +225,7 @@ def variants_for(config: TrainConfig, device_name: str, stage: bool) -> tuple[li
     """The variants to run and the one the headline ratio is about."""
     reference = Variant("reference", "reference")
     stage_variant = [Variant("train stage", "train stage")] if stage else []
-    if device_name == "cuda":
+    if device_kind(device_name).graph_capture():
         pairs = [(execution, precision) for execution in ("eager", "cuda_graph") for precision in ("fp32", "bf16")]
         graphs = [Variant(f"{e} {p}", "pipeline", e, p) for e, p in pairs]
         tracked = Variant("cuda_graph bf16+tracking", "pipeline", "cuda_graph", "bf16", tracked=True)
@@ -380,7 +381,8 @@ def main(arguments: list[str] | None = None) -> None:
     parser.add_argument(
         "--repeats", type=int, default=3, help="fresh processes per variant; seeds train.seed + 0, 1, ..."
     )
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to train (default: cpu)")
+    host = host_kind().name
+    parser.add_argument("--device", choices=device_names(), default=host, help=f"where to train (default: {host})")
     parser.add_argument(
         "--epochs",
         type=_epochs,

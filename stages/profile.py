@@ -20,7 +20,7 @@ from pipeline.params.loading import load_params
 from pipeline.profiling.artifacts import log_profile, write_comparison_outputs, write_profile_outputs
 from pipeline.profiling.matrix import stage_device
 from pipeline.profiling.processes import forked_worker_server
-from pipeline.profiling.record import Combination
+from pipeline.profiling.record import profile_matrix
 from pipeline.profiling.run import prepare_profiles, run_description, run_device_profile, timing_spec
 from pipeline.profiling.texts import stage_warnings
 from pipeline.tracking.lifecycle import settled_after_commit
@@ -30,7 +30,7 @@ def main() -> None:
     params = load_params()
     config = params.profile
     device = stage_device(config, sys.argv[1:])
-    wanted = [Combination(batch, device, mode) for batch in config.batch_sizes for mode in config.modes]
+    wanted = profile_matrix(config, device)
     with contextlib.ExitStack() as stack:
         # The timing processes' server first, forked before this process runs any tensor code: it starts from
         # the clean state of a fresh server without importing torch again (pipeline.profiling.processes).

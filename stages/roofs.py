@@ -27,12 +27,12 @@ def main() -> None:
     tune_allocator()  # before any tensor, as in the profile stages whose ceilings these are
     params = load_params()
     config = params.profile
-    devices = [select_device(device, param="profile.devices") for device in config.devices]
+    devices = {name: select_device(name, param="profile.devices") for name in config.devices}
     if config.threads:
         torch.set_num_threads(config.threads)
     fingerprint = json.loads(HARDWARE_FINGERPRINT.read_text())
     with open_tracker("roofs", params.tracking) as tracker, AtomicOutputs() as outputs:
-        tracker.set_tags(hardware_tags(hardware_description(devices[0])))
+        tracker.set_tags(hardware_tags(hardware_description(devices[config.devices[0]])))
         tracker.log_params(
             {
                 "threads": torch.get_num_threads(),
@@ -47,7 +47,8 @@ def main() -> None:
             unit="window",
         ) as bar:
             measured = tuple(
-                measure_roofs(device, drift_probe_s=config.drift_probe_s, progress=bar.update) for device in devices
+                measure_roofs(device, drift_probe_s=config.drift_probe_s, progress=bar.update, name=name)
+                for name, device in devices.items()
             )
         conditions = measurement_conditions(load_before, torch.get_num_threads())
         roofs = MachineRoofs(fingerprint=fingerprint, devices=measured)

@@ -40,7 +40,11 @@ def _set(raw: dict[str, Any], dotted: str, value: Any) -> None:
     [
         ("train.batch_size", 0, "`train.batch_size` = 0 is not allowed; it must be >= 1"),
         ("train.lr", -0.5, "`train.lr` = -0.5 is not allowed; it must be > 0"),
-        ("train.device", "tpu", "`train.device` = 'tpu' is not allowed; choose one of 'auto', 'cpu', 'cuda', 'mps'"),
+        (
+            "train.device",
+            "tpu",
+            "`train.device` = 'tpu' is not allowed; it must be one of 'auto', 'cpu', 'cuda', 'mps'",
+        ),
         (
             "train.execution",
             "graph",

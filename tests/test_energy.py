@@ -10,22 +10,24 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.profiling.energy import (
-    MAX_BOUND_RATIO,
+from pipeline.devices.counters import (
     RAPL_NOT_EXPOSED,
-    WINDOW_PERIODS,
     EnergyCounter,
-    EnergyEstimate,
     GpuPowerState,
     NvmlCounter,
     RaplCounter,
     Unavailable,
-    UpdatePeriod,
     gpu_power_state,
-    measure_energy,
-    measure_update_period,
     open_gpu_counter,
     rapl_counters,
+)
+from pipeline.profiling.energy import (
+    MAX_BOUND_RATIO,
+    WINDOW_PERIODS,
+    EnergyEstimate,
+    UpdatePeriod,
+    measure_energy,
+    measure_update_period,
 )
 
 

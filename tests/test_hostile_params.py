@@ -24,6 +24,7 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.machine import machine_fingerprint
 from pipeline.common.stage_runner import run_stage
 from pipeline.data.mnist import MNIST_BYTES, MNIST_SHA256
+from pipeline.devices import cuda
 from pipeline.model.network import LabNet
 from pipeline.params.loading import load_params
 from pipeline.params.memory import check_params_fit_memory, parameter_count
@@ -323,7 +324,10 @@ def test_params_values_never_reach_a_shell(guarded: Path, run_in: Any) -> None:
     for command in attempts:
         result = run_in(guarded, *command)
         assert result.returncode != 0, command
-        assert "is not allowed; choose one of 'cpu', 'cuda', 'mps'" in result.stderr, (command, result.stderr[-2000:])
+        assert "is not allowed; it must be one of 'cpu', 'cuda', 'mps'" in result.stderr, (
+            command,
+            result.stderr[-2000:],
+        )
         assert "Traceback" not in result.stderr
         assert not list(guarded.rglob("pwned")), command
         assert "pwned" not in _outside(guarded), command
@@ -462,29 +466,32 @@ def test_validate_refuses_what_this_machine_cannot_do(
     no_gpu, one_gpu = tmp_path / "none", tmp_path / "gpus"
     no_gpu.mkdir()
     (one_gpu / "0000:01:00.0").mkdir(parents=True)
+    monkeypatch.setattr(cuda, "NVIDIA_GPUS", no_gpu)
     mirror = {"MNIST_MIRROR": str(tmp_path / "mirror")}
     with pytest.raises(PipelineError, match=r"`train.device` asks for cuda, but this machine shows no NVIDIA GPU"):
-        check_environment(_params_with(repo_params, device="cuda"), tmp_path, {}, no_gpu)
-    check_environment(_params_with(repo_params, device="cuda"), tmp_path, {}, one_gpu)  # a GPU: fine
+        check_environment(_params_with(repo_params, device="cuda"), tmp_path, {})
+    with monkeypatch.context() as with_gpu:
+        with_gpu.setattr(cuda, "NVIDIA_GPUS", one_gpu)
+        check_environment(_params_with(repo_params, device="cuda"), tmp_path, {})  # a GPU: fine
     with pytest.raises(PipelineError, match=r"`train.train_samples` is 70,000, but the MNIST train split has 60,000"):
-        check_environment(_params_with(repo_params, train_samples=70_000), tmp_path, {}, no_gpu)
+        check_environment(_params_with(repo_params, train_samples=70_000), tmp_path, {})
     with pytest.raises(PipelineError, match=r"`train.test_samples` is 10,001, but the MNIST test split has 10,000"):
-        check_environment(_params_with(repo_params, test_samples=10_001), tmp_path, {}, no_gpu)
+        check_environment(_params_with(repo_params, test_samples=10_001), tmp_path, {})
     params = _params_with(repo_params)
     with pytest.raises(PipelineError, match=r"MNIST_MIRROR=.*mirror' is not a folder, and the download stage needs it"):
-        check_environment(params, tmp_path, mirror, no_gpu)
+        check_environment(params, tmp_path, mirror)
     (tmp_path / "mirror").mkdir()
     (tmp_path / "mirror" / "train-images-idx3-ubyte.gz").write_bytes(b"")
     (tmp_path / "mirror" / "t10k-labels-idx1-ubyte").write_bytes(b"")
     with pytest.raises(PipelineError, match=r"lacks train-labels-idx1-ubyte, t10k-images-idx3-ubyte \(neither"):
-        check_environment(params, tmp_path, mirror, no_gpu)
+        check_environment(params, tmp_path, mirror)
     # The verified data set in place: download will not run, so a broken mirror is no reason to stop.
     raw = tmp_path / "data" / "MNIST" / "raw"
     raw.mkdir(parents=True)
     (raw.parent / "manifest.json").write_text("{}")
     for name in MNIST_FILES:
         (raw / name).write_bytes(b"")
-    check_environment(params, tmp_path, mirror, no_gpu)
+    check_environment(params, tmp_path, mirror)
     assert not (tmp_path / "models").exists()  # judged, not created: DVC's outputs stay as they are
     assert set(MNIST_FILES) == set(MNIST_SHA256) == set(MNIST_BYTES)  # one list of the files, checked by all
 

@@ -78,9 +78,9 @@ def test_energy_is_stated_with_its_interval_where_measured() -> None:
     record = with_memory(16, "train", MB, energy)
     text = memory_markdown(record)
     assert (
-        "Energy: 20.000 mJ per step (95 % CI 19.000-22.000, from 6 processes), 1.2500 mJ per sample, at 150 W on "
-        "average; NVML total energy (GPU 0), which moved every 20 ms, read across 6 timed windows; power limit "
-        "700 W, SM clock 1980 MHz, memory clock 2619 MHz." in text
+        "Energy: 20.000 mJ per step (95 % CI 19.000-22.000, from 6 processes), 1.2500 mJ per sample, at 150 W while "
+        "it ran; NVML total energy (GPU 0), which moved every 20 ms, polled during the timing: the power fitted over "
+        "6 of its updates, times the step's time; power limit 700 W, SM clock 1980 MHz, memory clock 2619 MHz." in text
     )
     assert "| **peak** | **21.050** | 100 |" in text
 

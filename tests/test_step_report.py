@@ -34,7 +34,7 @@ from pipeline.report.figures import cpu_vs_gpu_figure, roofline_figure
 from pipeline.report.roofline import UNDECIDED, roofline_chart, roofline_markdown, roofline_points
 from pipeline.report.step_analysis import (
     StepFacts,
-    add_a_gpu,
+    add_a_gpu_sentence,
     anatomy_markdown,
     cpu_vs_gpu_markdown,
     flop_rate_markdown,
@@ -137,7 +137,7 @@ def test_anatomy_text_names_the_rows_whose_traced_step_is_shorter_than_the_timed
 
 def test_cpu_only_reports_say_how_to_add_a_gpu_and_count_what_it_adds() -> None:
     cpu_only = [fact for fact in reference_facts() if fact.device == "cpu"]
-    text = add_a_gpu(cpu_only)
+    text = add_a_gpu_sentence(cpu_only)
     assert cpu_vs_gpu_markdown(cpu_only) == text + "\n" and step_sentences(cpu_only)[-1] == text
     assert "`profile.devices: [cpu, cuda]`" in text and "`dvc repro`" in text
     count = len({(fact.batch_size, fact.mode) for fact in cpu_only})
@@ -145,7 +145,7 @@ def test_cpu_only_reports_say_how_to_add_a_gpu_and_count_what_it_adds() -> None:
     # One more batch size in both modes adds two: the count is the matrix's, never a fixed "six".
     modes = {fact.mode: fact for fact in cpu_only}
     wider = [*cpu_only, *(dataclasses.replace(fact, batch_size=4096) for fact in modes.values())]
-    assert f"the {count + len(modes)} cuda combinations are profiled" in add_a_gpu(wider)
+    assert f"the {count + len(modes)} cuda combinations are profiled" in add_a_gpu_sentence(wider)
 
 
 def test_flop_rate_table_and_sentences_carry_the_share_of_peak() -> None:

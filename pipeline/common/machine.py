@@ -22,13 +22,15 @@ from pathlib import Path
 
 from pipeline.common.errors import PipelineError
 
+CPU_MODEL = "cpu"  # the fingerprint's key of the CPU model's name
+
 
 def machine_fingerprint() -> dict[str, str]:
     """CPU model, family, kernel-relevant features and cores, GPUs, OS, Python, torch and its CUDA build: stable on
     one machine, and different on two machines whose CPUs run different kernels under the same model name."""
     cpu = cpu_info()
     return {
-        "cpu": cpu_model(),
+        CPU_MODEL: cpu_model(),
         "cpu_family_model": f"family {cpu['cpu family']}, model {cpu['model']}" if "cpu family" in cpu else "unknown",
         "cpu_features": kernel_features(cpu.get("flags", "")) if "flags" in cpu else "unknown",
         "cpu_count": str(os.cpu_count()),
@@ -123,7 +125,7 @@ LABEL_MAX_CHARS = 64
 # The keys of pipeline.common.machine.machine_fingerprint() (checked by a test): profile runs log them as
 # `hardware.<key>` params, so the id of a run logged before these tags existed can be recomputed.
 IDENTITY_KEYS = (
-    "cpu",
+    CPU_MODEL,
     "cpu_family_model",
     "cpu_features",
     "cpu_count",
@@ -171,7 +173,7 @@ def machine_name(fingerprint: Mapping[str, str], label: str | None = None) -> st
         return label
     features = set(fingerprint.get("cpu_features", "").split())
     isa = next((f", {name}" for flag, name in _ISA_LEVELS if flag in features), "")
-    cpu = f"{short_cpu_name(fingerprint.get('cpu', ''))} ({fingerprint.get('cpu_count', '?')} vCPUs{isa})"
+    cpu = f"{short_cpu_name(fingerprint.get(CPU_MODEL, ''))} ({fingerprint.get('cpu_count', '?')} vCPUs{isa})"
     gpus = gpu_summary(fingerprint.get("gpus", "none"))
     return f"{gpus} + {cpu}" if gpus else cpu
 

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from pipeline.common.errors import PipelineError
+from pipeline.devices.registry import host_kind
 
 # The lab's normalization constants: mean and std of the MNIST training pixels in [0, 1].
 MNIST_MEAN = 0.1307
@@ -25,7 +26,7 @@ class DeviceData:
         return self.labels.shape[0]
 
 
-CPU = torch.device("cpu")
+CPU = host_kind().torch_device()
 
 
 def normalize_images(images: np.ndarray, device: torch.device = CPU) -> torch.Tensor:

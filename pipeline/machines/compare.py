@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pipeline.common.errors import PipelineError
+from pipeline.devices.registry import device_kind
 from pipeline.machines.runs import Machine, ProfileRun
 from pipeline.profiling.measures import Interval, Ratio
 from pipeline.profiling.record import Combination
@@ -185,7 +186,9 @@ def choose_baseline(rows: Sequence[MachineRow], requested: str | None, this_mach
     if chosen is None:
         counts = Counter(row.machine_id for row in rows)
         chosen = min(counts, key=lambda mid: (-counts[mid], machines[mid]))
-    devices = sorted({row.device for row in rows if row.machine_id == chosen}, key=lambda name: (name != "cpu", name))
+    devices = sorted(
+        {row.device for row in rows if row.machine_id == chosen}, key=lambda name: (not device_kind(name).on_host, name)
+    )
     return machines[chosen], devices[0]
 
 

@@ -42,6 +42,7 @@ from typing import Any, Literal
 import matplotlib.pyplot as plt
 
 from pipeline.common.errors import PipelineError
+from pipeline.common.machine import CPU_MODEL
 from pipeline.common.outputs import AtomicOutputs
 from pipeline.common.tables import NO_NUMBER, rows_csv
 from pipeline.machines.compare import (
@@ -172,7 +173,7 @@ def environment_markdown(runs: Sequence[ProfileRun], names: Mapping[str, str]) -
         threads = sorted({run.threads for run in members}, key=lambda value: (len(value), value))
         latest = time.strftime("%Y-%m-%d %H:%M", time.gmtime(newest.started_ms / 1000))
         lines.append(
-            f"| {names[machine_key]} | `{machine_key}` | {env.get('cpu', '?')} | {env.get('cpu_count', '?')} | "
+            f"| {names[machine_key]} | `{machine_key}` | {env.get(CPU_MODEL, '?')} | {env.get('cpu_count', '?')} | "
             f"{env.get('gpus', '?')} | {env.get('os', '?')} ({env.get('machine', '?')}) | {env.get('python', '?')} | "
             f"{env.get('torch', '?')} | {env.get('torchvision', '?')} | {env.get('torch_cuda_build', '?')} | "
             f"{', '.join(cuda) or 'not used'} | {', '.join(threads)} | {len(members)} | {latest} UTC |"

@@ -25,6 +25,7 @@ import torch
 
 from pipeline.common.dataset import IMAGE_SHAPE
 from pipeline.common.errors import PipelineError
+from pipeline.devices.registry import host_kind
 from pipeline.model.network import LabNet
 from pipeline.params.memory import check_model_fits_memory
 from pipeline.params.parsing import params_from_section
@@ -40,7 +41,7 @@ def checkpoint_payload(
 ) -> dict[str, Any]:
     # Weights always saved from CPU and in the default layout, so the bytes do not depend on
     # the training device or memory format.
-    state = {name: tensor.detach().to("cpu").contiguous() for name, tensor in model.state_dict().items()}
+    state = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
     _refuse_diverged(state, metrics)
     return {
         "format": CHECKPOINT_FORMAT,
@@ -81,7 +82,7 @@ def payload_digest(payload: Mapping[str, Any]) -> str:
     hasher = hashlib.sha256()
     state: Mapping[str, torch.Tensor] = payload["state_dict"]
     for name in sorted(state):
-        tensor = state[name].detach().to("cpu").contiguous()
+        tensor = state[name].detach().cpu().contiguous()
         header = json.dumps([name, str(tensor.dtype), list(tensor.shape)], separators=(",", ":"))
         hasher.update(header.encode() + b"\n")
         hasher.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())  # reshape: 0-d tensors too
@@ -139,7 +140,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
     try:
         with warnings.catch_warnings():  # garbage may "declare" pickle protocol 191: the error says enough
             warnings.simplefilter("ignore", UserWarning)
-            payload = torch.load(path, map_location="cpu", weights_only=True)
+            payload = torch.load(path, map_location=host_kind().torch_device(), weights_only=True)
     except FileNotFoundError:
         raise PipelineError(f"{path} is missing: run the train stage first (`dvc repro train`).") from None
     except pickle.UnpicklingError as error:  # damaged bytes, or what weights_only refuses to load

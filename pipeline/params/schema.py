@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pipeline.common.credentials import has_user_info
+from pipeline.devices.registry import device_names
 
-Device = Literal["cpu", "cuda", "mps"]
-DeviceChoice = Literal["auto", "cpu", "cuda", "mps"]
+# A device kind's name (pipeline/devices/: one module per kind); `auto` lets the train stage pick one.
+Device = str
+DeviceChoice = str
 ProfileMode = Literal["inference", "train"]
 Precision = Literal["auto", "fp32", "bf16"]
 Execution = Literal["auto", "eager", "cuda_graph"]
@@ -61,6 +63,18 @@ def _mirror_problem(mirror: str) -> str | None:
             "or a file named by $NETRC): the download stage sends them from there"
         )
     return None
+
+
+def _device_problem(name: str, also: tuple[str, ...] = ()) -> str | None:
+    """Only a device kind defined in pipeline/devices/ (one module each) can run a stage."""
+    allowed = (*also, *device_names())
+    if name in allowed:
+        return None
+    return f"one of {', '.join(map(repr, allowed))} (the device kinds defined in pipeline/devices/)"
+
+
+def _device_choice_problem(name: str) -> str | None:
+    return _device_problem(name, also=("auto",))
 
 
 def _inside_project_problem(folder: str) -> str | None:
@@ -106,7 +120,7 @@ RESOLVED_TRAIN_KEYS = ("device", "precision", "execution", "threads")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    device: DeviceChoice = _rule()
+    device: DeviceChoice = _rule(check=_device_choice_problem)
     # bf16 = autocast mixed precision for the forward pass (weights, optimizer, loss and evaluation stay
     # fp32); auto = bf16 where the device computes it natively (AMX/AVX512-BF16 CPUs); on CUDA, the faster
     # of the two as measured for the execution mode (pipeline/training/execution.py).
@@ -147,7 +161,7 @@ class GraphConfig:
 class ProfileConfig:
     # One profile stage per device; each times every batch size × mode of it, paired.
     batch_sizes: tuple[int, ...] = _rule(non_empty=True, unique=True, ge=1, le=10_000)  # of 10,000 test images
-    devices: tuple[Device, ...] = _rule(non_empty=True, unique=True)
+    devices: tuple[Device, ...] = _rule(non_empty=True, unique=True, check=_device_problem)
     modes: tuple[ProfileMode, ...] = _rule(non_empty=True, unique=True)
     # Untimed steps first: oneDNN/cuDNN build kernels per shape, so a cold first step misleads.
     warmup_steps: int = _rule(ge=1, le=1000)

@@ -19,11 +19,9 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.machine import machine_fingerprint
 from pipeline.common.outputs import MIN_FREE_BYTES, AtomicOutputs, size_text
 from pipeline.common.paths import DATA_ROOT, HARDWARE_FINGERPRINT, PARAMS_CHECKED, STAGE_OUTPUT_FOLDERS
+from pipeline.devices.registry import device_kind, device_names
 from pipeline.params.loading import DEFAULT_PARAMS_FILE, load_params
 from pipeline.params.schema import Params
-
-# The files that say a GPU is there, without importing torch (3 s): the NVIDIA driver's per-GPU folders.
-NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 # Constant on purpose, to the byte: other stages depend on this file only so that DVC runs the check before
 # them. Were it to change (with params, or an edit of its words: it still names the module's old path,
@@ -42,7 +40,7 @@ def write_params_checked(
     content differs (an unchanged file keeps its bytes and mtime: DVC reruns nothing after it)."""
     params = load_params(params_file)
     check_environment(params)
-    for note in capped_values(params):
+    for note in capped_values(params) + untested_devices(params):
         print(note, file=sys.stderr)
     wanted = {marker: MARKER_TEXT, fingerprint: json.dumps(machine_fingerprint(), indent=2, sort_keys=True) + "\n"}
     changed = {path: text for path, text in wanted.items() if not (path.is_file() and path.read_text() == text)}
@@ -67,17 +65,24 @@ def capped_values(params: Params) -> list[str]:
     return notes
 
 
-def check_environment(
-    params: Params,
-    root: Path = Path("."),
-    environ: Mapping[str, str] = os.environ,
-    gpus: Path = NVIDIA_GPUS,
-) -> None:
+def untested_devices(params: Params) -> list[str]:
+    """One note per device kind params.yaml asks for that is defined but never run by this project's tests."""
+    asked = dict.fromkeys([params.train.device, *params.profile.devices])
+    return [
+        f"note: device kind `{name}` is defined (pipeline/devices/) but not tested by this project: its "
+        'stages should run, but no test has checked their results on such a device (docs/extending.md, "Device '
+        'kinds").'
+        for name in asked
+        if name in device_names() and device_kind(name).support == "untested"
+    ]
+
+
+def check_environment(params: Params, root: Path = Path("."), environ: Mapping[str, str] = os.environ) -> None:
     """What params.yaml asks of this machine, checked before DVC deletes any stage's outputs: each
     stage would refuse the same, but only after DVC had removed its outputs. Torch-free and fast: it runs at
     every `dvc repro` (`always_changed`), so it lists a few folders and reads no data.
 
-    - a `cuda` device where the NVIDIA driver shows no GPU, `mps` off macOS;
+    - a device kind this machine lacks (its kind's `missing`: a `cuda` device where the NVIDIA driver shows no GPU);
     - `train.train_samples` / `train.test_samples` beyond the MNIST split;
     - `$MNIST_MIRROR`, only when the download stage would need it (no verified data set in place);
     - room for every stage's outputs (pipeline.common.outputs.check_output_folder: writable, 64 MiB free).
@@ -85,7 +90,7 @@ def check_environment(
     for param, device in [("train.device", params.train.device)] + [
         ("profile.devices", d) for d in params.profile.devices
     ]:
-        problem = _missing_device(device, gpus)
+        problem = None if device == "auto" else device_kind(device).missing()
         if problem:
             raise PipelineError(f"`{param}` asks for {device}, but {problem}; set it to cpu in params.yaml.")
     for param, split, value in (
@@ -119,14 +124,6 @@ def _check_room(stage: str, folder: Path) -> None:
             f"{folder}/ has only {size_text(free)} free on its file system; at least {size_text(MIN_FREE_BYTES)} "
             f"are needed there. Free space on the file system holding {existing}/ and run again. {fix}"
         )
-
-
-def _missing_device(device: str, gpus: Path) -> str | None:
-    if device == "cuda" and not (gpus.is_dir() and any(gpus.iterdir())):
-        return f"this machine shows no NVIDIA GPU ({gpus} lists none)"
-    if device == "mps" and sys.platform != "darwin":
-        return "Apple's MPS exists only on macOS"
-    return None
 
 
 def _data_in_place(data_root: Path) -> bool:

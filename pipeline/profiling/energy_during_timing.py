@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.profiling.energy import EnergyCounter, Unavailable, open_counter
+from pipeline.devices.counters import EnergyCounter, Unavailable, open_counter
 
 PAUSE_S = 0.0002  # between readings: a counter cheap to read (RAPL) is not read flat out on a core of its own
 LAG_STEPS = 41  # lags tried, evenly from 0 to LAG_PERIODS update periods

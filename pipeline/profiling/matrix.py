@@ -10,11 +10,11 @@ that name among the *validated* params. A direct run names it as an argument.
 from __future__ import annotations
 
 import os
-import typing
 from collections.abc import Mapping, Sequence
 
 from pipeline.common.credentials import redact
 from pipeline.common.errors import PipelineError
+from pipeline.devices.registry import device_names
 from pipeline.params.schema import Device, ProfileConfig
 
 DVC_STAGE_VARIABLE = "DVC_STAGE"  # set by DVC for every command it runs (dvc.stage.run.prepare_kwargs)
@@ -25,13 +25,13 @@ def stage_device(config: ProfileConfig, argv: Sequence[str], environ: Mapping[st
     """This run's device: from `argv` (`DEVICE`, a direct run) when given, else from DVC's stage name, which must
     be one of `profile.devices`."""
     if argv:
-        devices = typing.get_args(Device)
+        devices = device_names()
         if len(argv) != 1 or argv[0] not in devices:
             raise PipelineError(
                 f"usage: python -m stages.profile DEVICE, with DEVICE one of {', '.join(devices)}; "
                 f"got {' '.join(argv)!r}."
             )
-        return next(device for device in devices if device == argv[0])
+        return argv[0]
     stage = environ.get(DVC_STAGE_VARIABLE, "")
     if not stage:
         raise PipelineError(
@@ -41,7 +41,7 @@ def stage_device(config: ProfileConfig, argv: Sequence[str], environ: Mapping[st
     name = stage.split("dvc.yaml:", 1)[-1]
     prefix = f"{STAGE}@"
     if name.startswith(prefix) and name[len(prefix) :] in config.devices:
-        return next(device for device in config.devices if device == name[len(prefix) :])
+        return name[len(prefix) :]
     shown = redact(name if len(name) <= 120 else name[:117] + "...")
     raise PipelineError(
         f"DVC runs this as stage {shown!r}, which is none of the devices params.yaml lists "

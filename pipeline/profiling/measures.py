@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pipeline.devices.registry import device_kind
+
 
 @dataclass(frozen=True)
 class Interval:
@@ -225,7 +227,7 @@ def anatomy_verdict(device: str, busy_pct: float) -> str:
     """On a GPU: `host-bound` (the GPU is idle most of the step, waiting for launches) or `GPU-bound`. On a CPU
     there is no second device to wait for: `overhead-bound` (most of the step is Python and framework code between
     ATen operators) or `operator-bound` (the operators' own work sets the pace)."""
-    if device == "cpu":
+    if device_kind(device).on_host:
         return "overhead-bound" if busy_pct < HOST_BOUND_BELOW_PCT else "operator-bound"
     return "host-bound" if busy_pct < HOST_BOUND_BELOW_PCT else "GPU-bound"
 

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import math
-import os
 import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -35,13 +33,13 @@ import torch
 from torch import nn
 
 from pipeline.common.native_stderr import filtered_native_stderr
+from pipeline.devices.registry import kind_of
 from pipeline.profiling.measures import MEMORY_PARTS, MemoryPart, StepMemory
 
 # Ranges torch's profiler opens around the backward pass's functions and the optimizer's step.
 BACKWARD_RANGE = "autograd::engine::evaluate_function"
 OPTIMIZER_RANGE = "Optimizer.step#"
 _RANGES = {"backward": BACKWARD_RANGE, "optimizer": OPTIMIZER_RANGE}
-_DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # the `Device Type` of a trace's memory events
 
 
 @dataclass(frozen=True)
@@ -75,7 +73,7 @@ class StepAllocations:
 
 def read_step_allocations(trace: dict[str, Any], device: str) -> StepAllocations:
     """The memory events of `device` in a Chrome trace's JSON, and the backward and optimizer ranges."""
-    device_type = _DEVICE_TYPES[device]
+    device_type = kind_of(device).trace_device_type
     memory = [
         event
         for event in trace["traceEvents"]
@@ -123,16 +121,9 @@ class HeldTensors:
         return {**self.weights, **self.optimizer_state, **self.inputs, **self.gradients}
 
 
-# The CUDA caching allocator hands out blocks in multiples of 512 bytes and counts those; the CPU allocator counts
-# the bytes asked for.
-CUDA_BLOCK_BYTES = 512
-
-
 def allocated_size(nbytes: int, device: str) -> int:
-    """The bytes the device's allocator counts for a tensor of `nbytes`."""
-    if device != "cuda":
-        return nbytes
-    return max(1, math.ceil(nbytes / CUDA_BLOCK_BYTES)) * CUDA_BLOCK_BYTES
+    """The bytes the allocator of torch device type `device` counts for a tensor of `nbytes`."""
+    return kind_of(device).allocated_size(nbytes)
 
 
 def _storages(tensors: Sequence[torch.Tensor]) -> dict[int, int]:
@@ -233,27 +224,17 @@ def profile_one_step(run: Callable[[], None], sync: Callable[[], None], scratch:
     return trace
 
 
-def resident(device: torch.device) -> tuple[int, str]:
-    """What the process holds from the system: the CUDA caching allocator's most reserved, or the CPU process's
-    resident set (every combination of the process, torch's libraries included)."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_reserved(device)), "the most the CUDA caching allocator reserved"
-    pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE"), "the timing process's resident set (all its combinations and libraries)"
-
-
 def measure_step_memory(step: BuiltStep, device: torch.device, sync: Callable[[], None]) -> StepMemory:
     """Profile two steps and sort what the second holds at its peak into parts (the module's docstring says how)."""
     with tempfile.TemporaryDirectory(prefix="step-memory-") as scratch:
         profile_one_step(step.run, sync, Path(scratch))
         held = held_tensors(step)
-        on_gpu = device.type == "cuda"
-        if on_gpu:  # the caching allocator's own statistics, beside its events
-            torch.cuda.reset_peak_memory_stats(device)
-            allocated_before = torch.cuda.memory_allocated(device)
+        kind = kind_of(device)
+        allocated_before = kind.reset_peak_memory(device)  # the allocator's own statistics, beside its events
         with _noting_activations(step.model) as activations:
             trace = profile_one_step(step.run, sync, Path(scratch))
-        allocator_peak = torch.cuda.max_memory_allocated(device) - allocated_before if on_gpu else None
+        peak_after = kind.peak_memory(device)
+        allocator_peak = None if allocated_before is None or peak_after is None else peak_after - allocated_before
     gradients = set(_storages([p.grad for p in step.model.parameters() if p.grad is not None]))
     allocations = read_step_allocations(trace, device.type)
     _, parts = breakdown(allocations, held, gradients, activations)
@@ -262,7 +243,7 @@ def measure_step_memory(step: BuiltStep, device: torch.device, sync: Callable[[]
         event.address: event.bytes for event in allocations.events if event.address in gradients and event.bytes > 0
     }
     start = sum(held.all().values())
-    size, of = resident(device)
+    size, of = kind_of(device).resident(device)
     peak = sum(parts.values())  # what is alive at the peak: the start plus the most the step's events added
     return StepMemory(
         peak_bytes=peak,

@@ -27,14 +27,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from pipeline.devices.registry import device_kind, host_kind, kind_of
 from pipeline.profiling.roofs import DeviceRoofs, KernelRoof, Roof, SpeedDrift
 from pipeline.profiling.timing import synchronizer
 
-# Big enough to keep every core (or every SM) busy, small enough to take < 0.2 s per product:
-# 2 * 2048^3 = 17 GFLOP on a CPU, 2 * 4096^3 = 137 GFLOP on a GPU.
-MATRIX_SIZE = {"cpu": 2048, "cuda": 4096, "mps": 2048}
-# fp32 elements per triad array: 3 x 128 MiB on a CPU, 3 x 1 GiB on a GPU, far beyond any L3 or L2 cache.
-TRIAD_ELEMENTS = {"cpu": 1 << 25, "cuda": 1 << 28, "mps": 1 << 25}
 ROOF_REPEATS = 15  # timed repeats of each roof (after WARMUP): enough for a fastest one that repeats
 # The drift probe's workload: a 384² fp32 product and a triad over 3 x 4 MiB, about a millisecond on a CPU core,
 # a mix of the two kinds of work a lab step does (compute in cache, streaming through memory).
@@ -65,7 +61,7 @@ def _roof(work: float, seconds: list[float]) -> Roof:
 
 
 def _tf32(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.get_float32_matmul_precision() != "highest"  # "highest": no TF32
+    return kind_of(device).tf32()
 
 
 def matmul_roof(device: torch.device, n: int, repeats: int) -> Roof:
@@ -105,14 +101,16 @@ def onednn_matmul_roof(n: int, repeats: int) -> Roof:
     generator = torch.Generator().manual_seed(0)
     pixels, weights = onednn_operands(*(torch.randn(n, n, generator=generator) for _ in range(2)))
     with torch.no_grad():
-        return _roof(2 * n**3 / 1e9, _timed(lambda: F.conv2d(pixels, weights), torch.device("cpu"), repeats, warmup=2))
+        return _roof(
+            2 * n**3 / 1e9, _timed(lambda: F.conv2d(pixels, weights), host_kind().torch_device(), repeats, warmup=2)
+        )
 
 
 def matmul_kernels(device: torch.device, n: int, repeats: int) -> tuple[KernelRoof, ...]:
     """The fp32 product through every library torch uses for it on `device`: torch.mm (BLAS on the CPU,
     cuBLAS on a GPU) and, on a CPU with oneDNN, oneDNN."""
     kernels = [KernelRoof("torch.mm", matmul_roof(device, n, repeats))]
-    if device.type == "cpu" and torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+    if kind_of(device).on_host and torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         kernels.append(KernelRoof("oneDNN 1x1 convolution", onednn_matmul_roof(n, repeats)))
     return tuple(kernels)
 
@@ -170,15 +168,18 @@ def measure_roofs(
     triad_elements: int | None = None,
     drift_probe_s: float = 0.0,
     progress: Callable[[], None] | None = None,
+    name: str | None = None,
 ) -> DeviceRoofs:
-    """Both roofs of `device`, each over `repeats` timed repeats (the arrays of one are freed before the other),
-    and its speed drift over `drift_probe_s` seconds (`progress()` after each window)."""
-    n = size or MATRIX_SIZE.get(device.type, 1024)
-    elements = triad_elements or TRIAD_ELEMENTS.get(device.type, 1 << 25)
+    """Both roofs of `device` (recorded as device kind `name`: by default the kind of its torch type), each over
+    `repeats` timed repeats (the arrays of one are freed before the other), and its speed drift over `drift_probe_s`
+    seconds (`progress()` after each window). The workloads' sizes are its kind's."""
+    kind = device_kind(name) if name else kind_of(device)
+    n = size or kind.matrix_size
+    elements = triad_elements or kind.triad_elements
     kernels = matmul_kernels(device, n, repeats)
     fastest = max(kernels, key=lambda kernel: kernel.gflops_per_s.best)
     return DeviceRoofs(
-        device=device.type,
+        device=kind.name,
         matmul_gflops_per_s=fastest.gflops_per_s,
         matmul_kernel=fastest.kernel,
         matmul_kernels=kernels,

@@ -23,6 +23,8 @@ from typing import Any, TypeVar
 from pipeline.common.errors import PipelineError
 from pipeline.common.paths import DeviceProfileOutputs, ProfileOutputs, profile_outputs
 from pipeline.common.typed import Dialect, build
+from pipeline.devices.kind import DeviceKind
+from pipeline.devices.registry import device_kind, device_names
 from pipeline.params.schema import Device, ProfileConfig, ProfileMode
 from pipeline.profiling.measures import (
     Interval,
@@ -76,6 +78,11 @@ class Combination:
         return f"{self.batch_size}-{self.device}-{self.mode}"
 
     @property
+    def kind(self) -> DeviceKind:
+        """Its device's kind: what it is, how it is shown (pipeline.devices)."""
+        return device_kind(self.device)
+
+    @property
     def stage_name(self) -> str:
         """The DVC stage that profiles it (one per device)."""
         return f"profile@{self.device}"
@@ -91,9 +98,12 @@ class Combination:
         return profile_outputs(self.batch_size, self.device, self.mode)
 
 
-def combinations(config: ProfileConfig) -> list[Combination]:
-    """Exactly the combinations params.yaml asks for: stale folders of removed values never count."""
-    return [Combination(b, d, m) for b in config.batch_sizes for d in config.devices for m in config.modes]
+def profile_matrix(config: ProfileConfig, device: str | None = None) -> list[Combination]:
+    """Every (batch size, device, mode) params.yaml asks to profile, or those of one `device`: the one definition of
+    the matrix that the profile stage, its timing processes, the report, the hand-in and the benchmarks read (stale
+    folders of removed values never count). Batch sizes first, then devices, then modes, each in params order."""
+    devices = config.devices if device is None else (device,)
+    return [Combination(b, d, m) for b in config.batch_sizes for d in devices for m in config.modes]
 
 
 @dataclass(frozen=True)
@@ -448,7 +458,7 @@ class ProfileRecord:
         or the calls were not measured, or the table is of device time (the hooks run on the host)."""
         check, anatomy = self.trace_check, self.analysis.anatomy
         hooks = check.hooks_high_ms if check is not None else None
-        if self.combination.device != "cpu" or hooks is None or anatomy.operator_calls_per_step <= 0:
+        if not self.combination.kind.on_host or hooks is None or anatomy.operator_calls_per_step <= 0:
             return None
         return hooks / anatomy.operator_calls_per_step
 
@@ -667,7 +677,7 @@ class ProfileInputs:
 
 def read_profiles(config: ProfileConfig) -> ProfileInputs:
     """Every combination's record and every device's paired comparisons that `config` asks for and exist."""
-    wanted = combinations(config)
+    wanted = profile_matrix(config)
     records, comparisons, missing = [], [], []
     for combination in wanted:
         path = combination.outputs.record
@@ -694,7 +704,8 @@ def _upgrade(raw: dict[str, Any]) -> dict[str, Any]:
         raw = {**raw, "timing": {key: value for key, value in timing.items() if key != "drift_pct"}}
     if raw.get("format") != 2:
         return raw
-    on_cpu = isinstance(raw.get("combination"), dict) and raw["combination"].get("device") == "cpu"
+    combination = raw.get("combination")
+    on_cpu = isinstance(combination, dict) and device_kind(str(combination.get("device"))).on_host
     rows = raw.get("top_operators")
     if not isinstance(rows, list):
         return raw  # the walk names the problem
@@ -744,9 +755,9 @@ def parse_combination(arguments: list[str]) -> Combination:
     batch, device, mode = arguments
     if not batch.isdigit() or int(batch) < 1:
         raise PipelineError(f"`profile.batch_sizes` entry {batch!r} is not a whole number >= 1; fix it in params.yaml.")
-    devices, modes = typing.get_args(Device), typing.get_args(ProfileMode)
+    devices, modes = device_names(), typing.get_args(ProfileMode)
     if device not in devices:
         raise PipelineError(f"`profile.devices` entry {device!r} is not one of {list(devices)}; fix it in params.yaml.")
     if mode not in modes:
         raise PipelineError(f"`profile.modes` entry {mode!r} is not one of {list(modes)}; fix it in params.yaml.")
-    return Combination(int(batch), typing.cast(Device, device), typing.cast(ProfileMode, mode))
+    return Combination(int(batch), device, typing.cast(ProfileMode, mode))

@@ -49,11 +49,12 @@ from pipeline.common.interrupts import pause_at
 from pipeline.common.native_stderr import filtered_native_stderr
 from pipeline.data.mnist import load_split
 from pipeline.data.tensors import MEMORY_FORMAT, normalize_images
+from pipeline.devices.counters import GpuPowerState, Unavailable
+from pipeline.devices.registry import kind_of
 from pipeline.model.checkpoint import checkpoint_digest, load_checkpoint
 from pipeline.model.summary import summarize
 from pipeline.params.schema import ProfileConfig
 from pipeline.profiling.artifacts import RunDescription
-from pipeline.profiling.energy import GpuPowerState, Unavailable, gpu_power_state, rapl_counters
 from pipeline.profiling.measures import StepEnergy, StepMemory
 from pipeline.profiling.memory import BuiltStep, measure_step_memory
 from pipeline.profiling.processes import PairedTiming, WorkerServer, time_in_processes
@@ -145,11 +146,11 @@ def profile_combination(
     if step_timing is None:
         step_timing = time_steps(step, device, combination.batch_size, ci_target_pct, time_budget_s)
     faults = page_faults_per_step(step, sync, step_timing.estimate.median_ms)
-    on_gpu = device.type == "cuda"
+    on_gpu = not kind_of(device).on_host
     check, trace = trace_until_timed(step, sync, on_gpu, active_steps, trace_path, step_timing)
     work = count_step_flops(step)
     sync()
-    analysis = analyse_trace(trace, device.type, work.calls)
+    analysis = analyse_trace(trace, combination.device, work.calls)
     return ProfileResult(
         combination=combination,
         step_timing=step_timing,
@@ -362,7 +363,7 @@ def prepare_profiles(
     )
     hardware = hardware_description(device)
     model_digest = checkpoint_digest(checkpoint_path)
-    roofs = _device_roofs(roofs_path, device) if roofs_path else None
+    roofs = _device_roofs(roofs_path, combinations[0].device) if roofs_path else None
     setups = []
     for combination in combinations:
         if combination.batch_size > len(test_labels):
@@ -390,7 +391,7 @@ def prepare_profiles(
                 model_digest=model_digest,
                 graph_step=(
                     make_graphable_step(copy.deepcopy(model), combination.mode, images, labels, lr)
-                    if device.type == "cuda"
+                    if kind_of(device).graph_capture()
                     else None
                 ),
                 roofs=roofs,
@@ -399,10 +400,10 @@ def prepare_profiles(
     return setups
 
 
-def _device_roofs(path: Path, device: torch.device) -> DeviceRoofs:
-    roofs = read_roofs(path).for_device(device.type)
+def _device_roofs(path: Path, device: str) -> DeviceRoofs:
+    roofs = read_roofs(path).for_device(device)
     if roofs is None:
-        raise PipelineError(f"{path} has no roofs of device {device.type}; run `dvc repro roofs` on this machine.")
+        raise PipelineError(f"{path} has no roofs of device {device}; run `dvc repro roofs` on this machine.")
     return roofs
 
 
@@ -427,7 +428,7 @@ def trace_with_defaults(setup: ProfileSetup) -> tuple[OperatorStats, ...]:
     with tempfile.TemporaryDirectory(prefix="allocator-whatif-") as scratch:
         trace = Path(scratch) / "trace.json"
         trace_steps(step, sync, False, settings.active_steps, trace)
-        return analyse_trace(read_trace(trace), setup.device.type, ()).operators
+        return analyse_trace(read_trace(trace), setup.combination.device, ()).operators
 
 
 @dataclass(frozen=True)
@@ -488,24 +489,19 @@ def timing_spec(setups: Sequence[ProfileSetup], config: ProfileConfig, checkpoin
         warmup_steps=config.warmup_steps,
         ci_target_pct=config.ci_target_pct,
         budget_s=config.time_budget_s * len(setups),
-        energy=energy_source(setups[0].device)[0] if config.energy else "",
+        energy=energy_source(setups[0])[0] if config.energy else "",
     )
 
 
-def energy_source(device: torch.device) -> tuple[str, str]:
-    """The energy counter the timing processes read (pipeline.profiling.energy.open_counter; "" for none) and,
-    where there is none to read, why, in words for the report."""
-    if device.type == "cuda":
-        return f"gpu:{device.index or 0}", ""
-    if device.type == "cpu":
-        found = rapl_counters()
-        return ("rapl", "") if not isinstance(found, Unavailable) else ("", f"CPU energy (RAPL) {found.reason}")
-    return "", f"no energy counter is read on a {device.type} device"
+def energy_source(setup: ProfileSetup) -> tuple[str, str]:
+    """The energy counter the timing processes of `setup`'s device read (pipeline.devices.counters.open_counter;
+    "" for none) and, where there is none to read, why, in words for the report."""
+    return setup.combination.kind.energy_source(setup.device.index or 0)
 
 
-def no_energy_reason(device: torch.device, spec: WorkerSpec) -> str:
+def no_energy_reason(setup: ProfileSetup, spec: WorkerSpec) -> str:
     """Why the timing processes of `spec` read no energy counter, in words for the report."""
-    return energy_source(device)[1] or "not measured (`profile.energy: false`)"
+    return energy_source(setup)[1] or "not measured (`profile.energy: false`)"
 
 
 def run_device_profile(
@@ -531,7 +527,8 @@ def run_device_profile(
     as in every other torch stage. `progress(what)` is called after each timing process (with its partner) and each
     traced combination."""
     on_process = (lambda index: progress(f"timing process {index}")) if progress else None
-    defaults = glibc_defaults() if setups[0].device.type == "cpu" and allocator_whatif_s > 0 else None
+    kind = setups[0].combination.kind
+    defaults = glibc_defaults() if kind.on_host and allocator_whatif_s > 0 else None
     alternate = allocator_whatif_spec(spec, allocator_whatif_s) if defaults else None
     paired = time_in_processes(
         spec, processes, on_process, server, servers=min(program_starts, processes), alternate=alternate
@@ -540,8 +537,8 @@ def run_device_profile(
     default_runs = default_allocator_runs(setups, paired, defaults.description if defaults else "")
     allocator = tune_allocator().description
     records = []
-    power = gpu_power_state(setups[0].device.index or 0) if setups[0].device.type == "cuda" else None
-    missing = "" if spec.energy else no_energy_reason(setups[0].device, spec)  # why the timing read no counter
+    power = kind.power_state(setups[0].device.index or 0)
+    missing = "" if spec.energy else no_energy_reason(setups[0], spec)  # why the timing read no counter
     energies = [_energy(found, missing, power) for found in paired.energy]
     measured = zip(setups, paired.timings, paired.memory, energies, trace_paths, default_runs, strict=True)
     for setup, timing, memory, (energy, no_energy), path, default_run in measured:

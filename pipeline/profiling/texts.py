@@ -35,7 +35,7 @@ def measurement_warnings(record: ProfileRecord, said_for_all: bool = False) -> l
         cause = (
             f"with {record.conditions.threads} threads on a small VM a step can jump like this while the machine's "
             "speed does not move (docs/timing.md); `profile.threads: 1`, the default, times steadily"
-            if record.combination.device == "cpu" and record.conditions.threads > 1
+            if record.combination.kind.on_host and record.conditions.threads > 1
             else "a process settled at another speed (its heap, page placement and kernels are its own)"
         )
         warnings.append(
@@ -229,8 +229,8 @@ def operators_markdown(record: ProfileRecord) -> str:
     """top_operators.md: the timing summary, the operator table (no GPU column where no GPU was traced,
     NO_NUMBER where there is no number) and what its MFLOPs column holds."""
     combination, rows = record.combination, record.top_operators
-    on_gpu = combination.device != "cpu"
-    ranked_by = "self device (GPU) time" if combination.device == "cuda" else "self CPU time"
+    on_gpu = not combination.kind.on_host
+    ranked_by = combination.kind.time_ranked_by
     gpu_header = ("self GPU ms | ", "---: | ") if on_gpu else ("", "")
     allocated = any(row.allocated_mb is not None for row in rows)  # records before format 7 have no such column
     memory_header = (" allocated MB |", " ---: |") if allocated else ("", "")
@@ -281,7 +281,7 @@ def operators_markdown(record: ProfileRecord) -> str:
         ]
     if record.analysis.ranges:  # record_function ranges: their time is their operators' time, so never ranked
         ranges = "; ".join(
-            f"`{r.name}` {r.cpu_ms:.3f} ms CPU" + (f", {r.device_ms:.3f} ms GPU" if combination.device != "cpu" else "")
+            f"`{r.name}` {r.cpu_ms:.3f} ms CPU" + (f", {r.device_ms:.3f} ms {combination.kind.label}" if on_gpu else "")
             for r in record.analysis.ranges
         )
         lines += ["", f"Profiler ranges, not ranked (their time is that of the operators inside them): {ranges}."]

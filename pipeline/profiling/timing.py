@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from pipeline.devices.registry import kind_of
 from pipeline.profiling.measures import MeasurementConditions, StepEstimate
 from pipeline.profiling.record import Timing
 from pipeline.profiling.statistics import (
@@ -117,31 +118,22 @@ def _steps_for(min_block_s: float, step_s: float) -> int:
 
 
 def device_clock(device: torch.device) -> Callable[[], float]:
-    """A wall clock that first waits for the device's queued work (CPU: no wait)."""
-    if device.type == "cuda":
+    """A wall clock that first waits for the device's queued work (on the host: no wait, and no call around it)."""
+    kind = kind_of(device)
+    if kind.on_host:
+        return timeit.default_timer
 
-        def cuda_clock() -> float:
-            torch.cuda.synchronize(device)
-            return timeit.default_timer()
+    def waiting_clock() -> float:
+        kind.synchronize(device)
+        return timeit.default_timer()
 
-        return cuda_clock
-    if device.type == "mps":
-
-        def mps_clock() -> float:
-            torch.mps.synchronize()
-            return timeit.default_timer()
-
-        return mps_clock
-    return timeit.default_timer
+    return waiting_clock
 
 
 def synchronizer(device: torch.device) -> Callable[[], None]:
     """Wait for queued device work: without it GPU steps would time only the kernel launches."""
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    if device.type == "mps":
-        return torch.mps.synchronize
-    return lambda: None
+    kind = kind_of(device)
+    return lambda: kind.synchronize(device)
 
 
 FAULT_COUNT_S = 0.2  # steps counted for the page-fault rate: about this long, and at least MIN_FAULT_STEPS

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.common.errors import PipelineError
+from pipeline.devices.registry import device_kind, device_kinds
 from pipeline.profiling.measures import (
     HOST_BOUND_BELOW_PCT,
     KernelStats,
@@ -86,10 +87,9 @@ class Allocation:
     time_us: float
     bytes: int
     thread: str  # "pid/tid", as TraceEvent.thread
-    device: str  # cpu | cuda
+    device: str  # the torch device type it was allocated on
 
 
-_MEMORY_DEVICES = {0: "cpu", 1: "cuda"}  # the events' `Device Type`
 # Operators that only allocate: their allocations belong to the operator that called them.
 _TENSOR_FACTORIES = frozenset(
     {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty", "aten::new_empty_strided"}
@@ -213,7 +213,9 @@ def _allocation(item: dict[str, object]) -> Allocation | None:
     args = item.get("args")
     if not isinstance(args, dict):
         return None
-    size, device = args.get("Bytes"), _MEMORY_DEVICES.get(int(args.get("Device Type", -1)))
+    code = int(args.get("Device Type", -1))
+    size = args.get("Bytes")
+    device = next((kind.torch_type for kind in device_kinds().values() if kind.trace_device_type == code), None)
     if not isinstance(size, int) or size <= 0 or device is None or not isinstance(item.get("ts"), (int, float)):
         return None
     return Allocation(float(item["ts"]), size, f"{item.get('pid')}/{item.get('tid')}", device)  # type: ignore[arg-type]
@@ -222,7 +224,7 @@ def _allocation(item: dict[str, object]) -> Allocation | None:
 def analyse_trace(trace: Trace, device: str, step_flops: Sequence[CountedCall] = ()) -> TraceAnalysis:
     """Per-step operator ranking, ranges, kernel table and step anatomy of one traced combination.
 
-    `device` is the combination's device (`cpu` ranks by self CPU time, anything else by self device
+    `device` is the combination's device kind (one on the host ranks by self CPU time, any other by self device
     time); `step_flops` are the counted calls of one step, in call order (see the module's docstring).
     """
     steps = trace.step_count
@@ -264,9 +266,10 @@ def analyse_trace(trace: Trace, device: str, step_flops: Sequence[CountedCall] =
         if parent is not None:
             total_device[parent] += total_device[index]
 
-    on_gpu = device != "cpu"
+    kind = device_kind(device)
+    on_gpu = not kind.on_host
     work, work_by_event = _attribute_flops(host, parents, is_operator, window, step_flops)
-    allocated = _allocated_bytes(trace, host, parents, is_operator, window, "cpu" if device == "cpu" else "cuda")
+    allocated = _allocated_bytes(trace, host, parents, is_operator, window, kind.torch_type)
     operators = _rank_operators(host, is_operator, self_cpu, self_device, total_device, steps, on_gpu, work, allocated)
     ranges = _ranges(host, total_device, steps)
     kernel_rows = _kernel_rows(kernels, kernel_owners, steps)

@@ -46,11 +46,12 @@ from pipeline.common.allocator import tune_allocator
 from pipeline.common.errors import PipelineError
 from pipeline.data.mnist import load_split
 from pipeline.data.tensors import MEMORY_FORMAT, normalize_images
+from pipeline.devices.counters import Unavailable
 from pipeline.model.checkpoint import load_checkpoint
 from pipeline.params.schema import ProfileConfig
-from pipeline.profiling.energy import Unavailable
 from pipeline.profiling.energy_during_timing import Poller, Span, Update, fit_powers
 from pipeline.profiling.memory import BuiltStep, measure_step_memory
+from pipeline.profiling.record import profile_matrix
 from pipeline.profiling.timing import InterleavedTiming, page_faults_per_step, synchronizer, time_interleaved
 from pipeline.training.steps import inference_step
 
@@ -74,7 +75,7 @@ class WorkerSpec:
     budget_s: float  # wall time for the timing itself, after the warm-up (all items together)
     seed: int = 0  # draws each round's order
     tune_allocator: bool = True  # False: glibc malloc's defaults, as a fresh program has them (the allocator what-if)
-    energy: str = ""  # the energy counter polled during the timing (pipeline.profiling.energy.open_counter); "": none
+    energy: str = ""  # the energy counter polled during the timing (pipeline.devices.counters.open_counter); "": none
     memory: bool = True  # measure each item's memory after the timing (pipeline.profiling.memory)
     page_faults: bool = False  # count each item's minor page faults per step after the timing
 
@@ -82,7 +83,7 @@ class WorkerSpec:
     def for_device(cls, config: ProfileConfig, device: str, checkpoint: Path, data_root: Path) -> WorkerSpec:
         """Every batch size x mode of `config` on `device`, as the profile stage times them: its threads, warm-up,
         target and `time_budget_s` per combination."""
-        items = tuple((batch, mode) for batch in config.batch_sizes for mode in config.modes)
+        items = tuple((combination.batch_size, combination.mode) for combination in profile_matrix(config, device))
         return cls(
             checkpoint=str(checkpoint.resolve()),
             data_root=str(data_root.resolve()),

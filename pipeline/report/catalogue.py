@@ -9,6 +9,7 @@ import typing
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.devices.registry import device_kinds
 from pipeline.params.schema import Language
 
 CATALOGUES = Path(__file__).with_name("messages")
@@ -31,9 +32,12 @@ def catalogue_path(language: str) -> Path:
 
 
 def load_catalogue(language: str) -> Catalogue:
+    """The language's messages, and each device kind's name in it as `device_<name>` (its kind says it)."""
     with catalogue_path(language).open("rb") as handle:
-        messages = tomllib.load(handle)
-    return Catalogue(language, {key: str(value) for key, value in messages.items()})
+        messages = {key: str(value) for key, value in tomllib.load(handle).items()}
+    for kind in device_kinds().values():
+        messages.setdefault(f"device_{kind.name}", kind.names.get(language, kind.label))
+    return Catalogue(language, messages)
 
 
 def placeholders(message: str) -> set[tuple[str, str]]:

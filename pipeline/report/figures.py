@@ -21,6 +21,7 @@ from matplotlib.text import Text
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from pipeline.common.errors import PipelineError
+from pipeline.devices.registry import device_kind
 from pipeline.profiling.measures import Interval
 from pipeline.report.step_analysis import StepFacts
 
@@ -121,7 +122,6 @@ def batch_size_plot(rows: Sequence[Mapping[str, Any]], value: str, label: str, t
     save_figure(figure, target)
 
 
-DEVICE_COLOURS = {"cpu": "tab:blue", "cuda": "tab:green", "mps": "tab:purple"}
 MODE_STYLES = {"inference": "o-", "train": "s--"}
 
 
@@ -137,11 +137,11 @@ def roofline_figure(facts: Sequence[StepFacts], peaks: Mapping[str, float], targ
             axes,
             bars,
             MODE_STYLES.get(mode, "o-"),
-            color=DEVICE_COLOURS.get(device, "tab:gray"),
+            color=device_kind(device).colour,
             label=f"{device} {mode}",
         )
     for device, peak in sorted(peaks.items()):
-        axes.axhline(peak, color=DEVICE_COLOURS.get(device, "tab:gray"), linestyle=":", linewidth=1.5)
+        axes.axhline(peak, color=device_kind(device).colour, linestyle=":", linewidth=1.5)
         axes.annotate(
             f"{device} peak {peak:,.0f} GFLOP/s (fp32 matmul)",
             (0.01, peak),
@@ -163,7 +163,7 @@ def cpu_vs_gpu_figure(facts: Sequence[StepFacts], target: Path) -> None:
     figure, panels = plt.subplots(1, max(1, len(modes)), figsize=(5.2 * max(1, len(modes)), 3.8), squeeze=False)
     for axes, mode in zip(panels[0], modes, strict=False):
         for device, bars in per_sample_series(facts, mode).items():
-            _draw(axes, bars, "o-", color=DEVICE_COLOURS.get(device), label=device)
+            _draw(axes, bars, "o-", color=device_kind(device).colour, label=device)
         _batch_axis(axes, [fact for fact in facts if fact.mode == mode])
         _plain_log_y(axes)
         axes.set_ylabel("per-sample time (ms)")

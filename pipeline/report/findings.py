@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.devices.registry import device_kind, host_kind
 from pipeline.profiling.measures import StepPart
 from pipeline.profiling.record import Combination, DeviceComparisons, PairedComparison, ProfileRecord
 from pipeline.report.catalogue import Catalogue
@@ -721,16 +722,17 @@ def gpu_against_cpu(data: AnalysisData) -> list[Finding]:
     interval at the largest batch lies above the one at the smallest, and the GPU's idle time per step is named as
     why only where it grew by less than the batch ratio^0.25 (a per-step cost that more samples share)."""
     found = []
-    gpus = [device for device in data.devices() if device != "cpu"]
+    host = host_kind().name
+    gpus = [device for device in data.devices() if not device_kind(device).on_host]
     for device in gpus:
         for mode in _modes(data, device):
-            batches = [b for b in data.batches(device, mode) if b in data.batches("cpu", mode)]
+            batches = [b for b in data.batches(device, mode) if b in data.batches(host, mode)]
             if len(batches) < 2:
                 continue
             small, large = batches[0], batches[-1]
             speedups = []
             for batch in (small, large):
-                cpu, gpu = data.record(batch, "cpu", mode), data.record(batch, device, mode)
+                cpu, gpu = data.record(batch, host, mode), data.record(batch, device, mode)
                 assert cpu is not None and gpu is not None
                 ratio = cpu.per_sample / gpu.per_sample
                 speedups.append(Measured(ratio.value, ratio.low, ratio.high, "timing, two stages"))
@@ -776,7 +778,7 @@ def training_against_profile(data: AnalysisData) -> list[Finding]:
             for r in data.records
             if r.combination.mode == "train"
             and r.combination.batch_size == data.train_batch_size
-            and r.combination.device == str(speed.get("runtime", {}).get("device", "cpu"))
+            and r.combination.device == str(speed.get("runtime", {}).get("device", host_kind().name))
         ),
         None,
     )

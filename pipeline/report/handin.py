@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.common.machine import CPU_MODEL
 from pipeline.common.paths import GRAPH_SVG, TRAIN_EPOCHS_PLOT, TRAIN_STEPS_PLOT
+from pipeline.devices.registry import device_kind, host_kind
 from pipeline.params.schema import Params
 from pipeline.profiling.record import Combination, DeviceComparisons, PairedComparison
 from pipeline.profiling.statistics import MIN_ORDER_STATISTIC_PROCESSES
@@ -150,7 +152,7 @@ def environment_table(inputs: ReportInputs, say: Catalogue) -> str:
         values = [
             say(
                 "cpu_value",
-                cpu=hardware["cpu"],
+                cpu=hardware[CPU_MODEL],
                 family_model=_family_model(hardware.get("cpu_family_model"), say),
                 vcpus=hardware["cpu_count"],
             ),
@@ -251,14 +253,14 @@ def combination_words(combination: Combination, say: Catalogue) -> str:
 
 
 def batch_table(inputs: ReportInputs, rows: Sequence[ComparisonRow], params: Params, say: Catalogue) -> str:
-    """One row per batch size: the template's 1, 16 and 64 (a pointer where one is not profiled) and any other
-    profiled; each says every device and mode's timing, its per-sample ratio to the next smaller profiled batch
-    and the training step against the inference step."""
+    """One row per profiled batch size (`profile.batch_sizes`): each says every device and mode's timing, its
+    per-sample ratio to the next smaller profiled batch and the training step against the inference step. Below it,
+    which of the template's rows (batch 1, 16, 64) were not profiled, and how to fill them."""
     by_name = {row.combination.name: row for row in rows}
     by_device = {found.device: found for found in inputs.comparisons}
     profiled = sorted(params.profile.batch_sizes)
     body = [(say("batch_label"), say("comparison_label"))]
-    for batch in sorted(set(TEMPLATE_BATCHES) | set(profiled)):
+    for batch in profiled:
         smaller = [size for size in profiled if size < batch]
         lines: list[str] = []
         for device in params.profile.devices:
@@ -275,13 +277,13 @@ def batch_table(inputs: ReportInputs, rows: Sequence[ComparisonRow], params: Par
             if paired is not None:
                 lines.append(_mode_line(paired, device, say))
         if not lines:
-            lines.append(
-                say("not_profiled", batch=batch)
-                if batch not in profiled
-                else say("missing", stage=" ".join(f"profile@{device}" for device in params.profile.devices))
-            )
+            lines.append(say("missing", stage=" ".join(f"profile@{device}" for device in params.profile.devices)))
         body.append((str(batch), "<br>".join(lines)))
-    return _table(body, 2)
+    unprofiled = [batch for batch in TEMPLATE_BATCHES if batch not in profiled]
+    if not unprofiled:
+        return _table(body, 2)
+    missing = say("template_not_profiled", batches=say("list_joiner").join(map(str, unprofiled)))
+    return _table(body, 2) + "\n" + missing + "\n"
 
 
 def _row_line(row: ComparisonRow, say: Catalogue) -> str:
@@ -379,11 +381,12 @@ def paired_note(inputs: ReportInputs, say: Catalogue) -> str:
 def gpu_section(rows: Sequence[ComparisonRow], say: Catalogue) -> str:
     """Per-sample time on the CPU and the GPU at each batch size and mode, and the GPU's speed-up (not paired:
     the devices are timed in separate stages); or how to add a GPU."""
-    by_key = {(row.batch_size, row.device, row.mode): row for row in rows}
+    host = host_kind().name
+    by_key = {(row.batch_size, row.mode): row for row in rows if row.device == host}
     pairs = [
-        (cpu, by_key[(cpu.batch_size, "cuda", cpu.mode)])
-        for cpu in rows
-        if cpu.device == "cpu" and (cpu.batch_size, "cuda", cpu.mode) in by_key
+        (by_key[(gpu.batch_size, gpu.mode)], gpu)
+        for gpu in rows
+        if not device_kind(gpu.device).on_host and (gpu.batch_size, gpu.mode) in by_key
     ]
     if not pairs:
         return say("gpu_missing") + "\n"

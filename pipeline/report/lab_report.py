@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pipeline.common.input_files import read_json_object, read_number_csv, read_text
+from pipeline.common.machine import CPU_MODEL
 from pipeline.common.paths import (
     GRAPH_METRICS,
     GRAPH_SVG,
@@ -81,7 +82,7 @@ def read_json(
     return read_json_object(path, producer, numbers, texts)
 
 
-HARDWARE_TEXTS = ("cpu", "cpu_count", "os", "machine", "python", "torch", "torchvision", "torch_cuda_build")
+HARDWARE_TEXTS = (CPU_MODEL, "cpu_count", "os", "machine", "python", "torch", "torchvision", "torch_cuda_build")
 TRAIN_METRIC_NUMBERS = ("test_accuracy", "test_loss", "train_accuracy", "train_loss")
 EPOCH_COLUMNS = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy")
 STEP_COLUMNS = ("step", "epoch", "train_loss", "train_accuracy")
@@ -153,7 +154,7 @@ def environment_markdown(hardware: dict[str, str], profiles: Sequence[ProfileRec
     gpus = gpu_names(hardware)
     runtime = cuda_runtime(profiles)
     rows = [
-        ("CPU model", hardware["cpu"]),
+        ("CPU model", hardware[CPU_MODEL]),
         ("CPU family, model", hardware.get("cpu_family_model", "not recorded")),
         ("CPU features that choose kernels", hardware.get("cpu_features", "not recorded")),
         ("vCPUs", hardware["cpu_count"]),

@@ -110,7 +110,7 @@ def _record_points(record: ProfileRecord) -> list[RooflinePoint]:
         points.append(place(WHOLE_STEP, step_intensity, achieved, rate.bytes_per_step / 1e6))
     for row in record.top_operators:
         intensity = row.intensity_flops_per_byte
-        self_ms = row.self_cpu_ms if combination.device == "cpu" else row.self_device_ms
+        self_ms = row.self_cpu_ms if combination.kind.on_host else row.self_device_ms
         if intensity is None or row.mflops is None or not self_ms or self_ms <= 0:
             continue
         rate_gflops = row.mflops / self_ms  # MFLOP per ms = GFLOP/s

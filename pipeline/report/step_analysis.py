@@ -11,21 +11,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.common.tables import NO_NUMBER
+from pipeline.devices.registry import device_kind, device_kinds, host_kind
 from pipeline.profiling.measures import Interval, KernelStats, StepAnatomy
 from pipeline.profiling.record import FlopRate, ProfileRecord
 from pipeline.report.comparison import rate_interval
 from pipeline.report.tables import markdown_table
 
 
-def add_a_gpu(facts: Sequence[StepFacts]) -> str:
-    """How to add a GPU, counting the cuda combinations it would add (one per CPU batch size x mode profiled)."""
-    count = len({(fact.batch_size, fact.mode) for fact in facts if fact.device == "cpu"})
-    combinations = f"the {count} cuda combinations are" if count != 1 else "the cuda combination is"
+def add_a_gpu_sentence(facts: Sequence[StepFacts]) -> str:
+    """How to add a GPU (the first tested kind that is not the host), counting the combinations it would add (one
+    per host batch size x mode profiled)."""
+    host, gpu = host_kind(), next(k for k in device_kinds().values() if not k.on_host and k.support == "tested")
+    count = len({(fact.batch_size, fact.mode) for fact in facts if fact.device == host.name})
+    combinations = f"the {count} {gpu.name} combinations are" if count != 1 else f"the {gpu.name} combination is"
+    devices = f"{host.name}, {gpu.name}"
     return (
-        "No GPU was profiled. To add one, on a machine with an NVIDIA GPU and driver set "
-        "`profile.devices: [cpu, cuda]` in params.yaml (or queue it: `dvc exp run -S 'profile.devices=[cpu,cuda]'`) "
-        "and run `dvc repro`: "
-        f"{combinations} profiled beside the CPU ones and this section compares them."
+        f"No GPU was profiled. To add one, on {gpu.where} set `profile.devices: [{devices}]` in params.yaml (or "
+        f"queue it: `dvc exp run -S 'profile.devices=[{devices.replace(' ', '')}]'`) and run `dvc repro`: "
+        f"{combinations} profiled beside the {host.label} ones and this section compares them."
     )
 
 
@@ -126,7 +129,7 @@ def anatomy_markdown(facts: Sequence[StepFacts]) -> str:
             *((NO_NUMBER if fact.hooks_pct is None else f"{fact.hooks_pct:+.1f}",) if untraced else ()),
             f"{anatomy.busy_pct:.1f}",
             f"{anatomy.idle_pct:.1f}",
-            f"{anatomy.launches_per_step:.0f}" if fact.device != "cpu" else NO_NUMBER,
+            f"{anatomy.launches_per_step:.0f}" if not device_kind(fact.device).on_host else NO_NUMBER,
             f"**{anatomy.words}**",
         )
         for fact in rows
@@ -188,7 +191,7 @@ def cpu_vs_gpu_markdown(facts: Sequence[StepFacts]) -> str:
     """Per-sample time on each device per batch size and mode, and the GPU's speed-up; or how to add a GPU."""
     pairs = _device_pairs(facts)
     if not pairs:
-        return add_a_gpu(facts) + "\n"
+        return add_a_gpu_sentence(facts) + "\n"
     columns = (">batch", "mode", ">cpu per-sample ms", ">gpu per-sample ms", "GPU speed-up (95 % CI)", ">GPU busy %")
     table = [
         (
@@ -215,7 +218,7 @@ def step_sentences(facts: Sequence[StepFacts]) -> list[str]:
         points.sort(key=lambda fact: fact.batch_size)
         first, last = points[0], points[-1]
         if first.anatomy and last.anatomy:
-            what = "the GPU is busy" if device != "cpu" else "ATen operators fill"
+            what = "ATen operators fill" if device_kind(device).on_host else f"the {device_kind(device).label} is busy"
             tail = (
                 f"; at {last.batch_size}, {last.anatomy.busy_pct:.0f} %: {last.anatomy.words}"
                 if last is not first
@@ -256,7 +259,7 @@ def step_sentences(facts: Sequence[StepFacts]) -> list[str]:
                 f"(95 % CI {speed.bounds()}; {times})."
             )
     if not _device_pairs(facts):
-        sentences.append(add_a_gpu(facts))
+        sentences.append(add_a_gpu_sentence(facts))
     return sentences
 
 
@@ -279,7 +282,7 @@ def _flop_rate_sentence(device: str, mode: str, first: StepFacts, last: StepFact
     if last.anatomy.host_bound:
         why = (
             "most of the step is Python and framework code between operators"
-            if last.device == "cpu"
+            if device_kind(last.device).on_host
             else "the device waits for the host"
         )
         return sentence + f": far below the ceiling because {why} (see the anatomy)."
@@ -295,16 +298,22 @@ def has_gpu_pairs(facts: Sequence[StepFacts]) -> bool:
 
 
 def _device_pairs(facts: Sequence[StepFacts]) -> list[tuple[StepFacts, StepFacts]]:
-    """(cpu, gpu) facts of the same batch size and mode, in batch then mode order."""
-    cpu = {(fact.batch_size, fact.mode): fact for fact in facts if fact.device == "cpu"}
-    pairs = [(cpu[(f.batch_size, f.mode)], f) for f in facts if f.device != "cpu" and (f.batch_size, f.mode) in cpu]
+    """(host, gpu) facts of the same batch size and mode, in batch then mode order: the host kind's (the CPU)
+    against each kind that computes off the host."""
+    host = host_kind().name
+    cpu = {(fact.batch_size, fact.mode): fact for fact in facts if fact.device == host}
+    pairs = [
+        (cpu[(f.batch_size, f.mode)], f)
+        for f in facts
+        if not device_kind(f.device).on_host and (f.batch_size, f.mode) in cpu
+    ]
     return sorted(pairs, key=lambda pair: (pair[0].batch_size, pair[0].mode))
 
 
 def _anatomy_reason(anatomy: StepAnatomy) -> str:
     """The numbers behind the verdict; on the CPU, what the time outside operators holds (records state it without
     the profiler's own hooks, which it holds too)."""
-    if anatomy.device != "cpu":
+    if not device_kind(anatomy.device).on_host:
         return anatomy.reason
     return (
         f"{anatomy.busy_pct:.1f} % of the {anatomy.step_ms:.3f} ms traced step is inside ATen operators, "

@@ -14,6 +14,7 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.outputs import AtomicOutputs
 from pipeline.common.paths import MODEL_CHECKPOINT, TRAIN_EPOCHS_PLOT, TRAIN_METRICS, TRAIN_SPEED, TRAIN_STEPS_PLOT
 from pipeline.common.tables import records_csv
+from pipeline.devices.registry import device_kind, kind_of
 from pipeline.model.checkpoint import checkpoint_digest, checkpoint_payload, save_checkpoint
 from pipeline.model.network import LabNet
 from pipeline.params.schema import RESOLVED_TRAIN_KEYS
@@ -73,7 +74,7 @@ def busy_warning(result: TrainingResult, ran: Ran) -> str | None:
     the profile stages warn about a busy machine."""
     threads = ran.runtime.threads
     share = result.cpu_share(threads)
-    if ran.runtime.device != "cpu" or share >= BUSY_CPU_SHARE:
+    if not device_kind(ran.runtime.device.partition(":")[0]).on_host or share >= BUSY_CPU_SHARE:
         return None
     return (
         f"the machine was busy while training: its {threads} thread(s) got {share:.0%} of their CPUs, so "
@@ -151,7 +152,7 @@ def log_model(tracker: Tracker, result: TrainingResult, test_dataset: tuple[str,
     cpu_model = LabNet.from_description(model.describe())
     cpu_model.load_state_dict({name: tensor.cpu() for name, tensor in model.state_dict().items()})
     cpu_model.eval()
-    served: torch.nn.Module = cpu_model if device.type == "cpu" else OnDevice(cpu_model, device).eval()
+    served: torch.nn.Module = cpu_model if kind_of(device).on_host else OnDevice(cpu_model, device).eval()
     example = np.zeros((EXAMPLE_BATCH, *cpu_model.input_shape), dtype=np.float32)
     info = mlflow.pytorch.log_model(
         served,

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from pipeline.devices.registry import kind_of
 from pipeline.training.steps import inference_step
 
 # Eager steps per input shape before capture: the PyTorch docs' whole-network example uses 3.
@@ -115,7 +116,7 @@ class GraphLearningRate:
 
     @contextmanager
     def capturing(self) -> Iterator[None]:
-        if self.tensor.device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        if not kind_of(self.tensor.device).graph_capture() or not torch.cuda.is_current_stream_capturing():
             yield  # eager steps use the float, as a non-captured optimizer would
             return
         value = self._group["lr"]

@@ -20,9 +20,10 @@ import torch
 
 from pipeline.common.errors import PipelineError
 from pipeline.data.tensors import DeviceData
+from pipeline.devices.registry import kind_of
 from pipeline.params.schema import TrainConfig
 from pipeline.training.loop import train_model
-from pipeline.training.runtime import RuntimeSettings, has_native_bf16, pin_runtime, select_precision
+from pipeline.training.runtime import RuntimeSettings, pin_runtime, select_precision
 
 # bf16 must beat fp32 by this fraction to be chosen: fp32 is the exact baseline, and a margin keeps
 # the choice (and so the trained weights) from flipping between reruns when the two are close.
@@ -34,9 +35,10 @@ MEASURE_SAMPLES = 128 * 64  # images per timed epoch: 128 steps at the lab's bat
 
 def resolve_execution(choice: str, device: torch.device) -> str:
     """`auto` → cuda_graph on CUDA, eager elsewhere; cuda_graph asked for off CUDA is a user error."""
+    capture = kind_of(device).graph_capture()
     if choice == "auto":
-        return "cuda_graph" if device.type == "cuda" else "eager"
-    if choice == "cuda_graph" and device.type != "cuda":
+        return "cuda_graph" if capture else "eager"
+    if choice == "cuda_graph" and not capture:
         raise PipelineError(
             f"`train.execution` is 'cuda_graph' but training runs on '{device.type}': CUDA graphs exist only "
             "on NVIDIA GPUs. Set `train.execution: auto` (cuda_graph on CUDA, eager elsewhere) or `eager` in "
@@ -60,12 +62,13 @@ def choose_precision(
     """Resolve `train.precision`. On CUDA `auto` calls `measure(precision)` (ms per step) for fp32 and bf16."""
     if choice != "auto":
         return PrecisionChoice(choice, "set in params.yaml")
-    if device.type != "cuda":
+    kind = kind_of(device)
+    if kind.on_host:
         precision = select_precision(choice, device)
         native = "computes bf16 natively" if precision == "bf16" else "has no native bf16 (it would be emulated)"
-        return PrecisionChoice(precision, f"auto on {device.type}: this device {native}")
-    if not has_native_bf16(device):
-        return PrecisionChoice("fp32", "auto on cuda: this GPU has no native bf16")
+        return PrecisionChoice(precision, f"auto on {kind.name}: this device {native}")
+    if not kind.native_bf16(device):
+        return PrecisionChoice("fp32", f"auto on {kind.name}: this GPU has no native bf16")
     if measure is None:
         raise ValueError("choose_precision needs `measure` to resolve `auto` on CUDA")
     return decide_from_timings({"fp32": measure("fp32"), "bf16": measure("bf16")}, execution)

@@ -3,56 +3,36 @@
 from __future__ import annotations
 
 import os
-import platform
 from dataclasses import dataclass
 
 import torch
 
 from pipeline.common.errors import PipelineError
-from pipeline.common.machine import machine_fingerprint
+from pipeline.common.machine import CPU_MODEL, machine_fingerprint
+from pipeline.devices.registry import device_kind, device_kinds, kind_of
 
 # cuBLAS needs a fixed workspace to be deterministic (CUDA docs, "Reproducibility"); set before first use.
 _CUBLAS_WORKSPACE = ":4096:8"
 
 
 def select_device(choice: str, param: str = "train.device") -> torch.device:
-    """`auto` picks cuda, then mps, then cpu; an explicitly requested absent device is a user error."""
+    """`auto` picks the available kind of the lowest `auto_rank` (cuda, then mps, then cpu); an explicitly requested
+    kind torch cannot use here is a user error."""
     if choice == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if choice == "cuda" and not torch.cuda.is_available():
-        built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        raise PipelineError(
-            f"`{param}` is 'cuda' but no CUDA GPU is usable here (torch {torch.__version__} is {built}; "
-            f"torch.cuda.is_available() is False). Set `{param}: cpu` or `auto` in params.yaml, "
-            "or run on a machine with an NVIDIA GPU and driver."
-        )
-    if choice == "mps" and not torch.backends.mps.is_available():
-        raise PipelineError(
-            f"`{param}` is 'mps' but Apple's Metal backend is not available on this machine "
-            f"({platform.system()} {platform.machine()}). Set `{param}: cpu` or `auto` in params.yaml."
-        )
-    return torch.device(choice)
+        ranked = sorted((k for k in device_kinds().values() if k.auto_rank is not None), key=lambda k: k.auto_rank or 0)
+        return next(kind.torch_device() for kind in ranked if kind.unusable(param) is None)
+    kind = device_kind(choice)
+    problem = kind.unusable(param)
+    if problem:
+        raise PipelineError(problem)
+    return kind.torch_device()
 
 
 def select_precision(choice: str, device: torch.device) -> str:
     """`auto` → bf16 mixed precision where `device` computes bf16 natively, else fp32."""
     if choice != "auto":
         return choice
-    return "bf16" if has_native_bf16(device) else "fp32"
-
-
-def has_native_bf16(device: torch.device) -> bool:
-    if device.type == "cuda":
-        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
-    if device.type == "cpu":
-        # AVX512-BF16 or AMX instructions; without them oneDNN emulates bf16 and is slower than fp32.
-        checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-        return any(getattr(torch.cpu, check, lambda: False)() for check in checks)
-    return False
+    return "bf16" if kind_of(device).native_bf16(device) else "fp32"
 
 
 @dataclass(frozen=True)
@@ -96,10 +76,7 @@ def pin_runtime(device: torch.device, precision: str, threads: int, seed: int) -
         torch.set_num_threads(threads)
     torch.manual_seed(seed)  # CPU and every CUDA device
     torch.use_deterministic_algorithms(True)
-    if device.type == "cuda":
-        # Deterministic mode also NaN-fills every torch.empty (a guard against reading memory nothing
-        # wrote; results are the same without it): ~75 extra kernels per training step of this CNN,
-        # more than the step's own, so on a GPU they cost real time. Left on for the CPU.
+    if not kind_of(device).fills_uninitialized_memory():
         torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
     torch.backends.cudnn.benchmark = False  # autotuning picks kernels by timing: not reproducible
     return RuntimeSettings(
@@ -110,9 +87,4 @@ def pin_runtime(device: torch.device, precision: str, threads: int, seed: int) -
 def hardware_description(device: torch.device) -> dict[str, str]:
     """Machine facts recorded with results that depend on them, plus the device actually used."""
     facts = machine_fingerprint()
-    if device.type == "cuda":
-        facts["device_name"] = torch.cuda.get_device_name(device)
-        facts["cuda_runtime"] = str(torch.version.cuda)
-    else:
-        facts["device_name"] = facts["cpu"] if device.type == "cpu" else device.type
-    return facts
+    return {**facts, **kind_of(device).facts(device, host_cpu=facts[CPU_MODEL])}
