@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import copy
 import os
+import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,16 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_sep("-", "signal stress: seconds from the signal until every process was gone")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_restored() -> Iterator[None]:
+    """A stage run in process (run_stage) installs its SIGINT/SIGTERM handlers, which end the process at once once
+    the stage is over: each test gets the test process's own back."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
 
 
 @pytest.fixture

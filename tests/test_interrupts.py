@@ -287,3 +287,35 @@ def test_in_a_shielded_cleanup_one_more_signal_is_recorded_and_a_second_stops_it
     assert result.stdout.splitlines() == ["cleanup goes on", "second signal: KeyboardInterrupt", "recorded SIGTERM"], (
         result.stdout + result.stderr
     )
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("stopped_before", [False, True])
+def test_a_signal_during_the_interpreters_shutdown_is_never_swallowed(signal_name: str, stopped_before: bool) -> None:
+    """A signal that arrives once the stage is over, while Python runs its atexit callbacks (torch's library
+    finalizers did, seen in the stress test), ends the process at once: non-zero, with no traceback. Before, the
+    handler raised inside the callback, Python printed the exception and dropped it, and a finished stage exited 0."""
+    result = _run(
+        f"""
+        import atexit, os, signal, time
+        from pipeline.common.stage_runner import run_stage
+
+        def at_exit():
+            os.kill(os.getpid(), signal.{signal_name})
+            time.sleep(0.2)
+            print("callback went on", flush=True)
+
+        atexit.register(at_exit)
+
+        def main():
+            {"os.kill(os.getpid(), signal.SIGINT)" if stopped_before else "pass"}
+            print("finished", flush=True)
+
+        run_stage("probe", main)
+        """
+    )
+    expected = 130 if stopped_before else {"SIGINT": 130, "SIGTERM": 143}[signal_name]
+    assert result.returncode == expected, result.stderr
+    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr
+    assert "callback went on" not in result.stdout
+    assert ("finished" in result.stdout) is not stopped_before

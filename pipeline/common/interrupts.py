@@ -12,7 +12,9 @@ printed ("Exception ignored in: ...") and dropped, and the stage would go on to 
 every signal, and the stage checks the record where it matters (`raise_swallowed`): at its commit point before any
 rename, when its MLflow run would end FINISHED, and when its `main` returns. A signal seen before the commit point
 stops the stage there, whether its exception arrived or not. The cleanup a signal starts (the run's end) is
-`shielded`: one more signal meanwhile is recorded and the cleanup finishes; a further one stops it at once.
+`shielded`: one more signal meanwhile is recorded and the cleanup finishes; a further one stops it at once. Once the
+stage is over (its outcome said, its exit code chosen), a signal ends the process at once (`exit_at_further_signal`):
+only the interpreter's shutdown is left, whose atexit callbacks would print and drop a raised exception.
 
 The commit point is the moment before a stage's first output is renamed into place (`enter_commit_point`,
 called by pipeline.common.outputs.AtomicOutputs.commit and the data set's folder swap). A signal that arrived
@@ -160,6 +162,23 @@ def past_commit_point() -> bool:
 def deferred_signal() -> int | None:
     """The first SIGINT/SIGTERM received after the commit point, if any."""
     return _deferred[0] if _deferred else None
+
+
+def exit_at_further_signal(code: int | None, codes: dict[int, int]) -> None:
+    """From here on a SIGINT/SIGTERM ends the process at once (`os._exit`), with `code`, or where the stage
+    finished (None) with the signal's own (`codes`): the stage's work and its messages are done, and only the
+    interpreter's shutdown is left, where a raised exception would land in an atexit callback or a finalizer,
+    be printed with its traceback and dropped, and a finished stage would exit 0 despite the stop."""
+
+    def exit_now(signum: int, frame: FrameType | None) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(codes[signum] if code is None else code)
+
+    for signum in _INTERRUPTS:
+        if signal.getsignal(signum) not in (signal.SIG_IGN, signal.SIG_DFL, None):
+            signal.signal(signum, exit_now)
 
 
 def pause_at(moment: str) -> None:

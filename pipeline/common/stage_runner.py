@@ -13,6 +13,7 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.interrupts import (
     Terminated,
     deferred_signal,
+    exit_at_further_signal,
     install_handlers,
     past_commit_point,
     pause_at,
@@ -25,6 +26,7 @@ from pipeline.common.paths import ALL_OUTPUT_FOLDERS, NESTED_OUTPUT_FOLDERS, STA
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT: 128 + 2
 EXIT_TERMINATED = 143  # 128 + SIGTERM (15), what `timeout`, schedulers and container stops send
+_SIGNAL_EXITS: dict[int, int] = {signal.SIGINT: EXIT_INTERRUPTED, signal.SIGTERM: EXIT_TERMINATED}
 # Environment problems the user fixes (full disk, quota, read-only or forbidden folder), not bugs.
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
@@ -50,6 +52,7 @@ def run_stage(name: str, main: Callable[[], None]) -> None:
         raise_swallowed()  # a stop whose exception a finalizer or callback dropped still ends the stage
     except PipelineError as error:
         print(redact(f"\nerror in stage '{name}': {error}"), file=sys.stderr)
+        exit_at_further_signal(EXIT_USER_ERROR, _SIGNAL_EXITS)
         sys.exit(EXIT_USER_ERROR)
     except OSError as error:
         if error.errno not in _WRITE_ERRNOS:
@@ -62,14 +65,17 @@ def run_stage(name: str, main: Callable[[], None]) -> None:
             else "No outputs were written."
         )
         print(redact(f"\nerror in stage '{name}': {message} {written}"), file=sys.stderr)
+        exit_at_further_signal(EXIT_USER_ERROR, _SIGNAL_EXITS)
         sys.exit(EXIT_USER_ERROR)
     except Terminated:
         with shielded():  # a second signal while saying so would end the stage with a traceback
             print(f"\nstage '{name}' terminated (SIGTERM); {_what_was_written()}", file=sys.stderr)
+            exit_at_further_signal(EXIT_TERMINATED, _SIGNAL_EXITS)
             sys.exit(EXIT_TERMINATED)
     except KeyboardInterrupt:
         with shielded():
             print(f"\nstage '{name}' interrupted; {_what_was_written()}", file=sys.stderr)
+            exit_at_further_signal(EXIT_INTERRUPTED, _SIGNAL_EXITS)
             sys.exit(EXIT_INTERRUPTED)
     late = deferred_signal()
     if late is not None:
@@ -79,7 +85,9 @@ def run_stage(name: str, main: Callable[[], None]) -> None:
             "complete and its run ended; stopping here (the next `dvc repro` reruns it).",
             file=sys.stderr,
         )
-        sys.exit(EXIT_TERMINATED if late == signal.SIGTERM else EXIT_INTERRUPTED)
+        exit_at_further_signal(_SIGNAL_EXITS[late], _SIGNAL_EXITS)
+        sys.exit(_SIGNAL_EXITS[late])
+    exit_at_further_signal(None, _SIGNAL_EXITS)  # done: a stop from here on still makes the exit non-zero
 
 
 def _what_was_written() -> str:
