@@ -2,8 +2,8 @@
 machine's fingerprint (hardware/fingerprint.json), which changes only on other hardware.
 
 One stage does both because DVC runs both at every `dvc repro` (`always_changed`), and DVC's own cost of running a
-stage (it reads and rewrites the whole dvc.lock) is ~0.5 s, five times the work: two such stages made a `dvc repro`
-with nothing to do slower than one."""
+stage (it reads and rewrites the whole dvc.lock) is several times the work: two such stages made a `dvc repro`
+with nothing to do slower than one (docs/measurements.md)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pipeline.common.paths import DATA_ROOT, HARDWARE_FINGERPRINT, PARAMS_CHECKE
 from pipeline.params.loading import DEFAULT_PARAMS_FILE, load_params
 from pipeline.params.schema import Params
 
-# The files that say a GPU is there, without importing torch (3 s): the NVIDIA driver's per-GPU folders.
+# The files that say a GPU is there, without importing torch (seconds): the NVIDIA driver's per-GPU folders.
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 # Constant on purpose, to the byte: other stages depend on this file only so that DVC runs the check before

@@ -206,7 +206,7 @@ class ProfileSettings:
     optimizer_lr: float  # Adadelta's lr in train mode: the one the checkpoint was trained with
     ci_target_pct: float
     time_budget_s: float
-    # How the process allocated (pipeline.common.allocator): it moves the step time 1.3-1.7x on a CPU.
+    # How the process allocated (pipeline.common.allocator): on a CPU it moves the step time markedly.
     allocator: str = "not recorded"
     processes: int = 1  # fresh processes the step was timed in
     program_starts: int = 1  # program starts those processes were forked from
