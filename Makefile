@@ -18,8 +18,9 @@ unexport PYTHONDONTWRITEBYTECODE
 
 install: $(INSTALLED)
 
-# uv (pinned in requirements.txt, installed by pip first) resolves and installs the same pins 6-7x faster than pip;
-# where uv cannot run, pip installs them. Either way the line `install: ... by uv|pip` says which one ran.
+# uv (pinned in requirements.txt, installed by pip first) installs the same pins several times faster than pip
+# (docs/measurements.md); where uv cannot run, pip installs them. Either way the line `install: ... by uv|pip` says
+# which one ran.
 UV_PIN = $(shell grep -m1 '^uv==' requirements.txt)
 
 $(INSTALLED): requirements.txt
@@ -46,7 +47,7 @@ test-fast: install
 
 # SIGINT and SIGTERM at ten moments of a training stage, alone, through `dvc repro` and `dvc queue kill`, and the
 # class server's outages: three modules, one per worker. They mostly wait (on celery, on retries, on a stopped
-# server), so three workers on two cores take 8.3-9.1 min where two took 10 (Zen 4); each stop's 10 s limit holds.
+# server), so three workers on two cores finish sooner than two (docs/measurements.md); each stop's 10 s limit holds.
 test-stress: install
 	python -m pytest -m stress -n 3
 

@@ -6,7 +6,7 @@ Runs pipeline.training.loop.train_epoch over `--steps` batches with a step that 
 without a tracker and with one (MLflow in a throw-away SQLite store, or the server of $MLFLOW_TRACKING_URI,
 plus TensorBoard), `--repeats` times each, and prints the tracked loop's extra time per step: the median
 and the min-max over the repeats. The buffered metrics are written inside the timed span. On a GPU a step of
-this CNN takes ~0.1-0.3 ms captured in a CUDA graph, so a cost of 10 µs per step would be 3-10 %.
+this CNN captured in a CUDA graph is so short (docs/measurements.md) that microseconds per step would show.
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ and the table gives the median over repeats with the min-max spread. Variants (C
 
 With one epoch, images/s is that epoch's, as the stage reports it. With `--epochs` N > 1 it is over epochs 2..N
 (steady state): the first pays one-off costs, which on a GPU are most of a short epoch (the warm-up steps, the
-graph capture, the first use of cuBLAS and cuDNN: a one-epoch run of `cuda_graph bf16` gave 68,569 images/s on
-an NVIDIA H200 where the stage, which pays them in its precision measurement before it times an epoch, gave
-121,683-128,428). On CUDA use `--epochs 3`. The table also gives the minor page faults per epoch, over all
+graph capture, the first use of cuBLAS and cuDNN: on an NVIDIA H200 a one-epoch run of `cuda_graph bf16` gave far
+fewer images/s than the stage, which pays them in its precision measurement before it times an epoch:
+docs/measurements.md). On CUDA use `--epochs 3`. The table also gives the minor page faults per epoch, over all
 epochs trained (`benchmarks.allocator` compares allocators). On CUDA: eager and CUDA-graph-replayed
 (`train.execution`), each in fp32 and bf16, and the graph with tracking. Needs `dvc repro download` (or MNIST in
 data/) first. Writes nothing in the project. `--variant NAME` (repeatable) runs only the named variants, for

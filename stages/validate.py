@@ -1,5 +1,5 @@
 """DVC stage `validate` (always runs): check params.yaml and this machine before DVC touches any other stage, and
-record the machine (no torch: ~0.1 s).
+record the machine (no torch: a fraction of a second).
 
 Every other stage depends on `checks/params.ok`, so `dvc repro`, `dvc repro <stage>` and `dvc exp run -S`
 run it first; on bad params it fails and DVC stops before deleting any other stage's outputs or

@@ -30,13 +30,23 @@ from pipeline.report.figures import (
     flop_rate_series,
     per_sample_series,
 )
-from pipeline.report.lab_report import build_report, read_inputs
+from pipeline.report.lab_report import (
+    SECTIONS,
+    ReportContext,
+    ReportInputs,
+    Section,
+    build_report,
+    read_inputs,
+    render_sections,
+    section_reference,
+)
 from pipeline.report.step_analysis import step_facts, step_sentences
 from pipeline.tracking.store import ui_url
 from tests.helpers.handin import TEMPLATE_HEADINGS, TEMPLATE_LABELS, UNFILLED, headings, numbers, tables
 from tests.helpers.projects import clone_project, read_params, write_params
 from tests.helpers.records import make_record, write_two_profiles
 from tests.helpers.repo import REPO_ROOT, run_python
+from tests.helpers.report_sections import report_section
 
 
 def test_analysis_states_dominant_operators_and_gpu_speedup() -> None:
@@ -213,8 +223,23 @@ def test_report_is_built_from_profile_records_without_running_the_pipeline(
     assert "| 64 | cpu | inference | 8.000 | 16.000 | 90.0 | 10.0 | – | **operator-bound** |" in report.markdown
     assert "| 64 | cpu | inference | 64.0 | 8.000 | 8.00 | 100 | 8.00 |" in report.markdown  # 64 MFLOP in 8 ms
     assert "cpu: a 100 GFLOP/s stand-in" in report.markdown
-    assert "## 8. CPU vs GPU\n\nNo GPU was profiled. To add one" in report.markdown
+    assert report_section(report.markdown, "cpu_vs_gpu").startswith("No GPU was profiled. To add one")
     assert report.markdown.count("No GPU was profiled. To add one") == 2  # the section and the analysis
+
+
+def test_sections_are_numbered_when_rendered_and_referenced_by_key(repo_params: dict[str, Any], tmp_path: Path) -> None:
+    """A section is one entry of SECTIONS: the renderer numbers those that apply, in order, and gives each
+    reference to another section the number that section got."""
+    assert len({section.key for section in SECTIONS}) == len({section.title for section in SECTIONS}) == len(SECTIONS)
+    empty = ReportInputs(None, None, None, None, None, [])
+    context = ReportContext(params_from_mapping(repo_params), empty, [], [], [], tmp_path)
+    sections = [
+        Section("first", "First", lambda _: [f"See {section_reference('third')}.\n"]),
+        Section("second", "Second", lambda _: None),  # does not apply: no heading, no number
+        Section("third", "Third", lambda _: ["Body.\n", "More.\n"]),
+    ]
+    rendered = ["## 1. First\n", "See section 2.\n", "## 2. Third\n", "Body.\n", "More.\n"]
+    assert render_sections(sections, context) == rendered
 
 
 @pytest.mark.parametrize("busy", [True, False], ids=["busy", "quiet"])
@@ -324,7 +349,7 @@ def test_report_numbers_equal_the_stage_outputs(reported: Path) -> None:
         row = re.search(pattern, report, re.MULTILINE)
         assert row and row.group(1) == f"{timing['step_time_ms_median']:.3f}", name
         assert row.group(2) == f"{timing['step_time_ci_pct']:.1f}", name
-        # The allocator what-if (section 9): this combination's row holds the record's numbers.
+        # The allocator what-if: this combination's row holds the record's numbers.
         record = json.loads((reported / "profiles" / "cpu" / name.replace("-cpu-", "-") / "profile.json").read_text())
         whatif = record["allocator_whatif"]
         what_if_row = re.search(rf"^\| {batch} {mode} \| ([\d.]+) \([\d.]+-[\d.]+\) \| ([\d.]+) ", report, re.MULTILINE)
@@ -337,14 +362,14 @@ def test_report_numbers_equal_the_stage_outputs(reported: Path) -> None:
             .split("\n", 1)[1]
         )
         assert top_table in report
-        # Memory (section 10): this combination's peak and the range over the processes, as its record has them.
+        # Memory and energy per step: this combination's peak and the range over the processes, as its record has them.
         memory = record["memory"]
         peak = f"{memory['peak_bytes'] / 1e6:.3f}"
         span = f"{memory['peak_low_bytes'] / 1e6:.3f}-{memory['peak_high_bytes'] / 1e6:.3f}"
         assert f"| {name} | {peak} | {span} |" in report, name
-    assert "## 10. Memory and energy per step" in report and "![memory at the step's peak" in report
+    assert "![memory at the step's peak" in report_section(report, "memory_energy")
     assert report.count("not exposed by this machine") == 1
-    assert "## 9. Memory allocator: glibc's defaults against the tuned allocator" in report
+    assert report_section(report, "allocator")
     assert f"| Memory allocator (profiles) | {record['settings']['allocator']} |" in report
     assert "## Missing inputs" not in report
     assert "and run `dvc repro`: the 6 cuda combinations are profiled beside the CPU ones" in report  # 3 x 2
@@ -521,6 +546,7 @@ def test_the_machines_drift_is_stated_once_and_flags_no_row() -> None:
     sentence = drift_sentence({"cpu": 4.7})
     assert sentence.startswith("**A rerun minutes later may move every row together by up to ±4.7 % on the cpu**")
     assert "cancel whatever slows all combinations of a device alike" in sentence and "does not cancel" in sentence
+    assert sentence.count(section_reference("comparison")) == 2  # each row's interval, the paired ratios
     assert "not measured" in drift_sentence({})
 
 

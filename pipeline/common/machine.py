@@ -1,7 +1,7 @@
 """What machine this is, cheaply: the fingerprint that hardware-bound results (profiles) depend on.
 
-Read without importing torch (≈ 4 s), because the `validate` stage writes it on every `dvc repro`:
-the torch and CUDA versions come from the installed package's metadata and `torch/version.py`,
+Read without importing torch (seconds: docs/measurements.md), because the `validate` stage writes it on every
+`dvc repro`: the torch and CUDA versions come from the installed package's metadata and `torch/version.py`,
 GPUs from `nvidia-smi`.
 """
 

@@ -132,12 +132,12 @@ class TrainConfig:
     execution: Execution = _rule()
     # 32 bits: the range every generator (torch, CUDA, numpy, random) accepts.
     seed: int = _rule(ge=0, le=2**32 - 1)
-    # 1000 epochs of the lab's network take ~10 h on 2 CPU cores: a larger number is a typo.
+    # 1000 epochs of the lab's network take many hours on a CPU (docs/measurements.md): a larger number is a typo.
     epochs: int = _rule(ge=1, le=1000)
     # Train on the first N training images (0 = all 60,000): quick experiments and smoke tests.
     train_samples: int = _rule(ge=0)
-    # Evaluate on the first N test images (0 = all 10,000): the evaluation of each epoch is ~4 s on one
-    # CPU thread, a quarter of a tiny training run.
+    # Evaluate on the first N test images (0 = all 10,000): evaluating all of them each epoch takes seconds on
+    # one CPU thread, a large share of a tiny training run (docs/measurements.md).
     test_samples: int = _rule(ge=0)
     batch_size: int = _rule(ge=1)
     test_batch_size: int = _rule(ge=1)

@@ -2,8 +2,8 @@
 machine's fingerprint (hardware/fingerprint.json), which changes only on other hardware.
 
 One stage does both because DVC runs both at every `dvc repro` (`always_changed`), and DVC's own cost of running a
-stage (it reads and rewrites the whole dvc.lock) is ~0.5 s, five times the work: two such stages made a `dvc repro`
-with nothing to do slower than one."""
+stage (it reads and rewrites the whole dvc.lock) is several times the work: two such stages made a `dvc repro`
+with nothing to do slower than one (docs/measurements.md)."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ WINDOW_PERIODS = 20  # a window is at least this many update periods: the counte
 MIN_WINDOW_S = 0.1  # and at least this long, so a fast-updating counter (RAPL: ~1 ms) still averages many steps
 LEAD_IN_PERIODS = 2  # steps run this many periods before the first reading, so its lag falls in busy time
 WINDOWS = 5  # windows measured: their spread shows the variation, their total is within 1 / (5 x 20) = 1 %
-UPDATE_PROBE_S = 1.0  # polling time of measure_update_period: many updates even for a counter of ~100 ms
+UPDATE_PROBE_S = 1.0  # polling time of measure_update_period: many updates even of a slow counter (NVML's)
 MIN_INTERVALS = 3  # update intervals measure_update_period needs to give a period
 MAX_BOUND_RATIO = 1.5  # an upper bound on the period serves if at most this times the median interval seen
 CLEAN_GAP_SHARE = 0.05  # an update interval counts if both its ends were timed to within this share of it
@@ -54,8 +54,8 @@ class UpdatePeriod:
 
     Where fewer than MIN_INTERVALS were timed that cleanly, every interval seen still bounds the update interval it
     covers: a change lies within its poll's bracket, so the true interval is at most the one seen plus its less
-    precise end's bracket. That holds whatever widened the brackets: a counter slow to read (NVML's on an H100: 2.4
-    ms a reading, against 5 ms for an interval's two ends), or a poller kept off now and then. Then `bounded` is set
+    precise end's bracket. That holds whatever widened the brackets: a counter slow to read (NVML's on an H100,
+    docs/measurements.md), or a poller kept off now and then. Then `bounded` is set
     and `longest_s` is the largest such bound, if it is at most MAX_BOUND_RATIO times the median interval seen: the
     windows of measure_energy come out longer than needed, never shorter. A bound wider than that would make them
     mostly waiting, so then there is no period.

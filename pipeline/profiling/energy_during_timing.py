@@ -4,9 +4,10 @@ and each step's power is fitted from which step ran between the counter's update
     python -m pipeline.profiling.energy_during_timing SOURCE   # the poller (started by the timing process)
 
 Windows of their own per step (pipeline.profiling.energy.measure_energy) must each last many update periods for
-the counter's lag to stay small: on NVML's 100 ms counter about 2 s per step and timing process, which doubled
-`profile@cuda`. The interleaved timing already runs every step for seconds, in blocks of 10-100 ms in random
-order, so the counter's updates during it hold the energy; they need only be attributed to the steps.
+the counter's lag to stay small: on NVML's slow counter, seconds per step and timing process, which made
+`profile@cuda` much longer (docs/measurements.md). The interleaved timing already runs every step for seconds, in
+blocks of 10-100 ms in random order, so the counter's updates during it hold the energy; they need only be
+attributed to the steps.
 
 The poller (a process of its own, so that neither the GIL nor a slow read touches the timed steps) reads the counter
 without pause and keeps each change with the clock readings that bracket it: the update lies between the reading

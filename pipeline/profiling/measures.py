@@ -208,9 +208,9 @@ class StepAnatomy:
     launches_per_step: float  # device activities per step (kernels, copies, memsets); 0 on the CPU
     mean_launch_us: float  # mean device activity length; 0 on the CPU
     launch_call_ms: float  # per step, CPU time in the calls that launched device work (cudaLaunchKernel & co.)
-    verdict: str  # anatomy_verdict's words (records before format 4: host-bound | device-bound)
+    verdict: str  # anatomy_verdict's words when the record was written (`words`: this version's)
     reason: str  # one line with the numbers behind the verdict
-    operator_calls_per_step: float = 0.0  # ATen operator calls per traced step, wrappers included (format 9; 0 before)
+    operator_calls_per_step: float = 0.0  # ATen operator calls per traced step, wrappers included (0 in older records)
 
     @property
     def host_bound(self) -> bool:

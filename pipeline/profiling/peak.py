@@ -5,7 +5,7 @@ on NVIDIA parts it is often quoted for TF32 or with sparsity); a large fp32 matr
 the libraries the model uses is what this machine can actually do, measured with the same thread count as
 the profile. On the GPU that is cuBLAS (torch.mm). On the CPU torch has two: BLAS (MKL) behind torch.mm
 and oneDNN behind the convolutions, and the same product is timed through both (oneDNN's as a 1x1
-convolution): the roof is the faster. They can differ by 2x (MKL takes its AVX2 path on an AMD CPU with
+convolution): the roof is the faster. They can differ widely (MKL takes its AVX2 path on an AMD CPU with
 AVX-512), and one library alone would put the model's convolutions above 100 % of "peak" (docs/measurements.md).
 The memory roof is a STREAM
 triad (a = b + s·c, three arrays far larger than any cache; STREAM's count: 3 × 4 bytes per element, no
@@ -15,7 +15,7 @@ Each roof is the fastest of its timed repeats, not the median: other work on the
 operation down, so the fastest repeat is the closest to what the hardware can do (timeit's reasoning). The
 median and the slowest are kept beside it, so a reader sees how stable it was. The `roofs` stage measures
 them once per machine (its dep is the hardware fingerprint); every profile stage reads them
-(`hardware/roofs.json`), so "% of peak" no longer moves 2x between stages of one `dvc repro`.
+(`hardware/roofs.json`), so every stage of one `dvc repro` states "% of peak" against the same roofs.
 """
 
 from __future__ import annotations

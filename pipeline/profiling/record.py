@@ -45,20 +45,8 @@ from pipeline.profiling.statistics import median_interval
 PROFILE_PRECISION = "fp32"
 # Section of the profile runs' metrics in MLflow and TensorBoard (`profile/step_time_ms_median`, ...).
 METRIC_PREFIX = "profile/"
-# 2: median step time with its confidence interval, measurement conditions, and the step analysis
-# (anatomy, kernels, achieved FLOP/s).
-# 3: operator rows say "no number" as null: MFLOPs counted by torch.utils.flop_counter on the operator that
-# runs them (forward and backward), null where none ran; GPU times null on CPU-only runs.
-# 4: the step timed in `profile.processes` fresh processes, each one's median kept; the interval from their spread.
-# 5: the bytes the FLOP-carrying operators and the whole step move (`OperatorRow.mbytes`,
-# `FlopRate.bytes_per_step`) and the memory roof, for the roofline.
-# 6: all combinations of a device timed interleaved in the same processes; the traced pass checked against the
-# timed interval (`TraceCheck`); the machine's drift no longer inside the interval.
-# 7: what a step holds in memory at its peak, by part (`memory`), measured in the timing processes; energy per step
-# where the device has a counter (`energy`), else why not (`energy_unavailable`).
-# 8: the allocator what-if timed in fresh processes paired with the tuned ones (`AllocatorWhatIf.slowdown`).
-# 9: steps run untraced around the traced pass, in its process (`TraceCheck.untraced_steps_ms`): the check is theirs.
-# 10: the traced steps split by phase and layer group, step by step (`StepAnalysis.parts`), for the analysis.
+# The format the profile stage writes. What each format added, and what an older record lacks (a field's default
+# where it lacks it): docs/timing.md#the-record-format-version-by-version.
 RECORD_FORMAT = 10
 T = TypeVar("T")
 # Older formats the report still reads (committed records of earlier runs), converted by `_upgrade`.
@@ -118,13 +106,12 @@ class OperatorRow:
     # Per step: the FLOPs of the convolutions and matrix products this operator runs itself (forward and
     # backward, torch.utils.flop_counter). None where it runs none: no FLOP formula (element-wise ops), or a
     # wrapper (`aten::conv2d`, `aten::linear`) whose work is counted once, on the operator it calls.
-    # Format-2 records held torch.profiler's own counts (convolutions on `aten::conv2d`, forward only).
     mflops: float | None
     # Per step, megabytes the counted calls of this operator read and write (inputs, weights, outputs): FLOPs over
-    # these bytes is its arithmetic intensity. None where mflops is None, and in records before format 5.
+    # these bytes is its arithmetic intensity. None where mflops is None, and in older records.
     mbytes: float | None = None
     # Per step, MB (10^6 bytes) the allocator handed out on the device while this operator was the innermost one
-    # running (the profiler's memory events). None in records before format 7.
+    # running (the profiler's memory events). None in older records.
     allocated_mb: float | None = None
 
     @property
@@ -174,10 +161,8 @@ class Timing(StepInterval):
     peak_memory_mb: float  # what the step holds at its peak, MB (10^6 bytes): the record's `memory.peak_bytes`
     top_operator_share_pct: float
     # Fresh processes the step was timed in (profile.processes); from 2 on, the interval is their spread.
-    # Format-3 records timed in one process.
     processes: int = 1
-    # The interval's half-width (%) with each process's shared speed divided out (format 6); older records: the
-    # interval's own.
+    # The interval's half-width (%) with each process's shared speed divided out; older records: the interval's own.
     own_ci_pct: float | None = None
 
     @property
@@ -231,10 +216,10 @@ class ProfileSettings:
     optimizer_lr: float  # Adadelta's lr in train mode: the one the checkpoint was trained with
     ci_target_pct: float
     time_budget_s: float
-    # How the process allocated (pipeline.common.allocator): it moves the step time 1.3-1.7x on a CPU.
+    # How the process allocated (pipeline.common.allocator): on a CPU it moves the step time markedly.
     allocator: str = "not recorded"
-    processes: int = 1  # fresh processes the step was timed in (format 4); earlier records timed in one
-    program_starts: int = 1  # program starts those processes were forked from (format 6)
+    processes: int = 1  # fresh processes the step was timed in
+    program_starts: int = 1  # program starts those processes were forked from
 
 
 @dataclass(frozen=True)
@@ -247,7 +232,7 @@ class FlopRate:
     peak_gflops_per_s: float  # measured on the same device by pipeline.profiling.peak; 0 if unknown
     peak_pct: float  # achieved / peak; 0 if the peak is unknown
     # Bytes every operator of one step reads and writes (inputs, weights, outputs; views move none): the step's
-    # memory traffic if no cache reused anything. 0: not counted (records before format 5).
+    # memory traffic if no cache reused anything. 0: not counted (older records).
     bytes_per_step: float = 0.0
     bandwidth_gb_per_s: float = 0.0  # the device's memory roof (STREAM triad, the roofs stage); 0 if unknown
 
@@ -295,7 +280,7 @@ class StepAnalysis:
     ranges: tuple[RangeStats, ...]  # profiler ranges, listed apart from the operators
     top_kernels: tuple[KernelStats, ...]  # empty on the CPU
     unattributed_device_ms: float  # device time per step launched outside any operator
-    parts: tuple[StepPart, ...] = ()  # the traced steps by phase and layer group (format 10; empty before)
+    parts: tuple[StepPart, ...] = ()  # the traced steps by phase and layer group (empty in older records)
 
 
 @dataclass(frozen=True)
@@ -312,7 +297,7 @@ class AllocatorWhatIf(StepInterval):
     Timed in fresh processes that keep glibc's defaults, as many as the tuned ones, each started next to a tuned
     one (just before or just after it, in turn) from the same server and timing the same combinations interleaved:
     the slowdown is taken pair by pair, so that whatever the machine did in that minute it did to both sides.
-    Records before format 8 timed the defaults in the stage's own process, unpaired (`slowdown` 0)."""
+    An older record's what-if is unpaired (`slowdown` 0)."""
 
     default_allocator: str  # what the what-if ran with; the record's `settings.allocator` says the tuned one
     step_time_ms_median: float  # with the defaults; the same estimator as the record's timing
@@ -340,18 +325,18 @@ class TraceCheck:
     page placement and kernels are its own), and the profiler's hooks add to every operator. The stage runs steps
     untraced around each traced pass, in the same process: for the first, their median is held against where one
     more timing process would run (`expected_low_ms`-`expected_high_ms`); for the second, the traced steps against
-    them. It traces up to `attempts` times and keeps the first pass inside, else the closest. Records before format 9
-    have no untraced steps: their check is the traced step itself against the timed interval."""
+    them. It traces up to `attempts` times and keeps the first pass inside, else the closest. An older record has no
+    untraced steps: its check is the traced step itself against the timed interval."""
 
     traced_step_ms: float  # median ProfilerStep span of the kept pass
     timed_low_ms: float  # the timed step's 95 % interval
     timed_high_ms: float
     attempts: int  # passes traced
-    # Format 9: each step run untraced around the kept pass (half before it, half after), and each of its traced steps.
+    # Each step run untraced around the kept pass (half before it, half after), and each of its traced steps.
     untraced_steps_ms: tuple[float, ...] = ()
     traced_steps_ms: tuple[float, ...] = ()
-    # Format 9: where one more timing process's median would fall (95 % prediction from the processes' medians); the
-    # timed interval where there was one process.
+    # Where one more timing process's median would fall (95 % prediction from the processes' medians); the timed
+    # interval where there was one process.
     expected_low_ms: float = 0.0
     expected_high_ms: float = 0.0
 
@@ -433,13 +418,13 @@ class ProfileRecord:
     graph_step_times_ms: tuple[float, ...] = ()
     # cpu only, where the stage tuned glibc's allocator itself (None elsewhere and in older records).
     allocator_whatif: AllocatorWhatIf | None = None
-    # The median step time of each timing process, in the order they ran (format 4; empty before).
+    # The median step time of each timing process, in the order they ran (empty in older records).
     process_step_times_ms: tuple[float, ...] = ()
-    # The operator table's pass against the timed interval (format 6; None before).
+    # The operator table's pass against the timed interval (None in older records).
     trace_check: TraceCheck | None = None
-    memory: StepMemory | None = None  # format 7; None before
-    energy: StepEnergy | None = None  # format 7, where the device has an energy counter
-    energy_unavailable: str = ""  # format 7: why there is no energy figure ("" where there is one, and before)
+    memory: StepMemory | None = None  # None in older records
+    energy: StepEnergy | None = None  # where the device has an energy counter
+    energy_unavailable: str = ""  # why there is no energy figure ("" where there is one, and in older records)
 
     @property
     def per_sample(self) -> Interval:

@@ -4,7 +4,7 @@ operator table of each combination.
 First every combination is timed with no profiler attached (profiler hooks would inflate the times), interleaved
 in the same fresh processes (pipeline.profiling.processes): each combination's step time with its interval, and
 each ratio the report states measured paired. Then, in this process, after an untimed warm-up (oneDNN/cuDNN
-create kernels per input shape, so a cold first step can cost 20x a warm one), `active_steps` steps of each
+create kernels per input shape, so a cold first step can cost many warm ones), `active_steps` steps of each
 combination are traced by torch.profiler for the Chrome/Perfetto trace, with as many steps run untraced around
 the traced pass (half before, half after) in the same process: those are checked against where one more timing
 process would run (does this process run like them?), and the traced step against them (what the profiler's hooks

@@ -49,8 +49,9 @@ TWO_SPEEDS_MIN_GAP_PCT = 10.0  # a jump between processes' medians this large (a
 
 # Interleaved timing runs about this long of a step untimed before each of its blocks (none where one step is longer
 # than twice this): a short step that follows another combination's block starts with cold caches and branch
-# predictors, and on a 2-vCPU EPYC a batch-1 CPU inference step then took 2.3x its warm time, the excess fading over
-# about 2.5 ms; longer steps showed no such start. A block so measures the step warm, as a run of consecutive steps.
+# predictors, and a batch-1 CPU inference step then took far longer than warm, the excess fading within less than
+# this long (docs/measurements.md); longer steps showed no such start. A block so measures the step warm, as a run
+# of consecutive steps.
 SWITCH_WARMUP_S = 0.003
 
 

@@ -232,7 +232,7 @@ def serve(
 ) -> None:
     """Read one spec per line (from `specs`, else stdin); answer each with a line of JSON (to `answers`, else
     stdout) measured in a freshly forked child. `training`: some spec will time a training step, whose optimizer
-    reaches torch._dynamo (1.3-1.5 s to import): imported once here, not per child. An inference step never
+    reaches torch._dynamo (seconds to import): imported once here, not per child. An inference step never
     imports it, so a server for inference only skips it. `announce`: write READY first, once imported."""
     if training:
         import torch._dynamo  # noqa: F401

@@ -248,10 +248,11 @@ def create_admin(auth_uri: str, name: str, password: str) -> None:
     store.engine.dispose()
 
 
-# MLflow hashes the password of every request (PBKDF2/scrypt, ~0.3 s of a core here) unless this cache is on: 30
-# students then queue behind the hashing at ~6 requests/s on 2 cores, 5 s a request, whatever the database
-# (benchmarks/class_server_load.py). MLflow's own cache keeps a successful check for the TTL, per worker; a changed
-# or deleted password still works on the other workers until then. Refused logins are never cached.
+# MLflow hashes the password of every request (PBKDF2/scrypt, a large share of a core-second) unless this cache is
+# on: 30 students then queue behind the hashing for seconds a request, whatever the database
+# (benchmarks/class_server_load.py; docs/measurements.md). MLflow's own cache keeps a successful check for the TTL,
+# per worker; a changed or deleted password still works on the other workers until then. Refused logins are never
+# cached.
 AUTH_CACHE_TTL_S = 300
 
 

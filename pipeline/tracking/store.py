@@ -24,7 +24,7 @@ from pipeline.common.processes import host_name, identity_alive, process_identit
 from pipeline.tracking.lineage import PARENT_RUN_TAG, reflect_children
 from pipeline.tracking.tags import NOTE_TAG
 
-if TYPE_CHECKING:  # imported lazily at run time: `import mlflow` alone costs ~2 s
+if TYPE_CHECKING:  # imported lazily at run time: `import mlflow` alone costs seconds
     from mlflow import MlflowClient
 from pipeline.tracking.tags import HOST_TAG, PROCESS_TAG, STALE_TAG
 
@@ -32,10 +32,10 @@ STORE_FILE = "mlflow.db"
 # A remote tracking server must neither hang a stage nor lose it to a restart. MLflow's own defaults are a 120 s
 # timeout and 7 retries with exponential backoff (minutes). Here each request waits 8 s, and a refused, dropped,
 # timed-out or 5xx request (MLflow retries every method, POST included) is retried 6 times after 0, 2, 4, 8, 16
-# and 32 s (+ up to 1 s of MLflow's jitter each): an instructor's server restart or a PostgreSQL restart (~20 s)
-# is ridden out, an outage past about a minute stops the stage with a message. The server's /health
-# is still checked before any work (HEALTH_TIMEOUT_S): a server that is down at the start fails the stage at once.
-# A user's explicit settings win.
+# and 32 s (+ up to 1 s of MLflow's jitter each): an instructor's server restart or a PostgreSQL restart
+# (docs/measurements.md) is ridden out, an outage past about a minute stops the stage with a message. The server's
+# /health is still checked before any work (HEALTH_TIMEOUT_S): a server that is down at the start fails the stage at
+# once. A user's explicit settings win.
 HTTP_CLIENT_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "8",
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "6",

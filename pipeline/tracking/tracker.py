@@ -98,7 +98,7 @@ class Tracker:
         model_id: str | None = None,
         dataset: tuple[str, str] | None = None,
     ) -> None:
-        """One batched MLflow call (~0.1 ms a metric) plus TensorBoard scalars, all at `step`.
+        """One batched MLflow call plus TensorBoard scalars, all at `step`.
 
         `prefix` (`profile/`, `train/`, ...) groups a stage's metrics: MLflow's charts and TensorBoard's
         scalars are sectioned by the part before the first `/`. With `model_id` (a logged model of this run) and
@@ -123,8 +123,9 @@ class Tracker:
     def log_step_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Metrics of a training loop's step, kept off the step's path: held in memory and handed to MLflow's
         asynchronous logging (its own thread writes them) and TensorBoard every `flush_interval_s`, so that
-        logging costs a loop on a GPU next to nothing (a store call is ~6 ms on SQLite and ~180 ms over HTTP;
-        `python -m benchmarks.logging_cost` measures what is left). `flush()` waits until the store has them."""
+        logging costs a loop on a GPU next to nothing (a store call takes milliseconds on SQLite and far longer over
+        HTTP: docs/measurements.md; `python -m benchmarks.logging_cost` measures what is left). `flush()` waits until
+        the store has them."""
         timestamp = int(time.time() * 1000)
         self._pending.extend((key, float(value), timestamp, step) for key, value in metrics.items())
         if time.monotonic() - self._last_flush >= self.flush_interval_s:
@@ -180,7 +181,7 @@ class Tracker:
 
     def log_image(self, tag: str, image: np.ndarray, artifact_file: str) -> None:
         """`image` is HWC uint8: a PNG artifact in MLflow, an image in TensorBoard; torch-free (PIL encodes the
-        PNG, as MLflow and torch's summary code both do), so the download stage never imports torch (3 s)."""
+        PNG, as MLflow and torch's summary code both do), so the download stage never imports torch (seconds)."""
         from PIL import Image  # lazy: only stages that log images
 
         self.mlflow.log_image(image, artifact_file)
