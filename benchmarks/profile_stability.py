@@ -40,11 +40,11 @@ from pipeline.common.machine import cpu_model, machine_fingerprint
 from pipeline.common.paths import DATA_ROOT, MODEL_CHECKPOINT
 from pipeline.devices.registry import device_names, host_kind
 from pipeline.params.loading import load_params
-from pipeline.profiling.measures import StepEstimate
 from pipeline.profiling.processes import time_in_processes
-from pipeline.profiling.record import profile_matrix
-from pipeline.profiling.statistics import PairedRatio, available_cores, between_process_interval, paired_ratio
 from pipeline.profiling.worker import WorkerSpec
+from pipeline.records.profile import profile_matrix
+from pipeline.records.quantities import StepEstimate
+from pipeline.records.statistics import PairedRatio, available_cores, between_process_interval, paired_ratio
 
 INSIDE_GOAL = 0.90  # share of a rerun's ratios that must lie inside the first run's intervals
 

@@ -35,9 +35,9 @@ from pipeline.common.machine import cpu_model, machine_fingerprint
 from pipeline.common.paths import DATA_ROOT, MODEL_CHECKPOINT
 from pipeline.devices.registry import device_names, host_kind
 from pipeline.params.loading import load_params
-from pipeline.profiling.statistics import SWITCH_WARMUP_S
 from pipeline.profiling.timing import synchronizer
 from pipeline.profiling.worker import WorkerSpec, build_items
+from pipeline.records.statistics import SWITCH_WARMUP_S
 
 SHOWN_STEPS = 8  # steps after the switch shown in the table
 

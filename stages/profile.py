@@ -20,9 +20,9 @@ from pipeline.params.loading import load_params
 from pipeline.profiling.artifacts import log_profile, write_comparison_outputs, write_profile_outputs
 from pipeline.profiling.matrix import stage_device
 from pipeline.profiling.processes import forked_worker_server
-from pipeline.profiling.record import profile_matrix
 from pipeline.profiling.run import prepare_profiles, run_description, run_device_profile, timing_spec
-from pipeline.profiling.texts import stage_warnings
+from pipeline.records.profile import profile_matrix
+from pipeline.records.wording import stage_warnings
 from pipeline.tracking.lifecycle import settled_after_commit
 
 

@@ -16,8 +16,8 @@ from pipeline.common.paths import HARDWARE_FINGERPRINT, HARDWARE_ROOFS
 from pipeline.common.stage_runner import run_stage
 from pipeline.params.loading import load_params
 from pipeline.profiling.peak import DRIFT_WINDOWS, measure_roofs
-from pipeline.profiling.roofs import MachineRoofs, write_roofs
-from pipeline.profiling.statistics import load_average, measurement_conditions
+from pipeline.records.roofs import MachineRoofs, write_roofs
+from pipeline.records.statistics import load_average, measurement_conditions
 from pipeline.tracking.lifecycle import open_tracker
 from pipeline.tracking.tags import hardware_tags
 from pipeline.training.runtime import hardware_description, select_device

@@ -178,7 +178,7 @@ def test_logging_cost_times_the_loop_with_and_without_tracking(tmp_path: Path, m
 
 def test_stability_verdicts_and_pair_counts_from_known_estimates() -> None:
     from benchmarks.profile_stability import pairs_inside, verdict
-    from pipeline.profiling.measures import StepEstimate
+    from pipeline.records.quantities import StepEstimate
 
     def estimate(low: float, median: float, high: float) -> StepEstimate:
         return StepEstimate(4, median, 1.0, low, high, steps=60, blocks=12, ci_target_pct=2.0, processes=6)

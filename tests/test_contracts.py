@@ -17,7 +17,7 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from pipeline.common.errors import PipelineError
-from pipeline.profiling.record import (
+from pipeline.records.profile import (
     RECORD_FORMAT,
     Combination,
     ProfileRecord,

@@ -27,9 +27,9 @@ from pipeline.model.checkpoint import checkpoint_payload, load_checkpoint, save_
 from pipeline.model.network import LabNet
 from pipeline.params.parsing import params_from_mapping
 from pipeline.params.schema import Precision, ProfileMode, TrackingConfig, TrainConfig, section_as_dict
-from pipeline.profiling.record import Combination, read_record, write_record
 from pipeline.profiling.run import prepare_profiles, run_device_profile, timing_spec
-from pipeline.profiling.texts import operators_markdown
+from pipeline.records.profile import Combination, read_record, write_record
+from pipeline.records.wording import operators_markdown
 from pipeline.tracking.lifecycle import open_tracker
 from pipeline.training.artifacts import (
     REGISTERED_MODEL_DESCRIPTION,

@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from pipeline.profiling.measures import MemoryPart, StepMemory, StepPart
-from pipeline.profiling.record import ProfileRecord, TraceCheck, flop_rate
 from pipeline.profiling.trace_analysis import analyse_trace, read_trace
+from pipeline.records.profile import ProfileRecord, TraceCheck, flop_rate
+from pipeline.records.quantities import MemoryPart, StepMemory, StepPart
 from pipeline.report.catalogue import LANGUAGES, load_catalogue
 from pipeline.report.findings import (
     AnalysisData,

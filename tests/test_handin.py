@@ -26,8 +26,8 @@ from pipeline.common.errors import PipelineError
 from pipeline.devices.registry import device_names
 from pipeline.params.parsing import params_from_mapping
 from pipeline.params.schema import Language, ProfileMode
-from pipeline.profiling.measures import MEMORY_PARTS, STEP_GROUPS, STEP_PHASES
-from pipeline.profiling.record import ProfileRecord
+from pipeline.records.profile import ProfileRecord
+from pipeline.records.quantities import MEMORY_PARTS, STEP_GROUPS, STEP_PHASES
 from pipeline.report.catalogue import CATALOGUES, LANGUAGES, load_catalogue, placeholders
 from pipeline.report.comparison import comparison_rows
 from pipeline.report.figures import missing_glyphs, save_figure

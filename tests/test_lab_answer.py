@@ -13,18 +13,18 @@ import statistics
 
 import pytest
 
-from pipeline.profiling.measures import Interval, MeasurementConditions, StepMemory
 from pipeline.profiling.processes import WorkerResult, combine
-from pipeline.profiling.record import OperatorRow, ProfileRecord, TraceCheck
-from pipeline.profiling.statistics import PROCESSES_DISAGREE_ADVICE, Block, prediction_interval
-from pipeline.profiling.texts import (
+from pipeline.profiling.worker import WorkerSpec
+from pipeline.records.profile import OperatorRow, ProfileRecord, TraceCheck
+from pipeline.records.quantities import Interval, MeasurementConditions, StepMemory
+from pipeline.records.statistics import PROCESSES_DISAGREE_ADVICE, Block, prediction_interval
+from pipeline.records.wording import (
     measurement_warnings,
     operators_markdown,
     process_speed_sentence,
     ratio_table,
     stage_warnings,
 )
-from pipeline.profiling.worker import WorkerSpec
 from pipeline.report.comparison import (
     batch_scaling_sentence,
     comparison_markdown,

@@ -32,7 +32,7 @@ from pipeline.common.machine import (
 from pipeline.machines.report import MachinesReport, build_machines_report
 from pipeline.machines.runs import LeftOut, Machine, ProfileRun, StepTime, read_store
 from pipeline.params.schema import TrackingConfig
-from pipeline.profiling.record import Combination
+from pipeline.records.profile import Combination
 from pipeline.tracking.lifecycle import open_tracker
 from pipeline.tracking.tags import ID_TAG, NAME_TAG, identity_tags, machine_tags
 from tests.helpers.projects import run_command, stage_environment
@@ -169,8 +169,8 @@ def test_loader_logs_the_params_the_profile_stage_logs() -> None:
     """tests/profile_runs.py stands in for the profile stage: the same param names, or the report test lies."""
     import torch
 
-    from pipeline.profiling.record import ProfileSettings
     from pipeline.profiling.run import ProfileSetup, run_description
+    from pipeline.records.profile import ProfileSettings
 
     record = json.loads((gpu_reference() / "profiles" / "16-cuda-train" / "profile.json").read_text())
     setup = ProfileSetup(

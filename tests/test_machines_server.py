@@ -15,7 +15,7 @@ import pytest
 from mlflow import MlflowClient
 
 from pipeline.common.machine import machine_fingerprint
-from pipeline.profiling.measures import Interval
+from pipeline.records.quantities import Interval
 from pipeline.tracking.tags import ID_TAG, NAME_TAG, identity_tags
 from tests.helpers.projects import (
     copy_without_outputs,

@@ -12,7 +12,6 @@ import torch
 
 from pipeline.model.network import LabNet
 from pipeline.params.schema import ProfileMode
-from pipeline.profiling.measures import MEMORY_PARTS, StepMemory
 from pipeline.profiling.memory import (
     BuiltStep,
     allocated_size,
@@ -24,6 +23,7 @@ from pipeline.profiling.memory import (
 )
 from pipeline.profiling.timing import synchronizer
 from pipeline.profiling.worker import build_step
+from pipeline.records.quantities import MEMORY_PARTS, StepMemory
 from tests.helpers.data import LAB_MODEL
 
 CPU = torch.device("cpu")

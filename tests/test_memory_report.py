@@ -11,10 +11,10 @@ from PIL import Image
 from pipeline.common.tables import NO_NUMBER
 from pipeline.machines.compare import MachineRow
 from pipeline.machines.report import rows_markdown
-from pipeline.profiling.measures import MEMORY_PARTS, MemoryPart, StepEnergy, StepMemory
 from pipeline.profiling.processes import energy_over_processes
-from pipeline.profiling.record import ProfileRecord
-from pipeline.profiling.texts import memory_markdown
+from pipeline.records.profile import ProfileRecord
+from pipeline.records.quantities import MEMORY_PARTS, MemoryPart, StepEnergy, StepMemory
+from pipeline.records.wording import memory_markdown
 from pipeline.report.memory import memory_section, memory_sentences
 from tests.helpers.records import make_record
 

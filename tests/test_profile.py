@@ -29,8 +29,11 @@ from pipeline.common.tables import NO_NUMBER, records_csv
 from pipeline.model.network import LabNet
 from pipeline.model.summary import summarize
 from pipeline.params.schema import ProfileMode
-from pipeline.profiling.measures import MeasurementConditions, StepAnatomy, StepMemory
-from pipeline.profiling.record import (
+from pipeline.profiling.run import ProfileResult, profile_combination
+from pipeline.profiling.timing import StepTiming
+from pipeline.profiling.trace_analysis import TraceAnalysis
+from pipeline.profiling.worker import build_step
+from pipeline.records.profile import (
     RECORD_FORMAT,
     Combination,
     OperatorRow,
@@ -39,13 +42,10 @@ from pipeline.profiling.record import (
     read_comparisons,
     read_record,
 )
-from pipeline.profiling.roofs import read_roofs
-from pipeline.profiling.run import ProfileResult, profile_combination
-from pipeline.profiling.statistics import Block, estimate_step_time, prediction_interval
-from pipeline.profiling.texts import measurement_warnings, operators_markdown
-from pipeline.profiling.timing import StepTiming
-from pipeline.profiling.trace_analysis import TraceAnalysis
-from pipeline.profiling.worker import build_step
+from pipeline.records.quantities import MeasurementConditions, StepAnatomy, StepMemory
+from pipeline.records.roofs import read_roofs
+from pipeline.records.statistics import Block, estimate_step_time, prediction_interval
+from pipeline.records.wording import measurement_warnings, operators_markdown
 from pipeline.tracking.hparams import SHOWN
 from pipeline.tracking.hparams import columns as hparams_columns
 from tests.helpers.data import LAB_MODEL

@@ -17,9 +17,8 @@ import torch
 from PIL import Image
 
 from pipeline.profiling.artifacts import step_metrics
-from pipeline.profiling.measures import Interval, KernelStats, StepAnatomy
 from pipeline.profiling.peak import DRIFT_WINDOWS, measure_roofs, onednn_operands, onednn_product
-from pipeline.profiling.record import (
+from pipeline.records.profile import (
     AllocatorWhatIf,
     OperatorRow,
     OperatorShare,
@@ -27,8 +26,9 @@ from pipeline.profiling.record import (
     StepAnalysis,
     flop_rate,
 )
-from pipeline.profiling.roofs import MachineRoofs, read_roofs, write_roofs
-from pipeline.profiling.texts import kernel_table_markdown, operators_markdown
+from pipeline.records.quantities import Interval, KernelStats, StepAnatomy
+from pipeline.records.roofs import MachineRoofs, read_roofs, write_roofs
+from pipeline.records.wording import kernel_table_markdown, operators_markdown
 from pipeline.report.allocator_whatif import allocator_markdown, allocator_sentences
 from pipeline.report.figures import cpu_vs_gpu_figure, roofline_figure
 from pipeline.report.roofline import UNDECIDED, roofline_chart, roofline_markdown, roofline_points

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from pipeline.profiling.processes import wait_until_ready, worker_server
-from pipeline.profiling.statistics import SWITCH_WARMUP_S
 from pipeline.profiling.timing import MIN_BLOCKS, device_clock, time_interleaved, time_steps
+from pipeline.records.statistics import SWITCH_WARMUP_S
 from tests.helpers.repo import run_python
 
 CPU = torch.device("cpu")

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from scipy.stats import binom, t  # type: ignore[import-untyped]  # no stubs; an independent oracle
 
-from pipeline.profiling.measures import GOVERNOR_NOT_EXPOSED, Interval, MeasurementConditions, StepEstimate
-from pipeline.profiling.record import Timing
-from pipeline.profiling.roofs import SpeedDrift
-from pipeline.profiling.statistics import (
+from pipeline.records.profile import Timing
+from pipeline.records.quantities import GOVERNOR_NOT_EXPOSED, Interval, MeasurementConditions, StepEstimate
+from pipeline.records.roofs import SpeedDrift
+from pipeline.records.statistics import (
     PROCESSES_DISAGREE_ADVICE,
     Block,
     available_cores,
@@ -371,7 +371,7 @@ def test_processes_at_two_speeds_are_told_apart_from_a_spread() -> None:
 def test_a_two_speed_combination_is_warned_about_with_its_groups_and_what_to_try() -> None:
     import dataclasses
 
-    from pipeline.profiling.texts import measurement_warnings
+    from pipeline.records.wording import measurement_warnings
     from tests.helpers.records import make_record
 
     record = dataclasses.replace(

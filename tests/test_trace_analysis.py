@@ -20,7 +20,6 @@ import torch
 from pipeline.common.errors import PipelineError
 from pipeline.model.network import LabNet
 from pipeline.model.summary import summarize
-from pipeline.profiling.record import Combination
 from pipeline.profiling.run import count_step_flops, profile_combination
 from pipeline.profiling.trace_analysis import (
     OPERATOR_NAME,
@@ -31,6 +30,7 @@ from pipeline.profiling.trace_analysis import (
     short_kernel_name,
 )
 from pipeline.profiling.worker import build_step, make_step
+from pipeline.records.profile import Combination
 from tests.helpers.data import LAB_MODEL
 from tests.helpers.repo import REPO_ROOT, SHARED_REFERENCE
 

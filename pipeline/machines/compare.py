@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pipeline.common.errors import PipelineError
 from pipeline.devices.registry import device_kind
 from pipeline.machines.runs import Machine, ProfileRun
-from pipeline.profiling.measures import Interval, Ratio
-from pipeline.profiling.record import Combination
+from pipeline.records.profile import Combination
+from pipeline.records.quantities import Interval, Ratio
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ def machine_row(group: int, run: ProfileRun, names: Mapping[str, str]) -> Machin
 class Speedup:
     """How many times faster per sample than the baseline (baseline time ÷ this time).
 
-    With medians, `interval` is the ratio's 95 % interval (pipeline.profiling.statistics.ratio: it contains 1
+    With medians, `interval` is the ratio's 95 % interval (pipeline.records.statistics.ratio: it contains 1
     exactly when the two confidence intervals overlap, and then reads "no measurable difference").
     Means of older runs have no interval: the ratio of the two means, marked †.
     """

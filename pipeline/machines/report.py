@@ -23,7 +23,7 @@ What is compared with what (never mixed silently):
   run are left out and counted, with the reason.
 
 Step time: the median with its 95 % confidence interval (metrics `step_time_ms_median`,
-`step_time_ms_ci_low`/`_high`, pipeline.profiling.statistics), or for runs timed before those existed
+`step_time_ms_ci_low`/`_high`, pipeline.records.statistics), or for runs timed before those existed
 the mean of the timed steps and their coefficient of variation (`step_time_ms_mean`, `step_time_cv`:
 a spread, not an uncertainty). The two never share a group.
 """

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pipeline.common.errors import PipelineError
 from pipeline.common.machine import machine_id, machine_name
-from pipeline.profiling.measures import Interval
-from pipeline.profiling.record import METRIC_PREFIX, Combination
+from pipeline.records.profile import METRIC_PREFIX, Combination
+from pipeline.records.quantities import Interval
 from pipeline.tracking.store import check_tracking_server
 from pipeline.tracking.tags import ID_TAG, NAME_TAG
 
@@ -52,7 +52,7 @@ MEDIAN_METRIC, CI_LOW_METRIC, CI_HIGH_METRIC, NOISY_METRIC = (
     "noisy",
 )
 MEAN_METRIC, CV_METRIC = "step_time_ms_mean", "step_time_cv"
-BUSY_METRIC = "machine_busy"  # the load average exceeded the cores while timing (pipeline.profiling.statistics)
+BUSY_METRIC = "machine_busy"  # the load average exceeded the cores while timing (pipeline.records.statistics)
 SEARCH_PAGE = 1000
 
 

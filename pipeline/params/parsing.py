@@ -12,9 +12,9 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from pipeline.common.checked_dataclasses import Dialect, build
 from pipeline.common.credentials import redact
 from pipeline.common.errors import PipelineError
-from pipeline.common.typed import Dialect, build
 from pipeline.params.schema import Params
 
 _Section = typing.TypeVar("_Section")

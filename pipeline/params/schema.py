@@ -179,7 +179,7 @@ class ProfileConfig:
     # address-space layout and hash seed, which all processes forked from it share (docs/timing.md).
     program_starts: int = _rule(ge=1, le=64)
     # Seconds the `roofs` stage times a fixed workload to measure how far this machine's speed drifts between runs
-    # (pipeline.profiling.roofs.SpeedDrift); the report states it once. 0 = not measured.
+    # (pipeline.records.roofs.SpeedDrift); the report states it once. 0 = not measured.
     drift_probe_s: float = _rule(ge=0, le=3600)
     # CPU threads; 0 = one per core (the number used is recorded).
     threads: int = _rule(ge=0, le=1024)

@@ -9,8 +9,7 @@ from pipeline.common.outputs import AtomicOutputs
 from pipeline.common.paths import DeviceProfileOutputs, ProfileOutputs
 from pipeline.common.tables import records_csv
 from pipeline.params.schema import TrackingConfig
-from pipeline.profiling.measures import KernelStats
-from pipeline.profiling.record import (
+from pipeline.records.profile import (
     METRIC_PREFIX,
     DeviceComparisons,
     OperatorRow,
@@ -19,7 +18,8 @@ from pipeline.profiling.record import (
     write_comparisons,
     write_record,
 )
-from pipeline.profiling.texts import (
+from pipeline.records.quantities import KernelStats
+from pipeline.records.wording import (
     comparisons_markdown,
     kernels_markdown,
     memory_markdown,

@@ -34,7 +34,7 @@ from torch import nn
 
 from pipeline.common.native_stderr import filtered_native_stderr
 from pipeline.devices.registry import kind_of
-from pipeline.profiling.measures import MEMORY_PARTS, MemoryPart, StepMemory
+from pipeline.records.quantities import MEMORY_PARTS, MemoryPart, StepMemory
 
 # Ranges torch's profiler opens around the backward pass's functions and the optimizer's step.
 BACKWARD_RANGE = "autograd::engine::evaluate_function"

@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.devices.registry import device_kind, host_kind, kind_of
-from pipeline.profiling.roofs import DeviceRoofs, KernelRoof, Roof, SpeedDrift
 from pipeline.profiling.timing import synchronizer
+from pipeline.records.roofs import DeviceRoofs, KernelRoof, Roof, SpeedDrift
 
 ROOF_REPEATS = 15  # timed repeats of each roof (after WARMUP): enough for a fastest one that repeats
 # The drift probe's workload: a 384² fp32 product and a triad over 3 x 4 MiB, about a millisecond on a CPU core,

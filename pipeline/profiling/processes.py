@@ -4,7 +4,7 @@ The process is the unit of repetition (as pyperf's worker processes, and Kaliber
 each worker is a new process, forked from a clean server that paid the imports once, that times every
 combination interleaved for its share of the budget. A combination's estimate is the median of the workers'
 medians, its interval their spread; a ratio between two combinations is taken round by round inside each worker
-and its interval comes from the spread of the workers' ratios (pipeline.profiling.statistics). Workers run one at
+and its interval comes from the spread of the workers' ratios (pipeline.records.statistics). Workers run one at
 a time, never beside each other or the stage's own work, so no worker's steps share the cores.
 
 A worker that fails stops the stage with its own last lines. The server runs in a session of its own, and
@@ -29,16 +29,16 @@ from typing import IO, Any, Protocol
 import torch
 
 from pipeline.common.errors import PipelineError
-from pipeline.profiling.measures import MeasurementConditions, MemoryPart, StepEnergy, StepMemory
-from pipeline.profiling.statistics import (
+from pipeline.profiling.timing import StepTiming
+from pipeline.profiling.worker import READY, WorkerSpec, serve
+from pipeline.records.quantities import MeasurementConditions, MemoryPart, StepEnergy, StepMemory
+from pipeline.records.statistics import (
     Block,
     between_process_interval,
     estimate_over_processes,
     own_spread_pct,
     process_speeds,
 )
-from pipeline.profiling.timing import StepTiming
-from pipeline.profiling.worker import READY, WorkerSpec, serve
 
 # The NVIDIA driver's device files. NVML opens them in the profile stage before it forks its timing server (the
 # stage's device check, made fork-safe by pipeline.profiling.timing) and keeps its state in memory the server

@@ -55,10 +55,19 @@ from pipeline.model.checkpoint import checkpoint_digest, load_checkpoint
 from pipeline.model.summary import summarize
 from pipeline.params.schema import ProfileConfig
 from pipeline.profiling.artifacts import RunDescription
-from pipeline.profiling.measures import StepEnergy, StepMemory
 from pipeline.profiling.memory import BuiltStep, measure_step_memory
 from pipeline.profiling.processes import PairedTiming, WorkerServer, time_in_processes
-from pipeline.profiling.record import (
+from pipeline.profiling.timing import StepTiming, page_faults_per_step, synchronizer, time_steps
+from pipeline.profiling.trace_analysis import (
+    CountedCall,
+    OperatorStats,
+    Trace,
+    TraceAnalysis,
+    analyse_trace,
+    read_trace,
+)
+from pipeline.profiling.worker import WorkerSpec, build_step
+from pipeline.records.profile import (
     PROFILE_PRECISION,
     AllocatorWhatIf,
     Combination,
@@ -74,24 +83,15 @@ from pipeline.profiling.record import (
     flop_rate,
     run_params,
 )
-from pipeline.profiling.roofs import DeviceRoofs, read_roofs
-from pipeline.profiling.statistics import (
+from pipeline.records.quantities import StepEnergy, StepMemory
+from pipeline.records.roofs import DeviceRoofs, read_roofs
+from pipeline.records.statistics import (
     Block,
     PairedRatio,
     paired_ratio,
     prediction_interval,
     ratio_over_pairs,
 )
-from pipeline.profiling.timing import StepTiming, page_faults_per_step, synchronizer, time_steps
-from pipeline.profiling.trace_analysis import (
-    CountedCall,
-    OperatorStats,
-    Trace,
-    TraceAnalysis,
-    analyse_trace,
-    read_trace,
-)
-from pipeline.profiling.worker import WorkerSpec, build_step
 from pipeline.tracking.tags import DATA_DIGEST_TAG, MODEL_DIGEST_TAG, hardware_tags
 from pipeline.training.cuda_graph import make_graphable_step, time_graph_replays
 from pipeline.training.runtime import hardware_description, select_device

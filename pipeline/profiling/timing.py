@@ -2,7 +2,7 @@
 
 After the caller's warm-up: blocks of consecutive steps are timed (each block >= `min_block_s`, so timer
 overhead and short jitter average out inside it) in rounds, and after each round the 95 % confidence
-interval of the median per-step time is computed over all blocks so far (pipeline.profiling.statistics).
+interval of the median per-step time is computed over all blocks so far (pipeline.records.statistics).
 Sampling stops when its half-width is within `ci_target_pct`, or when the next round would not fit in
 `time_budget_s`; the estimate is then flagged noisy.
 
@@ -44,9 +44,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from pipeline.devices.registry import kind_of
-from pipeline.profiling.measures import MeasurementConditions, StepEstimate
-from pipeline.profiling.record import Timing
-from pipeline.profiling.statistics import (
+from pipeline.records.profile import Timing
+from pipeline.records.quantities import MeasurementConditions, StepEstimate
+from pipeline.records.statistics import (
     SWITCH_WARMUP_S,
     Block,
     estimate_step_time,
@@ -101,7 +101,7 @@ class StepTiming:
     own_ci_pct: float | None = None
 
     def record(self, peak_memory_mb: float = 0.0, top_operator_share_pct: float = 0.0) -> Timing:
-        """The profile record's timing (pipeline.profiling.record): the metric names are its field names."""
+        """The profile record's timing (pipeline.records.profile): the metric names are its field names."""
         return Timing.from_estimate(
             self.estimate,
             steps_per_block=self.steps_per_block,

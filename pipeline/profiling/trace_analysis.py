@@ -47,7 +47,7 @@ from pathlib import Path
 
 from pipeline.common.errors import PipelineError
 from pipeline.devices.registry import device_kind, device_kinds
-from pipeline.profiling.measures import (
+from pipeline.records.quantities import (
     HOST_BOUND_BELOW_PCT,
     KernelStats,
     RangeStats,

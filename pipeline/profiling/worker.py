@@ -51,8 +51,8 @@ from pipeline.model.checkpoint import load_checkpoint
 from pipeline.params.schema import ProfileConfig
 from pipeline.profiling.energy_during_timing import Poller, Span, Update, fit_powers
 from pipeline.profiling.memory import BuiltStep, measure_step_memory
-from pipeline.profiling.record import profile_matrix
 from pipeline.profiling.timing import InterleavedTiming, page_faults_per_step, synchronizer, time_interleaved
+from pipeline.records.profile import profile_matrix
 from pipeline.training.steps import inference_step
 
 
@@ -62,7 +62,7 @@ class WorkerSpec:
 
     Every item (a batch size and mode on `device`) is timed in the same process, interleaved: each round times one
     block of every item, in an order drawn afresh from `seed`, so that whatever the machine does in a given second
-    it does to all items alike, and their ratios are measured paired (pipeline.profiling.statistics.paired_ratio).
+    it does to all items alike, and their ratios are measured paired (pipeline.records.statistics.paired_ratio).
     """
 
     checkpoint: str

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.profiling.measures import Ratio
-from pipeline.profiling.record import AllocatorWhatIf, ProfileRecord
+from pipeline.records.profile import AllocatorWhatIf, ProfileRecord
+from pipeline.records.quantities import Ratio
 from pipeline.report.tables import markdown_table
 
 SHIFTED_OPERATORS = 2  # operators named per combination: those whose share moves the most

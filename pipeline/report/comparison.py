@@ -1,6 +1,6 @@
 """The report's comparison of the profiled combinations: one row per combination, its table, the notes on
 measurement quality, and the sentences on batch sizes and modes, each read from a paired ratio
-(pipeline.profiling.record.DeviceComparisons).
+(pipeline.records.profile.DeviceComparisons).
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeline.profiling.measures import Interval
-from pipeline.profiling.record import Combination, DeviceComparisons, PairedComparison, ProfileRecord
-from pipeline.profiling.statistics import (
+from pipeline.records.profile import Combination, DeviceComparisons, PairedComparison, ProfileRecord
+from pipeline.records.quantities import Interval
+from pipeline.records.statistics import (
     MIN_ORDER_STATISTIC_PROCESSES,
     PROCESSES_DISAGREE_ADVICE,
     SWITCH_WARMUP_S,
     processes_disagree,
 )
-from pipeline.profiling.texts import every_process_words, ratio_numbers, ratio_table
+from pipeline.records.wording import every_process_words, ratio_numbers, ratio_table
 
 CONVOLUTION = re.compile(r"conv", re.IGNORECASE)
 

@@ -22,7 +22,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from pipeline.common.errors import PipelineError
 from pipeline.devices.registry import device_kind
-from pipeline.profiling.measures import Interval
+from pipeline.records.quantities import Interval
 from pipeline.report.step_analysis import StepFacts
 
 matplotlib.use("Agg")  # no display: CI and servers

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.devices.registry import device_kind, host_kind
-from pipeline.profiling.measures import StepPart
-from pipeline.profiling.record import Combination, DeviceComparisons, PairedComparison, ProfileRecord
+from pipeline.records.profile import Combination, DeviceComparisons, PairedComparison, ProfileRecord
+from pipeline.records.quantities import StepPart
 from pipeline.report.catalogue import Catalogue
 
 BOOTSTRAP_DRAWS = 5000

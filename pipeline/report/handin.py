@@ -19,8 +19,8 @@ from pipeline.common.machine import CPU_MODEL
 from pipeline.common.paths import GRAPH_SVG, TRAIN_EPOCHS_PLOT, TRAIN_STEPS_PLOT
 from pipeline.devices.registry import device_kind, host_kind
 from pipeline.params.schema import Params
-from pipeline.profiling.record import Combination, DeviceComparisons, PairedComparison
-from pipeline.profiling.statistics import MIN_ORDER_STATISTIC_PROCESSES
+from pipeline.records.profile import Combination, DeviceComparisons, PairedComparison
+from pipeline.records.statistics import MIN_ORDER_STATISTIC_PROCESSES
 from pipeline.report.catalogue import HTML_LANGUAGE, Catalogue, load_catalogue
 from pipeline.report.comparison import ComparisonRow
 from pipeline.report.figures import read_csv

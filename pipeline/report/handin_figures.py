@@ -11,7 +11,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from matplotlib import font_manager
 
-from pipeline.profiling.record import ProfileRecord
+from pipeline.records.profile import ProfileRecord
 from pipeline.report.catalogue import Catalogue
 from pipeline.report.figures import charmap, save_figure
 

@@ -2,7 +2,7 @@
 
 Every number in it is read from a stage output (nothing is re-measured), and every input that is
 missing is named in the report with the command that produces it, never silently dropped.
-Torch-free: profiles are read through `pipeline.profiling.record`.
+Torch-free: profiles are read through `pipeline.records.profile`.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from pipeline.common.paths import (
     TRAIN_STEPS_PLOT,
 )
 from pipeline.params.schema import Params, ProfileConfig
-from pipeline.profiling.record import DeviceComparisons, ProfileRecord, read_profiles
-from pipeline.profiling.roofs import read_roofs
-from pipeline.profiling.texts import process_speed_sentence
+from pipeline.records.profile import DeviceComparisons, ProfileRecord, read_profiles
+from pipeline.records.roofs import read_roofs
+from pipeline.records.wording import process_speed_sentence
 from pipeline.report.allocator_whatif import allocator_markdown, allocator_sentences
 from pipeline.report.catalogue import Catalogue, load_catalogue
 from pipeline.report.comparison import (

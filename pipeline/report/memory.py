@@ -9,9 +9,9 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from pipeline.profiling.measures import MEGABYTE, MEMORY_PARTS, StepMemory
-from pipeline.profiling.record import ProfileRecord
-from pipeline.profiling.texts import energy_sentence
+from pipeline.records.profile import ProfileRecord
+from pipeline.records.quantities import MEGABYTE, MEMORY_PARTS, StepMemory
+from pipeline.records.wording import energy_sentence
 from pipeline.report.figures import save_figure
 
 MEMORY_FIGURE = "figures/memory.png"

@@ -21,8 +21,8 @@ import matplotlib
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from pipeline.profiling.measures import Interval
-from pipeline.profiling.record import ProfileRecord
+from pipeline.records.profile import ProfileRecord
+from pipeline.records.quantities import Interval
 from pipeline.report.comparison import rate_interval
 from pipeline.report.figures import save_figure
 from pipeline.report.tables import markdown_table

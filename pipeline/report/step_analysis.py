@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from pipeline.common.tables import NO_NUMBER
 from pipeline.devices.registry import device_kind, device_kinds, host_kind
-from pipeline.profiling.measures import Interval, KernelStats, StepAnatomy
-from pipeline.profiling.record import FlopRate, ProfileRecord
+from pipeline.records.profile import FlopRate, ProfileRecord
+from pipeline.records.quantities import Interval, KernelStats, StepAnatomy
 from pipeline.report.comparison import rate_interval
 from pipeline.report.tables import markdown_table
 

@@ -8,7 +8,7 @@ For the machines-report tests: results measured on another machine (the H100 ref
 server, with that machine's `hardware.*` params and `machine.*` tags. Reads raw JSON, so records written
 before the current record type load too. Such an older record holds the per-step times of its timed pass
 but only their mean: by default its steps are re-estimated the way the profile stage estimates now
-(pipeline.profiling.statistics: median with its 95 % interval, each step a block of one), so it compares
+(pipeline.records.statistics: median with its 95 % interval, each step a block of one), so it compares
 with current runs; `retime=False` logs its mean and CV as an older run did.
 """
 
@@ -25,9 +25,9 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
 from pipeline.common.machine import IDENTITY_KEYS
-from pipeline.profiling import record as profile_record
-from pipeline.profiling.measures import GOVERNOR_NOT_EXPOSED, MeasurementConditions, StepAnatomy
-from pipeline.profiling.statistics import Block, estimate_step_time
+from pipeline.records import profile as profile_record
+from pipeline.records.quantities import GOVERNOR_NOT_EXPOSED, MeasurementConditions, StepAnatomy
+from pipeline.records.statistics import Block, estimate_step_time
 from pipeline.tracking.tags import identity_tags
 from tests.helpers.repo import REPO_PARAMS, SHARED_REFERENCE
 
@@ -107,8 +107,8 @@ def write_two_profiles() -> None:
     """Profile records and tables of batch 1 and 64 (cpu, inference) and their paired comparison in the current
     folder, as the profile stage writes them: the report's inputs without running the pipeline."""
     from pipeline.common.paths import DeviceProfileOutputs
-    from pipeline.profiling.record import write_comparisons, write_record
-    from pipeline.profiling.texts import operators_markdown
+    from pipeline.records.profile import write_comparisons, write_record
+    from pipeline.records.wording import operators_markdown
 
     for record in (
         make_record(1, "cpu", "inference", 0.5, (("aten::mkldnn_convolution", 40.0),)),
@@ -153,7 +153,7 @@ def copy_profiles(source: Path, target: Path) -> Path:
 
 
 def profile_run_params(record: dict[str, Any], top_k: int, optimizer_lr: float) -> dict[str, str]:
-    """The params the profile stage logs (pipeline.profiling.record.run_params) for a profile.json record;
+    """The params the profile stage logs (pipeline.records.profile.run_params) for a profile.json record;
     settings an older record lacks: `optimizer_lr` as given, the timing targets from params.yaml."""
     targets = ("ci_target_pct", "time_budget_s")
     given = {key: float(record["settings"].get(key, REPO_PARAMS["profile"][key])) for key in targets}

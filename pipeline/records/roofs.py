@@ -14,8 +14,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.profiling.record import read_typed_json
-from pipeline.profiling.statistics import prediction_interval
+from pipeline.records.profile import read_typed_json
+from pipeline.records.statistics import prediction_interval
 
 # 2: each device's speed drift (`SpeedDrift`), which the report states once as the machine's.
 # 3: the compute roof is the fastest of every fp32 product library timed (`matmul_kernels`), not torch.mm's alone.

@@ -2,8 +2,8 @@
 estimate, the conditions a measurement ran in, and what a trace says of a step (its anatomy, its kernels, its
 profiler ranges).
 
-The contract between the profile stage and its readers (pipeline.profiling.record, the report): torch-free, and
-free of any analysis, which produces these values (pipeline.profiling.statistics, pipeline.profiling.trace_analysis)
+The contract between the profile stage and its readers (pipeline.records.profile, the report): torch-free, and
+free of any analysis, which produces these values (pipeline.records.statistics, pipeline.profiling.trace_analysis)
 and imports them from here.
 """
 
@@ -131,7 +131,7 @@ GOVERNOR_NOT_EXPOSED = "not exposed"  # most VMs have no cpufreq interface
 class MeasurementConditions:
     """The machine's state around a measurement: what a reader needs to trust (or distrust) it.
 
-    Plain int/float/str fields: it is stored as is in the profile record (pipeline.profiling.record).
+    Plain int/float/str fields: it is stored as is in the profile record (pipeline.records.profile).
     """
 
     load_average_before: float  # 1-minute load average (runnable + waiting threads), includes this process

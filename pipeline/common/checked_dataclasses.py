@@ -1,6 +1,6 @@
 """Frozen dataclasses rebuilt from plain data (YAML, JSON), every field checked against its type hint.
 
-One walker serves params.yaml (pipeline.params.parsing) and the profile record (pipeline.profiling.record).
+One walker serves params.yaml (pipeline.params.parsing) and the profile record (pipeline.records.profile).
 What differs between them is a `Dialect`: how a key is named in a message, what each message says, whether
 the first problem stops the walk (a record) or every problem is collected (params, reported together), and
 the value rules a field's metadata carries (params: ranges, non-empty, unique).

@@ -8,9 +8,9 @@ import math
 from collections.abc import Sequence
 
 from pipeline.common.tables import NO_NUMBER
-from pipeline.profiling.measures import MEGABYTE, KernelStats
-from pipeline.profiling.record import DeviceComparisons, PairedComparison, ProfileRecord
-from pipeline.profiling.statistics import (
+from pipeline.records.profile import DeviceComparisons, PairedComparison, ProfileRecord
+from pipeline.records.quantities import MEGABYTE, KernelStats
+from pipeline.records.statistics import (
     MIN_ORDER_STATISTIC_PROCESSES,
     PROCESSES_DISAGREE_ADVICE,
     processes_disagree,

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from pipeline.profiling.measures import (
+from pipeline.records.quantities import (
     GOVERNOR_NOT_EXPOSED,
     Interval,
     MeasurementConditions,

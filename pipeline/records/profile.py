@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pipeline.common.checked_dataclasses import Dialect, build
 from pipeline.common.errors import PipelineError
 from pipeline.common.paths import DeviceProfileOutputs, ProfileOutputs, profile_outputs
-from pipeline.common.typed import Dialect, build
 from pipeline.devices.kind import DeviceKind
 from pipeline.devices.registry import device_kind, device_names
 from pipeline.params.schema import Device, ProfileConfig, ProfileMode
-from pipeline.profiling.measures import (
+from pipeline.records.quantities import (
     Interval,
     KernelStats,
     MeasurementConditions,
@@ -38,7 +38,7 @@ from pipeline.profiling.measures import (
     StepMemory,
     StepPart,
 )
-from pipeline.profiling.statistics import median_interval
+from pipeline.records.statistics import median_interval
 
 # Profiling runs the trained weights in fp32 whatever precision training used: the lab compares
 # operators and batch sizes, and a mixed-precision step would be a different program.
@@ -140,7 +140,7 @@ class Timing(StepInterval):
     """Step-time estimate of the timed pass (no profiler attached; profiling.timing); field names are metric names.
 
     The step time is the median of per-step block means with its 95 % confidence interval
-    (pipeline.profiling.statistics). `noisy` when the combination's own spread between processes (`own_ci_pct`: the
+    (pipeline.records.statistics). `noisy` when the combination's own spread between processes (`own_ci_pct`: the
     interval once the speed every combination shared in each process is divided out) missed
     `profile.ci_target_pct`: a machine that ran a whole process slower moves every row alike, which is said once
     for the device, not on each row.
