@@ -360,10 +360,10 @@ def batch_scaling_sentence(series: Sequence[ComparisonRow], mode: str, compariso
         + "; ".join(steps)
         + f" ({', '.join(f'{row.per_sample_ms:.4f} ms at batch {row.batch_size}' for row in ordered)})."
     )
-    return opening + _cheapest(ordered, comparisons)
+    return opening + _cheapest_sentence(ordered, comparisons)
 
 
-def _cheapest(ordered: Sequence[ComparisonRow], comparisons: DeviceComparisons) -> str:
+def _cheapest_sentence(ordered: Sequence[ComparisonRow], comparisons: DeviceComparisons) -> str:
     """The batch measurably cheaper per sample than every other, or what the data leave tied."""
     cheapest = min(ordered, key=lambda row: row.per_sample_ms)
     tied = []
