@@ -29,11 +29,9 @@ from pipeline.report.findings import (
     what_sets_the_cost,
     why_per_sample_changes,
 )
-from tests.helpers.records import gpu_reference, make_comparisons, make_record, record_metrics
-from tests.helpers.repo import REPO_ROOT
+from tests.helpers.records import gpu_run, gpu_run_file, make_comparisons, make_record, record_metrics
 
 STEPS = 30
-REFERENCE_TRACES = REPO_ROOT / "tests" / "data" / "h100-2026-11-22" / "profiles"
 
 
 def wobble(mean: float, spread: float) -> tuple[float, ...]:
@@ -327,7 +325,7 @@ def test_on_the_h100_reference_the_gpu_speed_up_grows_because_the_gpu_waits_per_
     the traced step, and that wait hardly grows at batch 64, so the speed-up over the reference's CPU grows."""
     records = []
     for name in ("1-cpu-inference", "64-cpu-inference", "1-cuda-inference", "64-cuda-inference"):
-        raw = json.loads((gpu_reference() / "profiles" / name / "profile.json").read_text())
+        raw = json.loads((gpu_run_file(name, "profile.json")).read_text())
         metrics = record_metrics(raw)
         batch, device, mode = name.split("-")
         record = make_record(int(batch), device, mode, metrics["step_time_ms_median"])
@@ -338,7 +336,7 @@ def test_on_the_h100_reference_the_gpu_speed_up_grows_because_the_gpu_waits_per_
         )
         record = dataclasses.replace(record, timing=timing)
         if device == "cuda":
-            trace = read_trace(REFERENCE_TRACES / name / "trace.json.gz")
+            trace = read_trace(gpu_run() / "traces" / device / f"{batch}-{mode}.json.gz")
             parts = analyse_trace(trace, "cuda").parts
             record = dataclasses.replace(record, analysis=dataclasses.replace(record.analysis, parts=parts))
         records.append(record)

@@ -36,7 +36,7 @@ from pipeline.report.handin_figures import figure_font
 from pipeline.report.lab_report import ReportInputs
 from tests.helpers.handin import TEMPLATE_HEADINGS, TEMPLATE_LABELS, UNFILLED, headings, numbers, tables
 from tests.helpers.projects import run_report_stage
-from tests.helpers.records import gpu_reference, make_comparisons, make_record, record_metrics
+from tests.helpers.records import gpu_run, gpu_run_file, make_comparisons, make_record, record_metrics
 from tests.helpers.repo import REPO_PARAMS, REPO_ROOT
 
 
@@ -270,7 +270,7 @@ def test_a_row_is_flagged_only_where_its_uncertainty_could_change_a_conclusion(
 def _reference_record(name: str) -> ProfileRecord:
     """A reference profile as the report reads one: its steps re-estimated (median, 95 % CI), its top operators and
     the H100 machine's hardware."""
-    raw = json.loads((gpu_reference() / "profiles" / name / "profile.json").read_text())
+    raw = json.loads((gpu_run_file(name, "profile.json")).read_text())
     metrics = record_metrics(raw)
     combination = raw["combination"]
     operators = tuple((row["operator"], row["share_pct"]) for row in raw["top_operators"][:10])
@@ -297,8 +297,8 @@ def test_a_handin_from_the_h100_reference_compares_cpu_and_gpu_with_its_numbers(
     ]
     records = [_reference_record(name) for name in names]
     inputs = ReportInputs(
-        hardware=json.loads((gpu_reference() / "fingerprint.json").read_text()),
-        train_metrics=json.loads((gpu_reference() / "train.json").read_text()),
+        hardware=json.loads((gpu_run() / "hardware" / "fingerprint.json").read_text()),
+        train_metrics=json.loads((gpu_run() / "metrics" / "train.json").read_text()),
         train_speed=None,
         graph_metrics=None,
         model_summary=None,

@@ -25,7 +25,7 @@ from tests.helpers.projects import (
     tiny_params,
     write_params,
 )
-from tests.helpers.records import copy_profiles, gpu_reference, log_profile_folder
+from tests.helpers.records import copy_profiles, gpu_run, log_profile_folder
 from tests.helpers.servers import running_mlflow_server
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def two_machines(server: str, tmp_path_factory: pytest.TempPathFactory, mnist_mi
     h100 = log_profile_folder(
         client,
         experiment_id,
-        copy_profiles(gpu_reference() / "profiles", tmp_path_factory.mktemp("h100")),
+        copy_profiles(gpu_run() / "profiles", tmp_path_factory.mktemp("h100")),
         model_digest,
     )
     return {
@@ -97,7 +97,7 @@ def test_machines_report_from_the_server_puts_this_machine_beside_the_h100(two_m
     assert {row["run_id"] for row in rows} == two_machines["here"] | two_machines["h100"]
     here_name = identity_tags(machine_fingerprint())[NAME_TAG]
     assert sorted({row["machine"] for row in rows}) == sorted(
-        {here_name, "NVIDIA H100 80GB HBM3 + Intel Xeon (16 vCPUs)"}
+        {here_name, "NVIDIA H100 80GB HBM3 + Intel Xeon (16 vCPUs, AMX)"}
     )
     # The stage names its metrics `profile/...`: compared here by the statistic's own name.
     metrics = {

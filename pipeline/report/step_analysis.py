@@ -240,7 +240,9 @@ def step_sentences(facts: Sequence[StepFacts]) -> list[str]:
         speed = cpu.step / gpu.step
         times = f"{gpu.step.value:.3f} vs {cpu.step.value:.3f} ms per step"
         if not speed.measurable:
-            sentences.append(f"At batch {cpu.batch_size} {cpu.mode} {gpu.device} vs cpu: {speed.describe()} ({times}).")
+            sentences.append(
+                f"At batch {cpu.batch_size} {cpu.mode} {gpu.device} vs {cpu.device}: {speed.describe()} ({times})."
+            )
         elif speed.value < 1:
             why = (
                 f": the GPU idles {gpu.anatomy.idle_pct:.0f} % of the step waiting for launches, so the host's "
@@ -250,12 +252,12 @@ def step_sentences(facts: Sequence[StepFacts]) -> list[str]:
             )
             slower = gpu.step / cpu.step
             sentences.append(
-                f"At batch {cpu.batch_size} {cpu.mode} {gpu.device} is slower than cpu ({times}; "
+                f"At batch {cpu.batch_size} {cpu.mode} {gpu.device} is slower than {cpu.device} ({times}; "
                 f"{slower.value:.2f}x the time, 95 % CI {slower.bounds()}){why}."
             )
         else:
             sentences.append(
-                f"At batch {cpu.batch_size} {cpu.mode} {gpu.device} is {speed.value:.1f}x faster than cpu "
+                f"At batch {cpu.batch_size} {cpu.mode} {gpu.device} is {speed.value:.1f}x faster than {cpu.device} "
                 f"(95 % CI {speed.bounds()}; {times})."
             )
     if not _device_pairs(facts):

@@ -3,8 +3,8 @@ as MLflow profile runs (log_profile_folder).
 
 Logging a folder of profile results (`profiles/<batch>-<device>-<mode>/profile.json`) as MLflow profile runs.
 
-For the machines-report tests: results measured on another machine (the H100 reference in
-../shared/gpu-reference) become runs like the ones its profile stage would have logged to a shared
+For the machines-report tests: results measured on another machine (the project's H100 run in
+tests/data/gpu/) become runs like the ones its profile stage would have logged to a shared
 server, with that machine's `hardware.*` params and `machine.*` tags. Reads raw JSON, so records written
 before the current record type load too. Such an older record holds the per-step times of its timed pass
 but only their mean: by default its steps are re-estimated the way the profile stage estimates now
@@ -29,7 +29,7 @@ from pipeline.records import profile as profile_record
 from pipeline.records.quantities import GOVERNOR_NOT_EXPOSED, MeasurementConditions, StepAnatomy
 from pipeline.records.statistics import Block, estimate_step_time
 from pipeline.tracking.tags import identity_tags
-from tests.helpers.repo import REPO_PARAMS, SHARED_REFERENCE
+from tests.helpers.repo import GPU_RUN, REPO_PARAMS
 
 
 def make_record(
@@ -122,14 +122,19 @@ def write_two_profiles() -> None:
     DeviceProfileOutputs("cpu").comparisons.write_text(write_comparisons(ratio))
 
 
-def gpu_reference() -> Path:
-    """The H100 reference run: `../shared/gpu-reference/h100-2026-11-22`, or $GPU_REFERENCE."""
-    path = SHARED_REFERENCE
-    if not (path / "fingerprint.json").is_file() or len(list(path.glob("profiles/*/profile.json"))) != 12:
-        pytest.fail(
-            f"GPU reference run (fingerprint.json, 12 profiles/*/profile.json) not found at {path}; set GPU_REFERENCE"
-        )
-    return path
+def gpu_run() -> Path:
+    """The project's H100 run (tests/data/gpu/h100-2026-11-27), in the pipeline's own layout: hardware/, metrics/,
+    profiles/<device>/<batch>-<mode>/, traces/cuda/."""
+    records = list(GPU_RUN.glob("profiles/*/*/profile.json"))
+    if not (GPU_RUN / "hardware" / "fingerprint.json").is_file() or len(records) != 12:
+        pytest.fail(f"the GPU run (hardware/fingerprint.json, 12 profiles/*/*/profile.json) is incomplete at {GPU_RUN}")
+    return GPU_RUN
+
+
+def gpu_run_file(name: str, file: str) -> Path:
+    """A file of combination `name` (`16-cuda-train`) in the GPU run's profile folder."""
+    batch, device, mode = name.split("-")
+    return gpu_run() / "profiles" / device / f"{batch}-{mode}" / file
 
 
 def copy_profiles(source: Path, target: Path) -> Path:

@@ -3,7 +3,6 @@ Python snippet run there in a fresh interpreter."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -15,10 +14,8 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 REPO_PARAMS: dict[str, Any] = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())  # never modify: copy
-# The H100 reference run (../shared/gpu-reference), or $GPU_REFERENCE.
-SHARED_REFERENCE = Path(
-    os.environ.get("GPU_REFERENCE") or REPO_ROOT.parent / "shared" / "gpu-reference" / "h100-2026-11-22"
-).resolve()
+# The project's own GPU run: a fresh `dvc repro` with profile.devices [cpu, cuda] on an H100 (its README says how).
+GPU_RUN = REPO_ROOT / "tests" / "data" / "gpu" / "h100-2026-11-27"
 
 
 def run_python(script: str, *arguments: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
