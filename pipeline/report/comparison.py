@@ -11,7 +11,9 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
+from pipeline.devices.registry import device_kind, host_kind
 from pipeline.records.profile import Combination, DeviceComparisons, PairedComparison, ProfileRecord
 from pipeline.records.quantities import Interval
 from pipeline.records.statistics import (
@@ -23,6 +25,29 @@ from pipeline.records.statistics import (
 from pipeline.records.wording import every_process_words, ratio_numbers, ratio_table
 
 CONVOLUTION = re.compile(r"conv", re.IGNORECASE)
+
+
+class _OnADevice(Protocol):
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def mode(self) -> str: ...
+
+
+Placed = TypeVar("Placed", bound=_OnADevice)
+
+
+def host_and_gpu_pairs(items: Sequence[Placed]) -> list[tuple[Placed, Placed]]:
+    """(host, gpu) items of the same batch size and mode, in the order of the gpu items: the host kind's (the CPU)
+    against each kind that computes off the host."""
+    host = {(item.batch_size, item.mode): item for item in items if item.device == host_kind().name}
+    return [
+        (host[(item.batch_size, item.mode)], item)
+        for item in items
+        if not device_kind(item.device).on_host and (item.batch_size, item.mode) in host
+    ]
 
 
 @dataclass(frozen=True)

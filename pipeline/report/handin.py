@@ -17,12 +17,11 @@ from pathlib import Path
 
 from pipeline.common.machine import CPU_MODEL
 from pipeline.common.paths import GRAPH_SVG, TRAIN_EPOCHS_PLOT, TRAIN_STEPS_PLOT
-from pipeline.devices.registry import device_kind, host_kind
 from pipeline.params.schema import Params
 from pipeline.records.profile import Combination, DeviceComparisons, PairedComparison
 from pipeline.records.statistics import MIN_ORDER_STATISTIC_PROCESSES
 from pipeline.report.catalogue import HTML_LANGUAGE, Catalogue, load_catalogue
-from pipeline.report.comparison import ComparisonRow
+from pipeline.report.comparison import ComparisonRow, host_and_gpu_pairs
 from pipeline.report.figures import read_csv
 from pipeline.report.findings import MOST_PROCESSES_ADVISED, Finding, processes_to_decide, rounded_up
 from pipeline.report.handin_figures import curves_figure, curves_path, operators_figure, operators_path
@@ -381,13 +380,7 @@ def paired_note(inputs: ReportInputs, say: Catalogue) -> str:
 def gpu_section(rows: Sequence[ComparisonRow], say: Catalogue) -> str:
     """Per-sample time on the CPU and the GPU at each batch size and mode, and the GPU's speed-up (not paired:
     the devices are timed in separate stages); or how to add a GPU."""
-    host = host_kind().name
-    by_key = {(row.batch_size, row.mode): row for row in rows if row.device == host}
-    pairs = [
-        (by_key[(gpu.batch_size, gpu.mode)], gpu)
-        for gpu in rows
-        if not device_kind(gpu.device).on_host and (gpu.batch_size, gpu.mode) in by_key
-    ]
+    pairs = host_and_gpu_pairs(rows)
     if not pairs:
         return say("gpu_missing") + "\n"
     header = [say(key) for key in ("gpu_batch", "gpu_mode", "gpu_cpu_ms", "gpu_gpu_ms", "gpu_speedup")]

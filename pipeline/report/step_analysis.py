@@ -14,7 +14,7 @@ from pipeline.common.tables import NO_NUMBER
 from pipeline.devices.registry import device_kind, device_kinds, host_kind
 from pipeline.records.profile import FlopRate, ProfileRecord
 from pipeline.records.quantities import Interval, KernelStats, StepAnatomy
-from pipeline.report.comparison import rate_interval
+from pipeline.report.comparison import host_and_gpu_pairs, rate_interval
 from pipeline.report.tables import markdown_table
 
 
@@ -302,14 +302,7 @@ def has_gpu_pairs(facts: Sequence[StepFacts]) -> bool:
 def _device_pairs(facts: Sequence[StepFacts]) -> list[tuple[StepFacts, StepFacts]]:
     """(host, gpu) facts of the same batch size and mode, in batch then mode order: the host kind's (the CPU)
     against each kind that computes off the host."""
-    host = host_kind().name
-    cpu = {(fact.batch_size, fact.mode): fact for fact in facts if fact.device == host}
-    pairs = [
-        (cpu[(f.batch_size, f.mode)], f)
-        for f in facts
-        if not device_kind(f.device).on_host and (f.batch_size, f.mode) in cpu
-    ]
-    return sorted(pairs, key=lambda pair: (pair[0].batch_size, pair[0].mode))
+    return sorted(host_and_gpu_pairs(facts), key=lambda pair: (pair[0].batch_size, pair[0].mode))
 
 
 def _anatomy_reason(anatomy: StepAnatomy) -> str:
