@@ -49,7 +49,8 @@ def test_the_cuda_memory_parts_add_up_and_match_the_models_arithmetic(name: str)
     assert parts["weights"] == weights
     if name.endswith("train"):
         assert parts["optimizer state"] == ADADELTA_STATE * weights
-        # The last step's gradients are kept (zero_grad(set_to_none=False)); this step's may be alive beside them.
+        # At least one set of gradients; the split by address counts more at batch 64 (the caching allocator reuses
+        # blocks within a step), which is an open question about the split, not a bound this test vouches for.
         assert weights <= parts["gradients"] <= 2 * weights
     else:
         assert parts["gradients"] == parts["optimizer state"] == 0
