@@ -157,8 +157,8 @@ def test_the_handin_figures_draw_every_character_of_their_text(handed_in: Path) 
     hand-in's figures carry Chinese words where an installed font draws them (that font has every character), and
     otherwise no words but numbers, units and operator names (which matplotlib's own font draws)."""
     page = (handed_in / "report" / "handin.zh.html").read_text()
-    say = load_catalogue("zh")
-    family = figure_font(say)
+    catalogue = load_catalogue("zh")
+    family = figure_font(catalogue)
     fonts = [font_manager.findfont(font_manager.FontProperties())]
     if family is not None:
         fonts.append(font_manager.findfont(font_manager.FontProperties(family=family)))
@@ -175,7 +175,7 @@ def test_the_handin_figures_draw_every_character_of_their_text(handed_in: Path) 
         assert not words, words
     else:
         latin = {word for word in words if word.isascii()}
-        assert say("fig_step") in "".join(texts) and latin <= {"CPU", "GPU", "CUDA", "epoch"}, latin
+        assert catalogue("fig_step") in "".join(texts) and latin <= {"CPU", "GPU", "CUDA", "epoch"}, latin
 
 
 def test_a_figure_whose_font_lacks_a_glyph_is_refused(tmp_path: Path) -> None:

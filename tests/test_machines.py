@@ -236,10 +236,10 @@ def test_intervals_give_ratios_with_bounds_or_no_measurable_difference(tmp_path:
     assert ratios[64].value == 4.0
     assert ratios[64].interval is not None
     assert (ratios[64].interval.low, ratios[64].interval.high) == pytest.approx((60 / 17, 68 / 15))
-    assert ratios[64].describe() == "4.00x (3.53-4.53x)"
+    assert ratios[64].with_interval() == "4.00x (3.53-4.53x)"
     assert ratios[1].interval is not None
     assert not ratios[1].interval.measurable
-    assert ratios[1].describe() == "no measurable difference (0.88-1.25x)"
+    assert ratios[1].with_interval() == "no measurable difference (0.88-1.25x)"
     assert "Per-sample speed-up over **slow · cpu**" in report.markdown
     assert "| inference | 64 | 4.00x (3.53-4.53x) |" in report.markdown
     assert "16 (15-17)" in report.markdown  # the step time with its interval
@@ -255,7 +255,7 @@ def test_noisy_busy_and_unbounded_rows_are_flagged(tmp_path: Path) -> None:
     assert "| median, 95 % CI ⚠ noisy ⚠ busy | 5 (unbounded) | 5 (unbounded) | 200 |" in report.markdown
     assert "⚠ busy: the load average exceeded the cores" in report.markdown
     (ratio,) = report.speedups
-    assert ratio.describe() == "no measurable difference (too few timed blocks to bound the ratio)"
+    assert ratio.with_interval() == "no measurable difference (too few timed blocks to bound the ratio)"
 
 
 def test_means_compare_without_bounds_and_never_with_medians(tmp_path: Path) -> None:
@@ -266,7 +266,7 @@ def test_means_compare_without_bounds_and_never_with_medians(tmp_path: Path) -> 
     ]
     report = build_machines_report(runs, [], "test store", tmp_path, baseline="old")
     (ratio,) = report.speedups
-    assert (ratio.value, ratio.interval, ratio.describe()) == (2.0, None, "2.00x †")
+    assert (ratio.value, ratio.interval, ratio.with_interval()) == (2.0, None, "2.00x †")
     assert "8 (CV 20.0%)" in report.markdown
     assert "† no confidence interval" in report.markdown
     assert [(row.group, row.statistic) for row in report.rows] == [(1, "mean"), (1, "mean"), (2, "median")]
@@ -432,7 +432,7 @@ def test_ratios_compare_every_other_machine_and_device_with_the_baseline(store_r
         assert ratio.interval.low == pytest.approx(base.step_time_ms_ci_low / other.step_time_ms_ci_high)
         assert ratio.interval.high == pytest.approx(base.step_time_ms_ci_high / other.step_time_ms_ci_low)
         assert f"| {ratio.mode} | {ratio.batch_size} |" in store_report.markdown
-        assert ratio.describe() in store_report.markdown
+        assert ratio.with_interval() in store_report.markdown
 
 
 def test_unlike_runs_are_reported_apart_and_named(lab_store: dict[str, Any], store_report: MachinesReport) -> None:

@@ -138,5 +138,5 @@ def test_machines_report_from_the_server_puts_this_machine_beside_the_h100(two_m
     for line in ratio_lines:
         batch = int(line.split(" | ")[1])
         cells = line.strip(" |").split(" | ")[2:]  # one per platform, sorted: the H100's cpu, then its cuda
-        assert cells == [(here[batch] / h100[(batch, device)]).describe() for device in ("cpu", "cuda")]
+        assert cells == [(here[batch] / h100[(batch, device)]).with_interval() for device in ("cpu", "cuda")]
     assert "| train |" not in ratios

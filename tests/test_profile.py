@@ -353,7 +353,7 @@ def test_matrix_yields_six_tables_with_timing_and_traces(profiled: Path) -> None
         expected = prediction_interval(medians)
         assert (check.expected_low_ms, check.expected_high_ms) == pytest.approx(expected, rel=1e-3)
         assert (check.inside and check.attempts >= 1) or check.attempts == 3  # retraced until inside, at most 3 passes
-        assert check.describe() in table
+        assert check.placement_sentence() in table
     drift = read_roofs(profiled / "hardware" / "roofs.json").devices[0].speed_drift
     assert len(drift.window_medians_ms) == 8 and drift.half_width_pct > 0  # tiny params: a 1 s probe, measured
 

@@ -75,7 +75,7 @@ def test_stops_as_soon_as_the_median_is_pinned_down(two_threads: None) -> None:
     assert timing.conditions.threads == 2
     assert {"step_time_ms_median", "step_time_ci_pct", "noisy", "machine_busy", "timing_s"} <= {
         *timing.record().as_metrics(),
-        *timing.conditions.metrics(),
+        *timing.conditions.as_metrics(),
     }
 
 

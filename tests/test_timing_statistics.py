@@ -201,12 +201,12 @@ def test_ratio_interval_and_no_measurable_difference_wording() -> None:
     speedup = cpu / gpu
     assert speedup.value == 5.0
     assert speedup.low == pytest.approx(9.5 / 2.1) and speedup.high == pytest.approx(10.5 / 1.9)
-    assert speedup.measurable and speedup.describe() == "5.00x (4.52-5.53x)"
+    assert speedup.measurable and speedup.with_interval() == "5.00x (4.52-5.53x)"
     close = Interval(10.0, 9.6, 10.4) / Interval(10.2, 10.0, 10.5)
     assert not close.measurable
-    assert close.describe() == "no measurable difference (0.91-1.04x)"
+    assert close.with_interval() == "no measurable difference (0.91-1.04x)"
     unbounded = Interval(10.0, 0.0, 20.0) / gpu  # too few blocks on one side
-    assert not unbounded.measurable and "too few timed blocks" in unbounded.describe()
+    assert not unbounded.measurable and "too few timed blocks" in unbounded.with_interval()
 
 
 def test_ratio_is_measurable_exactly_when_the_intervals_do_not_overlap() -> None:
@@ -251,9 +251,9 @@ def test_governor_and_pressure_files_are_parsed_and_absence_is_none(tmp_path: Pa
 
 def test_busy_flag_and_warning_when_load_exceeds_the_cores() -> None:
     quiet = MeasurementConditions(1.2, 1.9, cores=2, threads=2, cpu_governor=GOVERNOR_NOT_EXPOSED)
-    assert not quiet.busy and quiet.warning() is None and quiet.metrics()["machine_busy"] == 0.0
+    assert not quiet.busy and quiet.warning() is None and quiet.as_metrics()["machine_busy"] == 0.0
     busy = MeasurementConditions(1.5, 3.1, cores=2, threads=2, cpu_governor="performance")
-    assert busy.busy and busy.metrics()["machine_busy"] == 1.0
+    assert busy.busy and busy.as_metrics()["machine_busy"] == 1.0
     warning = busy.warning()
     assert warning is not None and "load average 1.50 before, 3.10 after, on 2 cores" in warning
     assert "rerun on a quiet machine" in warning and "rerun on a quiet machine" in PROCESSES_DISAGREE_ADVICE

@@ -46,7 +46,7 @@ class ProfileOutputs:
             self.step_analysis,
             self.record,
             self.timing,
-            self.metrics,
+            self.metrics_file,
         )
 
     @property
@@ -82,7 +82,7 @@ class ProfileOutputs:
         return self.folder / "timing.json"  # numbers only: every timing figure (MLflow, the report)
 
     @property
-    def metrics(self) -> Path:
+    def metrics_file(self) -> Path:
         return self.folder / "metrics.json"  # DVC metrics: the headline, rounded, the same keys in every combination
 
 
@@ -115,7 +115,7 @@ class DeviceProfileOutputs:
         return self.folder / "comparisons.md"
 
     @property
-    def metrics(self) -> Path:
+    def metrics_file(self) -> Path:
         return Path("metrics") / f"profile_{self.device}.json"  # DVC metrics: the paired ratios, rounded
 
 

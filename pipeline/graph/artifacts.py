@@ -45,7 +45,7 @@ class GraphExport:
     program_text: str
     summary_markdown: str
 
-    def metrics(self) -> dict[str, float]:
+    def as_metrics(self) -> dict[str, float]:
         """`metrics/graph.json`: model size and cost, and the worst difference of each exported program over the
         checked batch sizes (2 digits: the stage already failed if it exceeds `graph.parity_atol`; per batch size
         in MLflow, `parity_metrics`). One number per program keeps `dvc metrics diff` free of 1e-6 float noise rows."""
@@ -90,7 +90,7 @@ def export_graph(model: LabNet, images: torch.Tensor, config: GraphConfig, outpu
     outputs.write_text(GRAPH_DOT, dot)
     outputs.staged(GRAPH_SVG).write_bytes(render_svg(dot))
     result = GraphExport(summary, tuple(parity), exported_text, markdown)
-    outputs.write_json(GRAPH_METRICS, result.metrics())
+    outputs.write_json(GRAPH_METRICS, result.as_metrics())
     return result
 
 
@@ -98,7 +98,7 @@ def log_graph_export(
     tracker: Tracker, model: LabNet, example: torch.Tensor, result: GraphExport, outputs: AtomicOutputs
 ) -> None:
     add_tensorboard_graph(tracker, model, example)
-    tracker.log_summary({**result.metrics(), **result.parity_metrics()}, prefix="graph/")
+    tracker.log_summary({**result.as_metrics(), **result.parity_metrics()}, prefix="graph/")
     tracker.log_text("graph/summary", result.summary_markdown, "summary.md")
     tracker.log_text("graph/exported_program", f"```\n{result.program_text}\n```")
     for path in LOGGED_FILES:

@@ -147,8 +147,8 @@ class Speedup:
     value: float
     interval: Ratio | None
 
-    def describe(self) -> str:
-        return self.interval.describe() if self.interval else f"{self.value:.2f}x †"
+    def with_interval(self) -> str:
+        return self.interval.with_interval() if self.interval else f"{self.value:.2f}x †"
 
 
 def _per_sample_interval(row: MachineRow) -> Interval | None:

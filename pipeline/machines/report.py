@@ -136,7 +136,7 @@ def rows_markdown(rows: Sequence[MachineRow]) -> str:
 
 def speedups_markdown(ratios: Sequence[Speedup], baseline: tuple[str, str]) -> str:
     platforms = sorted({(ratio.machine, ratio.device) for ratio in ratios})
-    cells = {(r.mode, r.batch_size, r.machine, r.device): r.describe() for r in ratios}
+    cells = {(r.mode, r.batch_size, r.machine, r.device): r.with_interval() for r in ratios}
     header = " | ".join(f"{machine} · {device}" for machine, device in platforms)
     lines = [
         f"Per-sample speed-up over **{baseline[0]} · {baseline[1]}** (its time ÷ the other's: 2x = twice as fast):\n",

@@ -46,7 +46,7 @@ def checkpoint_payload(
     return {
         "format": CHECKPOINT_FORMAT,
         "state_dict": state,
-        "model": model.describe(),
+        "model": model.checkpoint_description(),
         "train_params": train_params,
         "data_digest": data_digest,
         "runtime": runtime,

@@ -111,7 +111,7 @@ class LabNet(nn.Module):
         log_probabilities: torch.Tensor = self.classifier(self.features(images))
         return log_probabilities
 
-    def describe(self) -> dict[str, object]:
+    def checkpoint_description(self) -> dict[str, object]:
         """What a checkpoint stores to rebuild this network without params.yaml."""
         return {"model_config": asdict(self.config), "input_shape": list(self.input_shape)}
 

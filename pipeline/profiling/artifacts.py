@@ -56,7 +56,7 @@ class ProfileTexts:
 
 def profile_metrics(record: ProfileRecord) -> dict[str, float]:
     """timing.json + step_analysis.json together: the MLflow/TensorBoard metrics of every combination."""
-    return {**record.metrics(), **step_metrics(record.analysis)}
+    return {**record.as_metrics(), **step_metrics(record.analysis)}
 
 
 def write_profile_outputs(outputs: AtomicOutputs, paths: ProfileOutputs, record: ProfileRecord) -> ProfileTexts:
@@ -67,9 +67,9 @@ def write_profile_outputs(outputs: AtomicOutputs, paths: ProfileOutputs, record:
     outputs.write_text(paths.kernel_table_markdown, texts.kernels)
     outputs.write_text(paths.kernel_table_csv, records_csv(KernelStats, record.analysis.top_kernels))
     outputs.write_text(paths.record, write_record(record))
-    outputs.write_json(paths.timing, record.metrics())
+    outputs.write_json(paths.timing, record.as_metrics())
     outputs.write_json(paths.step_analysis, step_metrics(record.analysis))
-    outputs.write_json(paths.metrics, headline_metrics(record))
+    outputs.write_json(paths.metrics_file, headline_metrics(record))
     return texts
 
 
@@ -104,7 +104,7 @@ def write_comparison_outputs(
     outputs.write_text(paths.comparisons, write_comparisons(comparisons))
     outputs.write_text(paths.comparisons_markdown, text)
     outputs.write_json(
-        paths.metrics,
+        paths.metrics_file,
         {
             f"{c.numerator} / {c.denominator}": {
                 "ratio": significant(c.value, HEADLINE_DIGITS),

@@ -66,10 +66,10 @@ class WorkerResult:
 def _parse(answer: str, spec: WorkerSpec) -> WorkerResult:
     raw = json.loads(answer)
     if "user_error" in raw:
-        raise PipelineError(f"a timing process of {spec.describe()}: {raw['user_error']}")
+        raise PipelineError(f"a timing process of {spec.items_phrase()}: {raw['user_error']}")
     if "error" in raw:
         raise PipelineError(
-            f"a timing process of {spec.describe()} failed; its last lines:\n{str(raw['error']).strip()[-2000:]}"
+            f"a timing process of {spec.items_phrase()} failed; its last lines:\n{str(raw['error']).strip()[-2000:]}"
         )
     timing = raw["timing"]
     return WorkerResult(
@@ -239,8 +239,8 @@ def ask(server: WorkerServer, spec: WorkerSpec) -> WorkerResult:
         answer = server.stdout.readline()
     if not answer:
         raise PipelineError(
-            f"the timing server ended (exit code {server.poll()}) before timing {spec.describe()}; its messages are "
-            "above. Rerun the stage."
+            f"the timing server ended (exit code {server.poll()}) before timing {spec.items_phrase()}; its messages "
+            "are above. Rerun the stage."
         )
     return _parse(answer, spec)
 

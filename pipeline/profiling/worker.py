@@ -103,7 +103,7 @@ class WorkerSpec:
         raw = json.loads(text)
         return cls(**{**raw, "items": tuple((int(batch), str(mode)) for batch, mode in raw["items"])})
 
-    def describe(self) -> str:
+    def items_phrase(self) -> str:
         """`batch 1 and 16 (cpu, inference and train)`: the items, for a message."""
         batches = ", ".join(dict.fromkeys(str(batch) for batch, _ in self.items))
         modes = " and ".join(dict.fromkeys(mode for _, mode in self.items))

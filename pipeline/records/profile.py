@@ -375,7 +375,7 @@ class TraceCheck:
         traced, untraced = median_interval(self.traced_steps_ms), median_interval(self.untraced_steps_ms)
         return None if traced is None or untraced is None else max(traced[1] - untraced[0], 0.0)
 
-    def describe(self) -> str:
+    def placement_sentence(self) -> str:
         """One sentence: where the checked step lies against the timed interval, and what the hooks added."""
         checked, (low, high) = self.checked_ms, self.bounds_ms
         if self.inside:
@@ -486,15 +486,15 @@ class ProfileRecord:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def metrics(self) -> dict[str, float]:
+    def as_metrics(self) -> dict[str, float]:
         """timing.json, MLflow and TensorBoard: the same names for every combination (graph replay: cuda only)."""
         return {
             **self.timing.as_metrics(),
-            **self.conditions.metrics(),
+            **self.conditions.as_metrics(),
             **self.graph_metrics(),
             **self.allocator_metrics(),
-            **(self.memory.metrics() if self.memory else {}),
-            **(self.energy.metrics(self.combination.batch_size) if self.energy else {}),
+            **(self.memory.as_metrics() if self.memory else {}),
+            **(self.energy.as_metrics(self.combination.batch_size) if self.energy else {}),
         }
 
     def allocator_metrics(self) -> dict[str, float]:

@@ -113,7 +113,7 @@ class Ratio:
             return "too few timed blocks to bound the ratio"
         return f"{_format_ratio(self.low)}-{_format_ratio(self.high)}x"
 
-    def describe(self) -> str:
+    def with_interval(self) -> str:
         """`3.12x (2.95-3.30x)`, or `no measurable difference (0.97-1.04x)` when the interval contains 1."""
         if not self.measurable:
             return f"no measurable difference ({self.bounds()})"
@@ -155,7 +155,7 @@ class MeasurementConditions:
             "less stable; rerun on a quiet machine"
         )
 
-    def metrics(self) -> dict[str, float]:
+    def as_metrics(self) -> dict[str, float]:
         return {
             "load_average_before": self.load_average_before,
             "load_average_after": self.load_average_after,
@@ -306,7 +306,7 @@ class StepMemory:
         """Bytes per part, by name, for every name of MEMORY_PARTS (0 where the step held none of it)."""
         return {name: 0 for name in MEMORY_PARTS} | {part.name: part.bytes for part in self.parts}
 
-    def metrics(self) -> dict[str, float]:
+    def as_metrics(self) -> dict[str, float]:
         """`memory_peak_mb`, `memory_<part>_mb`, ...: the same names for every combination."""
         parts = {f"memory_{part.name.replace(' ', '_')}_mb": part.bytes / MEGABYTE for part in self.parts}
         return {
@@ -344,7 +344,7 @@ class StepEnergy:
     def per_sample(self, batch_size: int) -> Interval:
         return Interval(self.joules_per_step, self.joules_per_step_low, self.joules_per_step_high) * (1.0 / batch_size)
 
-    def metrics(self, batch_size: int) -> dict[str, float]:
+    def as_metrics(self, batch_size: int) -> dict[str, float]:
         sample = self.per_sample(batch_size)
         return {
             "energy_j_per_step": self.joules_per_step,

@@ -49,7 +49,9 @@ def measurement_warnings(record: ProfileRecord, said_for_all: bool = False) -> l
             if check.untraced_step_ms is None
             else f"that process's step; `dvc repro -f profile@{record.combination.device}` traces in a new process"
         )
-        warnings.append(f"the operator table is not the timed step: {check.describe()}; its shares describe {cause}")
+        warnings.append(
+            f"the operator table is not the timed step: {check.placement_sentence()}; its shares describe {cause}"
+        )
     return warnings
 
 
@@ -142,7 +144,7 @@ def trace_sentence(record: ProfileRecord) -> str:
     if not check.inside:
         return ""
     like = "ran at the timed speed" if check.untraced_step_ms is None else "ran like the timing processes"
-    sentence = f"The table's pass {like}: {check.describe()}."
+    sentence = f"The table's pass {like}: {check.placement_sentence()}."
     points, hooks, per_call = record.hooks_share_points, check.hooks_high_ms, record.hooks_per_call_ms
     if points is None or hooks is None or per_call is None:
         return sentence
@@ -261,7 +263,7 @@ def operators_markdown(record: ProfileRecord) -> str:
             "",
             f"Allocator what-if: with glibc malloc's defaults the same step took "
             f"{whatif.step_time_ms_median:.3f} ms median, defaults ÷ tuned{paired} "
-            f"{slowdown.describe()}; "
+            f"{slowdown.with_interval()}; "
             f"{whatif.page_faults_per_step:,.0f} page faults per step against "
             f"{whatif.tuned_page_faults_per_step:,.0f} tuned ({record.settings.allocator}).",
         ]

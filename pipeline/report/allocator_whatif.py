@@ -44,7 +44,7 @@ def allocator_markdown(records: Sequence[ProfileRecord]) -> str:
                 f"{record.combination.batch_size} {record.combination.mode}",
                 f"{default.value:.3f} ({default.low:.3f}-{default.high:.3f})",
                 f"{tuned.value:.3f} ({tuned.low:.3f}-{tuned.high:.3f})",
-                slowdown.describe(),
+                slowdown.with_interval(),
                 _faults(whatif),
                 _count(whatif.tuned_page_faults_per_step),
                 shifted_operators(record, whatif),
@@ -104,7 +104,7 @@ def allocator_sentences(records: Sequence[ProfileRecord]) -> list[str]:
     paired = all(whatif.paired for _, whatif, _ in measured)
     slowest = max(ratios, key=lambda pair: pair[1].value)
     unmeasurable = [record.combination.name for record, value in ratios if not value.measurable]
-    faster = [f"{record.combination.name} ({value.describe()})" for record, value in ratios if value.high < 1]
+    faster = [f"{record.combination.name} ({value.with_interval()})" for record, value in ratios if value.high < 1]
     if not slowest[1].measurable or slowest[1].low < 1:
         sentence = (
             "Memory allocation: no CPU step measurably slower with glibc malloc's defaults than with the tuned "
@@ -112,8 +112,9 @@ def allocator_sentences(records: Sequence[ProfileRecord]) -> list[str]:
         )
         return [sentence]
     sentence = (
-        f"Memory allocation: with glibc malloc's defaults the CPU steps took up to {slowest[1].describe()} as long "
-        f"as with the tuned allocator (batch {slowest[0].combination.batch_size} {slowest[0].combination.mode}), "
+        "Memory allocation: with glibc malloc's defaults the CPU steps took up to "
+        f"{slowest[1].with_interval()} as long as with the tuned allocator "
+        f"(batch {slowest[0].combination.batch_size} {slowest[0].combination.mode}), "
         "with the same operators on the same values."
     )
     sentence += (
@@ -129,7 +130,7 @@ def allocator_sentences(records: Sequence[ProfileRecord]) -> list[str]:
         sentence += f" Faster with the defaults: {', '.join(faster)}."
     # Where neither set-up page-faulted, a measurable difference cannot be the faults; the data hold no other cause.
     drift = [
-        f"{record.combination.name} ({value.describe()})"
+        f"{record.combination.name} ({value.with_interval()})"
         for record, value in ratios
         if value.measurable
         and record.allocator_whatif is not None

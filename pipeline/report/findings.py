@@ -85,18 +85,18 @@ class Finding:
     cites: Mapping[str, Measured] = field(default_factory=dict)  # the quantities it rests on
     reason: bool = True  # it says why, not only what
 
-    def render(self, say: Catalogue) -> str:
-        return say(self.message, **{name: _translated(value, say) for name, value in self.values.items()})
+    def render(self, catalogue: Catalogue) -> str:
+        return catalogue(self.message, **{name: _translated(value, catalogue) for name, value in self.values.items()})
 
 
-def _translated(value: Any, say: Catalogue) -> Any:
+def _translated(value: Any, catalogue: Catalogue) -> Any:
     if isinstance(value, Label):
-        return say(value.key)
+        return catalogue(value.key)
     if isinstance(value, Listing):
-        return say(value.separator).join(
-            say(
+        return catalogue(value.separator).join(
+            catalogue(
                 entry.get("_message", value.message),
-                **{name: _translated(item, say) for name, item in entry.items() if name != "_message"},
+                **{name: _translated(item, catalogue) for name, item in entry.items() if name != "_message"},
             )
             for entry in value.items
         )

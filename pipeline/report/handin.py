@@ -37,11 +37,11 @@ def linked_to_html(markdown: str) -> str:
     return markdown.replace(f"]({FULL_REPORT})", "](report.html)")
 
 
-def for_mlflow(markdown: str, say: Catalogue) -> str:
+def for_mlflow(markdown: str, catalogue: Catalogue) -> str:
     """The hand-in as MLflow's markdown preview shows it: each figure named by its artifact path (the preview
     shows no relative image); the HTML page beside it shows them inline."""
-    note = say("mlflow_note", page=f"handin.{say.language}.html")
-    return with_figures_named(markdown, note, lambda alt, path: say("mlflow_figure", alt=alt, path=path))
+    note = catalogue("mlflow_note", page=f"handin.{catalogue.language}.html")
+    return with_figures_named(markdown, note, lambda alt, path: catalogue("mlflow_figure", alt=alt, path=path))
 
 
 @dataclass(frozen=True)
@@ -79,10 +79,10 @@ def handins(report: Report, params: Params, folder: Path) -> tuple[list[Handin],
     figures = draw_figures(report.inputs, folder / "figures", params.report.languages)
     written = []
     for language in params.report.languages:
-        say = load_catalogue(language)
-        markdown = handin_markdown(report.inputs, report.rows, params, figures, say, report.findings)
-        page = markdown_to_html(linked_to_html(markdown), say("title"), folder, HTML_LANGUAGE[language])
-        written.append(Handin(language, markdown, page, for_mlflow(markdown, say)))
+        catalogue = load_catalogue(language)
+        markdown = handin_markdown(report.inputs, report.rows, params, figures, catalogue, report.findings)
+        page = markdown_to_html(linked_to_html(markdown), catalogue("title"), folder, HTML_LANGUAGE[language])
+        written.append(Handin(language, markdown, page, for_mlflow(markdown, catalogue)))
     return written, figures
 
 
@@ -92,11 +92,11 @@ def draw_figures(inputs: ReportInputs, figures: Path, languages: Sequence[str]) 
     curves = TRAIN_EPOCHS_PLOT.exists() and TRAIN_STEPS_PLOT.exists()
     epochs, steps = (read_csv(TRAIN_EPOCHS_PLOT), read_csv(TRAIN_STEPS_PLOT)) if curves else ([], [])
     for language in languages:
-        say = load_catalogue(language)
+        catalogue = load_catalogue(language)
         if curves:
-            curves_figure(epochs, steps, figures / Path(curves_path(language)).name, say)
+            curves_figure(epochs, steps, figures / Path(curves_path(language)).name, catalogue)
         if inputs.profiles:
-            operators_figure(inputs.profiles, figures / Path(operators_path(language)).name, say)
+            operators_figure(inputs.profiles, figures / Path(operators_path(language)).name, catalogue)
     return HandinFigures(GRAPH_SVG.exists(), curves, bool(inputs.profiles), tuple(languages))
 
 
@@ -105,23 +105,25 @@ def handin_markdown(
     rows: Sequence[ComparisonRow],
     params: Params,
     drawn: HandinFigures,
-    say: Catalogue,
+    catalogue: Catalogue,
     found: Sequence[Finding] = (),
 ) -> str:
     sections = [
-        f"# {say('title')}\n",
-        f"## {say('environment_heading')}\n",
-        environment_table(inputs, say),
-        f"## {say('results_heading')}\n",
-        f"### {say('visualisation_heading')}\n",
-        visualisation_table(inputs, params, drawn, say),
-        f"### {say('batches_heading')}\n",
-        batch_table(inputs, rows, params, say),
-        paired_note(inputs, say),
-        f"### {say('gpu_heading')}\n",
-        gpu_section(rows, say),
-        f"### {say('analysis_heading')}\n",
-        analysis_markdown(found, inputs, params, say, full_report=True) if found else say("analysis_none") + "\n",
+        f"# {catalogue('title')}\n",
+        f"## {catalogue('environment_heading')}\n",
+        environment_table(inputs, catalogue),
+        f"## {catalogue('results_heading')}\n",
+        f"### {catalogue('visualisation_heading')}\n",
+        visualisation_table(inputs, params, drawn, catalogue),
+        f"### {catalogue('batches_heading')}\n",
+        batch_table(inputs, rows, params, catalogue),
+        paired_note(inputs, catalogue),
+        f"### {catalogue('gpu_heading')}\n",
+        gpu_section(rows, catalogue),
+        f"### {catalogue('analysis_heading')}\n",
+        analysis_markdown(found, inputs, params, catalogue, full_report=True)
+        if found
+        else catalogue("analysis_none") + "\n",
     ]
     return "\n".join(sections)
 
@@ -133,7 +135,7 @@ def _table(rows: Sequence[Sequence[str]], columns: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def environment_table(inputs: ReportInputs, say: Catalogue) -> str:
+def environment_table(inputs: ReportInputs, catalogue: Catalogue) -> str:
     hardware = inputs.hardware
     labels = [
         ("hardware", "cpu_label"),
@@ -143,70 +145,73 @@ def environment_table(inputs: ReportInputs, say: Catalogue) -> str:
         ("software", "cuda_label"),
     ]
     if hardware is None:
-        values = [say("missing", stage="validate")] * len(labels)
+        values = [catalogue("missing", stage="validate")] * len(labels)
     else:
         gpus = Counter(gpu_names(hardware))
         runtime = cuda_runtime(inputs.profiles)
-        build = hardware.get("torch_cuda_build", say("not_recorded"))
+        build = hardware.get("torch_cuda_build", catalogue("not_recorded"))
         values = [
-            say(
+            catalogue(
                 "cpu_value",
                 cpu=hardware[CPU_MODEL],
-                family_model=_family_model(hardware.get("cpu_family_model"), say),
+                family_model=_family_model(hardware.get("cpu_family_model"), catalogue),
                 vcpus=hardware["cpu_count"],
             ),
-            "<br>".join(say("gpu_value", model=model, count=count) for model, count in sorted(gpus.items()))
-            or say("no_gpu"),
+            "<br>".join(catalogue("gpu_value", model=model, count=count) for model, count in sorted(gpus.items()))
+            or catalogue("no_gpu"),
             f"{hardware['os']} ({hardware['machine']})",
             "<br>".join(
                 f"{name} {hardware[key]}"
                 for name, key in (("PyTorch", "torch"), ("torchvision", "torchvision"), ("Python", "python"))
                 if key in hardware
             ),
-            say("cuda_used", build=build, runtime=runtime) if runtime else say("cuda_unused", build=build),
+            catalogue("cuda_used", build=build, runtime=runtime) if runtime else catalogue("cuda_unused", build=build),
         ]
-    return _table([(say(group), say(label), value) for (group, label), value in zip(labels, values, strict=True)], 3)
+    return _table(
+        [(catalogue(group), catalogue(label), value) for (group, label), value in zip(labels, values, strict=True)], 3
+    )
 
 
-def _family_model(recorded: str | None, say: Catalogue) -> str:
+def _family_model(recorded: str | None, catalogue: Catalogue) -> str:
     """The fingerprint's `family 6, model 207` in the hand-in's words; as recorded where it reads otherwise."""
     found = re.fullmatch(r"family (\d+), model (\d+)", recorded or "")
     if found is None:
-        return recorded or say("not_recorded")
-    return say("family_model", family=found.group(1), model=found.group(2))
+        return recorded or catalogue("not_recorded")
+    return catalogue("family_model", family=found.group(1), model=found.group(2))
 
 
-def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigures, say: Catalogue) -> str:
-    graph = say("missing", stage="export_graph")
+def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigures, catalogue: Catalogue) -> str:
+    graph = catalogue("missing", stage="export_graph")
     if drawn.graph:
         parameters = inputs.graph_metrics.get("total_parameters") if inputs.graph_metrics else None
-        caption = f"<br>{say('graph_caption', parameters=f'{parameters:,}')}" if parameters else ""
-        graph = f"![{say('graph_label')}]({GRAPH_FIGURE}){caption}"
-    curves = say("missing", stage="train")
+        caption = f"<br>{catalogue('graph_caption', parameters=f'{parameters:,}')}" if parameters else ""
+        graph = f"![{catalogue('graph_label')}]({GRAPH_FIGURE}){caption}"
+    curves = catalogue("missing", stage="train")
     if drawn.curves and inputs.train_metrics:
         metrics = inputs.train_metrics
-        caption = say(
+        caption = catalogue(
             "curves_caption",
             accuracy=metrics["test_accuracy"],
             loss=metrics["test_loss"],
             epochs=int(metrics.get("epochs", params.train.epochs)),
             batch=params.train.batch_size,
         )
-        layout = say("sentence_joiner") + say("curves_layout")
-        curves = f"![{say('curves_label')}]({curves_path(say.language)})<br>{caption}{layout}"
-    operators = say("missing", stage=" ".join(f"profile@{device}" for device in params.profile.devices))
+        layout = catalogue("sentence_joiner") + catalogue("curves_layout")
+        curves = f"![{catalogue('curves_label')}]({curves_path(catalogue.language)})<br>{caption}{layout}"
+    operators = catalogue("missing", stage=" ".join(f"profile@{device}" for device in params.profile.devices))
     if drawn.operators:
         batches = sorted({r.combination.batch_size for r in inputs.profiles})
         columns = sorted({(r.combination.device, r.combination.mode) for r in inputs.profiles})
         lines = [
-            f"![{say('operators_label')}]({operators_path(say.language)})",
-            say("operators_caption", top_k=max(len(r.top_operators) for r in inputs.profiles))
-            + say("sentence_joiner")
-            + say(
+            f"![{catalogue('operators_label')}]({operators_path(catalogue.language)})",
+            catalogue("operators_caption", top_k=max(len(r.top_operators) for r in inputs.profiles))
+            + catalogue("sentence_joiner")
+            + catalogue(
                 "operators_layout",
-                batches=say("list_joiner").join(str(b) for b in batches),
-                columns=say("list_joiner").join(
-                    say("fig_column", device=say(f"device_{d}"), mode=say(f"mode_{m}")) for d, m in columns
+                batches=catalogue("list_joiner").join(str(b) for b in batches),
+                columns=catalogue("list_joiner").join(
+                    catalogue("fig_column", device=catalogue(f"device_{d}"), mode=catalogue(f"mode_{m}"))
+                    for d, m in columns
                 ),
             ),
         ]
@@ -214,9 +219,9 @@ def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigur
             if record.top_operators:
                 top = record.top_operators[0]
                 lines.append(
-                    say(
+                    catalogue(
                         "top_operator_line",
-                        combination=combination_words(record.combination, say),
+                        combination=combination_words(record.combination, catalogue),
                         operator=top.operator,
                         share=top.share_pct,
                     )
@@ -224,9 +229,9 @@ def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigur
             check = record.trace_check
             if check is not None and not check.inside:
                 lines.append(
-                    say(
+                    catalogue(
                         "table_not_timed" if check.untraced_step_ms is None else "table_process_not_timed",
-                        combination=combination_words(record.combination, say),
+                        combination=combination_words(record.combination, catalogue),
                         traced=check.checked_ms,
                         low=check.bounds_ms[0],
                         high=check.bounds_ms[1],
@@ -234,31 +239,38 @@ def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigur
                 )
         operators = "<br>".join(lines)
     return (
-        _table([(say("graph_label"), graph), (say("curves_label"), curves), (say("operators_label"), operators)], 2)
+        _table(
+            [
+                (catalogue("graph_label"), graph),
+                (catalogue("curves_label"), curves),
+                (catalogue("operators_label"), operators),
+            ],
+            2,
+        )
         + "\n"
-        + say("tensorboard_line")
+        + catalogue("tensorboard_line")
         + "\n"
     )
 
 
-def combination_words(combination: Combination, say: Catalogue) -> str:
+def combination_words(combination: Combination, catalogue: Catalogue) -> str:
     """`16-cpu-train` in the hand-in's words: "batch 16, CPU training" / "批大小 16，CPU 训练"."""
-    return say(
+    return catalogue(
         "combination",
         batch=combination.batch_size,
-        device=say(f"device_{combination.device}"),
-        mode=say(f"mode_{combination.mode}"),
+        device=catalogue(f"device_{combination.device}"),
+        mode=catalogue(f"mode_{combination.mode}"),
     )
 
 
-def batch_table(inputs: ReportInputs, rows: Sequence[ComparisonRow], params: Params, say: Catalogue) -> str:
+def batch_table(inputs: ReportInputs, rows: Sequence[ComparisonRow], params: Params, catalogue: Catalogue) -> str:
     """One row per profiled batch size (`profile.batch_sizes`): each says every device and mode's timing, its
     per-sample ratio to the next smaller profiled batch and the training step against the inference step. Below it,
     which of the template's rows (batch 1, 16, 64) were not profiled, and how to fill them."""
     by_name = {row.combination.name: row for row in rows}
     by_device = {found.device: found for found in inputs.comparisons}
     profiled = sorted(params.profile.batch_sizes)
-    body = [(say("batch_label"), say("comparison_label"))]
+    body = [(catalogue("batch_label"), catalogue("comparison_label"))]
     for batch in profiled:
         smaller = [size for size in profiled if size < batch]
         lines: list[str] = []
@@ -268,28 +280,28 @@ def batch_table(inputs: ReportInputs, rows: Sequence[ComparisonRow], params: Par
                 row = by_name.get(f"{batch}-{device}-{mode}")
                 if row is None:
                     continue
-                lines.append(_row_line(row, say))
+                lines.append(_row_line(row, catalogue))
                 if smaller:
-                    lines.append(_per_sample_line(found, row.combination, smaller[-1], say))
-                lines += _flag_lines(row, say)
+                    lines.append(_per_sample_line(found, row.combination, smaller[-1], catalogue))
+                lines += _flag_lines(row, catalogue)
             paired = found.by_pair.get((f"{batch}-{device}-train", f"{batch}-{device}-inference")) if found else None
             if paired is not None:
-                lines.append(_mode_line(paired, device, say))
+                lines.append(_mode_line(paired, device, catalogue))
         if not lines:
-            lines.append(say("missing", stage=" ".join(f"profile@{device}" for device in params.profile.devices)))
+            lines.append(catalogue("missing", stage=" ".join(f"profile@{device}" for device in params.profile.devices)))
         body.append((str(batch), "<br>".join(lines)))
     unprofiled = [batch for batch in TEMPLATE_BATCHES if batch not in profiled]
     if not unprofiled:
         return _table(body, 2)
-    missing = say("template_not_profiled", batches=say("list_joiner").join(map(str, unprofiled)))
+    missing = catalogue("template_not_profiled", batches=catalogue("list_joiner").join(map(str, unprofiled)))
     return _table(body, 2) + "\n" + missing + "\n"
 
 
-def _row_line(row: ComparisonRow, say: Catalogue) -> str:
-    line = say(
+def _row_line(row: ComparisonRow, catalogue: Catalogue) -> str:
+    line = catalogue(
         "batch_line",
-        device=say(f"device_{row.device}"),
-        mode=say(f"mode_{row.mode}"),
+        device=catalogue(f"device_{row.device}"),
+        mode=catalogue(f"mode_{row.mode}"),
         step=row.step_time_ms,
         low=row.step_time_ms_ci_low,
         high=row.step_time_ms_ci_high,
@@ -297,98 +309,102 @@ def _row_line(row: ComparisonRow, say: Catalogue) -> str:
         throughput=row.throughput_samples_per_s,
     )
     if row.peak_memory_mb is not None:
-        line += say("sentence_joiner") + say("memory_line", peak=row.peak_memory_mb)
+        line += catalogue("sentence_joiner") + catalogue("memory_line", peak=row.peak_memory_mb)
     if row.energy_mj_per_sample is not None:
         energy = row.energy_mj_per_sample
-        line += say("sentence_joiner") + say("energy_line", energy=energy.value, low=energy.low, high=energy.high)
+        line += catalogue("sentence_joiner") + catalogue(
+            "energy_line", energy=energy.value, low=energy.low, high=energy.high
+        )
     return line
 
 
-def _processes(found: PairedComparison, say: Catalogue) -> str:
+def _processes(found: PairedComparison, catalogue: Catalogue) -> str:
     values = found.process_values
     if values and all(value < 1 for value in values):
-        return say("processes_all_below", count=len(values))
+        return catalogue("processes_all_below", count=len(values))
     if values and all(value > 1 for value in values):
-        return say("processes_all_above", count=len(values))
-    return say("processes_split", above=sum(value > 1 for value in values), count=len(values))
+        return catalogue("processes_all_above", count=len(values))
+    return catalogue("processes_split", above=sum(value > 1 for value in values), count=len(values))
 
 
 def _per_sample_line(
-    comparisons: DeviceComparisons | None, combination: Combination, previous: int, say: Catalogue
+    comparisons: DeviceComparisons | None, combination: Combination, previous: int, catalogue: Catalogue
 ) -> str:
     """Per-sample time against the next smaller batch: its paired ratio, with a direction only where it is
     measurable."""
     smaller = dataclasses.replace(combination, batch_size=previous)
     found = comparisons.by_pair.get((combination.name, smaller.name)) if comparisons else None
     if found is None:
-        return say("per_sample_unpaired", previous=previous, device=combination.device)
+        return catalogue("per_sample_unpaired", previous=previous, device=combination.device)
     values = {"ratio": found.value, "low": found.low, "high": found.high, "previous": previous}
     if found.high < 1:
-        return say("per_sample_lower", processes=_processes(found, say), **values)
+        return catalogue("per_sample_lower", processes=_processes(found, catalogue), **values)
     if found.low > 1:
-        return say("per_sample_higher", processes=_processes(found, say), **values)
+        return catalogue("per_sample_higher", processes=_processes(found, catalogue), **values)
     processes = len(found.process_values)
     needed = processes_to_decide(found, processes)
     if needed is None or needed > MOST_PROCESSES_ADVISED:
-        return say("per_sample_same", most=MOST_PROCESSES_ADVISED, **values)
-    return say("per_sample_same_more", needed=needed, processes=processes, **values)
+        return catalogue("per_sample_same", most=MOST_PROCESSES_ADVISED, **values)
+    return catalogue("per_sample_same_more", needed=needed, processes=processes, **values)
 
 
-def _mode_line(found: PairedComparison, device: str, say: Catalogue) -> str:
+def _mode_line(found: PairedComparison, device: str, catalogue: Catalogue) -> str:
     if found.low > 1 or found.high < 1:
-        return say(
+        return catalogue(
             "mode_ratio",
-            device=say(f"device_{device}"),
+            device=catalogue(f"device_{device}"),
             ratio=found.value,
             low=found.low,
             high=found.high,
-            processes=_processes(found, say),
+            processes=_processes(found, catalogue),
         )
-    return say("mode_same", device=say(f"device_{device}"), ratio=found.value, low=found.low, high=found.high)
+    return catalogue(
+        "mode_same", device=catalogue(f"device_{device}"), ratio=found.value, low=found.low, high=found.high
+    )
 
 
-def _flag_lines(row: ComparisonRow, say: Catalogue) -> list[str]:
+def _flag_lines(row: ComparisonRow, catalogue: Catalogue) -> list[str]:
     """Flags on what could change a conclusion drawn from this row: too few processes for an interval, a busy machine,
     an operator table from another step. A wide interval alone changes none: every direction is read from a paired
     ratio, whose line says where the data cannot decide it and what would."""
     flags = []
     if row.too_few_processes:
         flags.append(
-            say(
+            catalogue(
                 "flag_too_few", processes=row.processes, target=row.ci_target_pct, minimum=MIN_ORDER_STATISTIC_PROCESSES
             )
         )
     if row.machine_busy:
-        flags.append(say("flag_busy"))
+        flags.append(catalogue("flag_busy"))
     if not row.trace_inside:
-        flags.append(say("flag_not_timed"))
+        flags.append(catalogue("flag_not_timed"))
     return flags
 
 
-def paired_note(inputs: ReportInputs, say: Catalogue) -> str:
+def paired_note(inputs: ReportInputs, catalogue: Catalogue) -> str:
     if not inputs.comparisons:
         return ""
     if not inputs.drift:
-        return say("paired_note_no_drift") + "\n"
-    drift = say("list_joiner").join(
-        say("drift_item", value=rounded_up(value, 1), device=say(f"device_{device}"))
+        return catalogue("paired_note_no_drift") + "\n"
+    drift = catalogue("list_joiner").join(
+        catalogue("drift_item", value=rounded_up(value, 1), device=catalogue(f"device_{device}"))
         for device, value in sorted(inputs.drift.items())
     )
-    return say("paired_note", drift=drift) + "\n"
+    return catalogue("paired_note", drift=drift) + "\n"
 
 
-def gpu_section(rows: Sequence[ComparisonRow], say: Catalogue) -> str:
+def gpu_section(rows: Sequence[ComparisonRow], catalogue: Catalogue) -> str:
     """Per-sample time on the CPU and the GPU at each batch size and mode, and the GPU's speed-up (not paired:
     the devices are timed in separate stages); or how to add a GPU."""
     pairs = host_and_gpu_pairs(rows)
     if not pairs:
-        return say("gpu_missing") + "\n"
-    header = [say(key) for key in ("gpu_batch", "gpu_mode", "gpu_cpu_ms", "gpu_gpu_ms", "gpu_speedup")]
+        return catalogue("gpu_missing") + "\n"
+    header = [catalogue(key) for key in ("gpu_batch", "gpu_mode", "gpu_cpu_ms", "gpu_gpu_ms", "gpu_speedup")]
     lines = ["| " + " | ".join(header) + " |", "| ---: | --- | ---: | ---: | --- |"]
     for cpu, gpu in sorted(pairs, key=lambda pair: (pair[0].mode, pair[0].batch_size)):
         speedup = cpu.per_sample_interval / gpu.per_sample_interval
         values = {"ratio": speedup.value, "low": speedup.low, "high": speedup.high}
-        cell = say("speedup", **values) if speedup.measurable else say("speedup_none", **values)
-        mode = say(f"mode_{cpu.mode}")
+        cell = catalogue("speedup", **values) if speedup.measurable else catalogue("speedup_none", **values)
+        mode = catalogue(f"mode_{cpu.mode}")
         lines.append(f"| {cpu.batch_size} | {mode} | {cpu.per_sample_ms:.4f} | {gpu.per_sample_ms:.4f} | {cell} |")
-    return "\n".join(lines) + "\n\n" + say("gpu_note") + "\n"
+    return "\n".join(lines) + "\n\n" + catalogue("gpu_note") + "\n"

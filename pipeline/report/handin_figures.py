@@ -28,11 +28,11 @@ def operators_path(language: str) -> str:
     return f"figures/handin_top_operators.{language}.png"
 
 
-def figure_font(say: Catalogue, records: Sequence[ProfileRecord] = ()) -> str | None:
-    """The font family that draws every word the figures take from `say` (matplotlib's default where it can, else
+def figure_font(catalogue: Catalogue, records: Sequence[ProfileRecord] = ()) -> str | None:
+    """The font family that draws every word the figures take from `catalogue` (matplotlib's default where it can, else
     the first installed font that can); None where no installed font can."""
-    words = "".join(say(key) for key in FIGURE_WORDS) + say("fig_share")
-    words += "".join(_panel_title(record, say) for record in records)
+    words = "".join(catalogue(key) for key in FIGURE_WORDS) + catalogue("fig_share")
+    words += "".join(_panel_title(record, catalogue) for record in records)
     return _font_for(frozenset(ch for ch in words if not ch.isspace()))
 
 
@@ -57,32 +57,32 @@ def _font_for(characters: frozenset[str]) -> str | None:
 
 
 def curves_figure(
-    epochs: Sequence[dict[str, float]], steps: Sequence[dict[str, float]], target: Path, say: Catalogue
+    epochs: Sequence[dict[str, float]], steps: Sequence[dict[str, float]], target: Path, catalogue: Catalogue
 ) -> None:
     """Loss (log scale) and accuracy against the optimizer step: each logged step's training value, each epoch's
     training mean and each epoch's test value."""
-    font = figure_font(say)
+    font = figure_font(catalogue)
     with plt.rc_context({"font.family": font} if font else {}):
         figure, panels = plt.subplots(1, 2, figsize=(9.5, 3.4))
         steps_per_epoch = max(row["step"] for row in steps) / max(row["epoch"] for row in epochs)
         epoch_x = [row["epoch"] * steps_per_epoch for row in epochs]
         for axes, metric in zip(panels, ("loss", "accuracy"), strict=True):
             step_x = [row["step"] for row in steps]
-            axes.plot(step_x, [row[f"train_{metric}"] for row in steps], alpha=0.6, label=say("fig_train_steps"))
-            axes.plot(epoch_x, [row[f"train_{metric}"] for row in epochs], "o-", label=say("fig_train_epochs"))
-            axes.plot(epoch_x, [row[f"test_{metric}"] for row in epochs], "s-", label=say("fig_test_epochs"))
+            axes.plot(step_x, [row[f"train_{metric}"] for row in steps], alpha=0.6, label=catalogue("fig_train_steps"))
+            axes.plot(epoch_x, [row[f"train_{metric}"] for row in epochs], "o-", label=catalogue("fig_train_epochs"))
+            axes.plot(epoch_x, [row[f"test_{metric}"] for row in epochs], "s-", label=catalogue("fig_test_epochs"))
             axes.set(yscale="log" if metric == "loss" else "linear")
             if font:
-                axes.set(xlabel=say("fig_step"), ylabel=say(f"fig_{metric}"))
+                axes.set(xlabel=catalogue("fig_step"), ylabel=catalogue(f"fig_{metric}"))
                 axes.legend(fontsize=8)
             axes.grid(alpha=0.3)
         save_figure(figure, target)
 
 
-def operators_figure(records: Sequence[ProfileRecord], target: Path, say: Catalogue) -> None:
+def operators_figure(records: Sequence[ProfileRecord], target: Path, catalogue: Catalogue) -> None:
     """Each combination's top operators as bars of their share (%), one panel per combination: rows by batch
     size, columns by device and mode (titled in the hand-in's language where a font draws it)."""
-    font = figure_font(say, records)
+    font = figure_font(catalogue, records)
     batches = sorted({record.combination.batch_size for record in records})
     columns = sorted({(record.combination.device, record.combination.mode) for record in records})
     with plt.rc_context({"font.family": font} if font else {}):
@@ -110,20 +110,20 @@ def operators_figure(records: Sequence[ProfileRecord], target: Path, say: Catalo
                     fontsize=7,
                 )
             axes.set_xlim(0, max(shares, default=1) * 1.18)
-            axes.set_xlabel(say("fig_share") if font else "%", fontsize=8)
+            axes.set_xlabel(catalogue("fig_share") if font else "%", fontsize=8)
             if font:
-                axes.set_title(_panel_title(record, say), fontsize=9)
+                axes.set_title(_panel_title(record, catalogue), fontsize=9)
             axes.tick_params(axis="x", labelsize=7)
         save_figure(figure, target)
 
 
-def _panel_title(record: ProfileRecord, say: Catalogue) -> str:
+def _panel_title(record: ProfileRecord, catalogue: Catalogue) -> str:
     combination = record.combination
-    return say(
+    return catalogue(
         "fig_panel",
         batch=combination.batch_size,
-        device=say(f"device_{combination.device}"),
-        mode=say(f"mode_{combination.mode}"),
+        device=catalogue(f"device_{combination.device}"),
+        mode=catalogue(f"mode_{combination.mode}"),
     )
 
 

@@ -319,13 +319,13 @@ def analysis_section(context: ReportContext) -> list[str]:
     return [analysis, "Also measured:\n\n" + "".join(f"- {sentence}\n" for sentence in sentences)]
 
 
-def conditions_line(inputs: ReportInputs, params: Params, say: Catalogue) -> str | None:
+def conditions_line(inputs: ReportInputs, params: Params, catalogue: Catalogue) -> str | None:
     """The conditions every number of the analysis comes from, said once; None where the inputs lack them."""
     if not inputs.profiles or not inputs.train_speed:
         return None
     settings = inputs.profiles[0].settings
     ran = inputs.train_speed.get("runtime", {})
-    return say(
+    return catalogue(
         "conditions",
         profile_threads=settings.threads,
         profile_precision=settings.precision,
@@ -340,14 +340,14 @@ def conditions_line(inputs: ReportInputs, params: Params, say: Catalogue) -> str
 
 
 def analysis_markdown(
-    found: Sequence[Finding], inputs: ReportInputs, params: Params, say: Catalogue, *, full_report: bool
+    found: Sequence[Finding], inputs: ReportInputs, params: Params, catalogue: Catalogue, *, full_report: bool
 ) -> str:
-    """The findings as a list in `say`'s language, after the conditions they hold under (and, in a hand-in, the one
-    line saying where the full report is)."""
-    lines = [line for line in (conditions_line(inputs, params, say),) if line]
+    """The findings as a list in `catalogue`'s language, after the conditions they hold under (and, in a hand-in, the
+    one line saying where the full report is)."""
+    lines = [line for line in (conditions_line(inputs, params, catalogue),) if line]
     if full_report:
-        lines.append(say("full_report_line"))
-    body = "".join(f"- {finding.render(say)}\n" for finding in found)
+        lines.append(catalogue("full_report_line"))
+    body = "".join(f"- {finding.render(catalogue)}\n" for finding in found)
     return "\n\n".join(lines) + "\n\n" + body
 
 

@@ -199,7 +199,7 @@ def cpu_vs_gpu_markdown(facts: Sequence[StepFacts]) -> str:
             cpu.mode,
             f"{cpu.per_sample.value:.4f}",
             f"{gpu.per_sample.value:.4f}",
-            (cpu.per_sample / gpu.per_sample).describe(),
+            (cpu.per_sample / gpu.per_sample).with_interval(),
             f"{gpu.anatomy.busy_pct:.1f}" if gpu.anatomy else NO_NUMBER,
         )
         for cpu, gpu in pairs
@@ -241,7 +241,7 @@ def step_sentences(facts: Sequence[StepFacts]) -> list[str]:
         times = f"{gpu.step.value:.3f} vs {cpu.step.value:.3f} ms per step"
         if not speed.measurable:
             sentences.append(
-                f"At batch {cpu.batch_size} {cpu.mode} {gpu.device} vs {cpu.device}: {speed.describe()} ({times})."
+                f"At batch {cpu.batch_size} {cpu.mode} {gpu.device} vs {cpu.device}: {speed.with_interval()} ({times})."
             )
         elif speed.value < 1:
             why = (

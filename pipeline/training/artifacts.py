@@ -149,7 +149,7 @@ def log_model(tracker: Tracker, result: TrainingResult, test_dataset: tuple[str,
 
     device = serving_device()
     model, step = result.model, result.optimizer_steps
-    cpu_model = LabNet.from_description(model.describe())
+    cpu_model = LabNet.from_description(model.checkpoint_description())
     cpu_model.load_state_dict({name: tensor.cpu() for name, tensor in model.state_dict().items()})
     cpu_model.eval()
     served: torch.nn.Module = cpu_model if kind_of(device).on_host else OnDevice(cpu_model, device).eval()
