@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ElementTree
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +87,20 @@ def test_portable_programs_accept_any_batch_and_match_pytorch(exported: Path) ->
         assert np.abs(onnx_output - expected.numpy()).max() < 1e-4
     text = (exported / "graph/model_pt2_graph.txt").read_text()
     assert "torch.ops.aten.conv2d.default" in text and str(exported) not in text
+
+
+@pytest.mark.slow
+def test_the_programs_say_where_each_node_comes_from_without_the_checkouts_folder(exported: Path) -> None:
+    """Source locations relative to the checkout or the installed packages: clones at different paths export the
+    same bytes."""
+    with zipfile.ZipFile(exported / "graph/model.pt2") as archive:
+        pt2 = "".join(archive.read(name).decode(errors="replace") for name in archive.namelist())
+    model = onnx.load(str(exported / "graph/model.onnx"), load_external_data=False)
+    traces = [p.value for node in model.graph.node for p in node.metadata_props if p.key.endswith("stack_trace")]
+    for where in (pt2, "\n".join(traces)):
+        locations = set(re.findall(r'File \\?"([^"\\]+)', where))
+        assert {"pipeline/model/network.py", "torch/nn/modules/conv.py"} <= locations
+        assert not [location for location in locations if location.startswith("/")]
 
 
 @pytest.mark.slow

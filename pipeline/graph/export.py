@@ -7,6 +7,7 @@ PyTorch model on real images at every batch size in `graph.check_batch_sizes`.
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,24 @@ if TYPE_CHECKING:
 MAX_EXPORT_BATCH = 65_536
 # Exporters trace with this batch: > 1, so the batch dimension is not specialised to a constant.
 TRACE_BATCH = 2
+# The checkout's folder, as the exporters' source locations spell it (`File "<CHECKOUT>/pipeline/...`).
+CHECKOUT = str(Path(__file__).resolve().parents[2]) + "/"
+_SOURCE_FILE = re.compile(r'File "([^"]+)"')
+
+
+def _portable(path: str) -> str:
+    _, site_packages, package_path = path.partition("/site-packages/")
+    if site_packages:
+        return package_path  # torch/nn/modules/conv.py, wherever the environment lives
+    return path.removeprefix(CHECKOUT)
+
+
+def portable_stack_trace(stack_trace: str) -> str:
+    """Each source location of a node relative to the checkout or to the installed packages: both programs keep
+    where each node comes from (a line of this project or of torch) without the folders this clone and its
+    environment happen to be in, so that clones at different paths export the same bytes (DVC's hashes then say
+    whether the program changed, not where it was made)."""
+    return _SOURCE_FILE.sub(lambda match: f'File "{_portable(match.group(1))}"', stack_trace)
 
 
 def add_tensorboard_graph(tracker: Tracker, model: LabNet, example: torch.Tensor) -> None:
@@ -57,6 +76,9 @@ def export_program(model: LabNet, pt2_path: Path) -> torch.export.ExportedProgra
     """torch.export the model (eval mode) with a dynamic batch and save it as a .pt2 archive."""
     example = torch.zeros(TRACE_BATCH, *model.input_shape)
     program = torch.export.export(model.eval(), (example,), dynamic_shapes=_dynamic_batch())
+    for node in program.graph.nodes:
+        if node.meta.get("stack_trace"):
+            node.meta["stack_trace"] = portable_stack_trace(node.meta["stack_trace"])
     torch.export.save(program, pt2_path)
     return program
 
@@ -64,8 +86,8 @@ def export_program(model: LabNet, pt2_path: Path) -> torch.export.ExportedProgra
 def program_text(program: torch.export.ExportedProgram) -> str:
     """The exported ATen graph as readable text: signature, range constraints and the graph code.
 
-    Source-location comments are dropped: they hold absolute paths of this checkout, which would
-    make the output differ between clones of the same project.
+    Source-location comments are dropped: the .pt2 keeps them, and here every edit of a model file that moves a
+    line would change the text of an unchanged graph.
     """
     code = program.graph_module.print_readable(print_output=False)
     kept = [line for line in code.splitlines() if not line.strip().startswith("# File:")]
@@ -86,6 +108,11 @@ def export_onnx(model: LabNet, onnx_path: Path, opset: int) -> None:
     )
     if program is None:  # only the legacy TorchScript exporter returns nothing
         raise PipelineError("torch.onnx.export(dynamo=True) returned no program; report this with the torch version.")
+    for function in (program.model.graph, *program.model.functions.values()):
+        for node in function:
+            for key, value in node.metadata_props.items():
+                if key.endswith("stack_trace"):
+                    node.metadata_props[key] = portable_stack_trace(value)
     program.save(str(onnx_path))
     onnx.checker.check_model(str(onnx_path), full_check=True)
 
