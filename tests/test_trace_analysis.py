@@ -179,6 +179,53 @@ def test_short_kernel_names_read_the_real_h100_kernels() -> None:
             "unsigned int, float, 4, 4> >(at::native::ReduceOp<float, ...>)",
             "reduction (sum)",
         ),
+        # cuBLAS kernels that are not the GEMM itself, as the H100 run's batch 1 and 64 inference launched them.
+        (
+            "void dot_kernel<float, 128, 0, cublasDotParams<cublasGemvTensorStridedBatched<float const>, "
+            "cublasGemvTensorStridedBatched<float> > >(cublasDotParams<...>)",
+            "cuBLAS dot product",
+        ),
+        (
+            "std::enable_if<!(false), void>::type internal::gemvx::kernel<int, int, float, float, float, float, false, "
+            "true, true, false, 7, false, cublasGemvParamsEx<int, ...> >(cublasGemvParamsEx<int, ...>)",
+            "cuBLAS GEMV (matrix-vector)",
+        ),
+        (
+            "void reduce_1Block_kernel<float, 128, 7, cublasGemvTensorStridedBatched<float>, ...>(float const*, ...)",
+            "cuBLAS reduction",
+        ),
+        (
+            "void cublasLt::epilogue::impl::globalKernel<8, 32, float, float, float, true, true, 1>(int, long, ...)",
+            "cuBLASLt epilogue",
+        ),
+        ("void scal_kernel<float, float, 1, true, 6, 5, 5, 3>(cublasTransposeParams<float>, ...)", "cuBLAS scale"),
+        (
+            "void cutlass::Kernel2<cutlass_80_simt_sgemm_64x64_8x5_tn_align1>(cutlass_80_simt_sgemm_64x64_8x5_tn_align1"
+            "::Params)",
+            "cuBLAS GEMM",
+        ),
+        # cuDNN's helpers around a convolution's backward pass.
+        (
+            "void cask_plugin__5x_cudnn::xmma__5x_cudnn::init_device_workspace_kernel<xmma__5x_cudnn::implicit_gemm::"
+            "wgrad_indexed::Warp_specialized_params<...> >(...)",
+            "cuDNN workspace initialisation",
+        ),
+        (
+            "void cutlass__5x_cudnn::Kernel<cutlass__5x_cudnn::reduction::kernel::ReduceSplitK<cutlass__5x_cudnn::"
+            "MatrixShape<4, 128>, ...> >(...)",
+            "cuDNN split-K reduction",
+        ),
+        (
+            "void cudnn::engines_precompiled::nchwToNhwcKernel<float, float, float, false, true, "
+            "(cudnnKernelDataType_t)2>(...)",
+            "cuDNN layout conversion",
+        ),
+        (
+            "void at::native::(anonymous namespace)::distribution_elementwise_grid_stride_kernel<float, 4, at::native::"
+            "templates::cuda::uniform_and_transform<float, float, at::CUDAGeneratorImpl*, at::native::templates::cuda::"
+            "uniform_kernel<at::CUDAGeneratorImpl*>(...)",
+            "random numbers",
+        ),
         ("Memcpy HtoD (Pageable -> Device)", "Memcpy HtoD (Pageable -> Device)"),
         ("void at::native::(anonymous namespace)::unknown_thing<float>(float*, int)", "unknown_thing"),
     ],

@@ -672,10 +672,18 @@ KERNEL_KINDS = (
     _kind("memory copy", r"^Memcpy", named_in_full=True),
     _kind("memset", r"^Memset", named_in_full=True),
     _kind("optimizer multi-tensor update", r"multi_tensor_apply_kernel"),
+    _kind("cuDNN workspace initialisation", r"init_device_workspace"),  # before the kernel it serves: wgrad, ...
+    _kind("cuDNN split-K reduction", r"ReduceSplitK"),
+    _kind("cuDNN layout conversion", r"nchwToNhwc|nhwcToNchw|convertTensor_kernel", operation_hint=False),
     _kind("cuDNN convolution weight gradient", r"wgrad"),
     _kind("cuDNN convolution input gradient", r"dgrad"),
     _kind("cuDNN convolution", r"fprop|implicit_gemm|implicit_convolve|convolve_|conv2d|winograd"),
     _kind("cuBLAS split-K reduction", r"splitKreduce"),
+    _kind("cuBLASLt epilogue", r"cublasLt::epilogue", operation_hint=False),  # the bias added after a split GEMM
+    _kind("cuBLAS dot product", r"dot_kernel<.*cublas", operation_hint=False),
+    _kind("cuBLAS scale", r"\bscal_kernel<", operation_hint=False),
+    _kind("cuBLAS reduction", r"reduce_\w*kernel<.*cublas", operation_hint=False),
+    _kind("cuBLAS GEMV (matrix-vector)", r"gemv\w*::kernel|gemv_kernel|\bgemv\w*<", operation_hint=False),
     _kind("cuBLAS GEMM", r"xmma_gemm|gemm|gemv|cublas|cutlass", operation_hint=False),
     _kind("max pooling forward", r"max_pool\w*forward|maxpool\w*fwd", operation_hint=False),
     _kind("max pooling backward", r"max_pool\w*backward|maxpool\w*bwd", operation_hint=False),
@@ -683,6 +691,7 @@ KERNEL_KINDS = (
     _kind("softmax", r"log_softmax|softmax", operation_hint=False),
     _kind("NLL loss", r"nll_loss"),
     _kind("dropout", r"fused_dropout|dropout|bernoulli"),
+    _kind("random numbers", r"uniform_kernel|normal_kernel|random_kernel", operation_hint=False),
     _kind("reduction", r"reduce_kernel"),
     _kind("fill", r"fill"),
     _kind("elementwise", r"elementwise_kernel|elementwise"),
@@ -691,6 +700,7 @@ KERNEL_KINDS = (
 _ARCH = re.compile(r"\b(sm\d{2,3})_")
 _HINTS = re.compile(
     r"CUDAFunctor_(\w+?)\b|launch_(\w+?)_kernel|launch_(\w+?)_scalar|std::(plus|minus|multiplies|divides)\b|"
+    r"binary_internal::(\w+?)Functor\b|(compare)_scalar_kernel|"
     r"at::native::(Sqrt|Abs|Exp|Log|Reciprocal)<|(sum|mean|max|min|norm|argmax)_functor|(threshold|clamp|where|relu)"
 )
 
