@@ -13,7 +13,10 @@ import torch
 from pipeline.model.network import LabNet
 from pipeline.params.schema import ProfileMode
 from pipeline.profiling.memory import (
+    Allocation,
     BuiltStep,
+    HeldTensors,
+    StepAllocations,
     allocated_size,
     breakdown,
     held_tensors,
@@ -129,6 +132,26 @@ def test_memory_rises_with_the_batch_as_activations_predict(measured: dict[tuple
     assert {m.bytes_of["weights"] + m.bytes_of["optimizer state"] for m in grown} == {
         WEIGHT_BYTES + OPTIMIZER_STATE_BYTES
     }
+
+
+def test_a_gradient_is_the_last_allocation_at_its_address_not_an_activation_that_held_it_before() -> None:
+    """An allocator that reuses freed blocks gives a gradient the address an activation had earlier in the step:
+    at the peak that address holds the activation, and the gradient (allocated after the peak) is not yet alive."""
+    activation, scratch, gradient = 0x1000, 0x2000, 0x1000
+    events = (
+        Allocation(activation, 1024, 1.0, 1),  # forward: an activation
+        Allocation(scratch, 512, 2.0, 1),  # the peak: 1,536 bytes
+        Allocation(activation, -1024, 3.0, 1),  # backward frees the activation
+        Allocation(gradient, 1024, 4.0, 1),  # and the gradient gets its block
+    )
+    held = HeldTensors(weights={}, optimizer_state={}, inputs={}, gradients={})
+    peak, parts = breakdown(StepAllocations(events, {}, {}), held, {gradient}, {(activation, 1024)})
+    assert peak == 1536
+    assert (parts["activations"], parts["other"], parts["gradients"]) == (1024, 512, 0)
+    # The same step with the gradient alive at a later, higher peak: the gradient's own allocation counts.
+    later = (*events, Allocation(0x3000, 2048, 5.0, 1))
+    peak, parts = breakdown(StepAllocations(later, {}, {}), held, {gradient}, {(activation, 1024)})
+    assert (peak, parts["gradients"], parts["activations"], parts["other"]) == (3584, 1024, 0, 2560)
 
 
 def test_cuda_events_are_read_for_the_cuda_device_in_the_caching_allocators_blocks() -> None:

@@ -159,11 +159,18 @@ def breakdown(
         running += event.bytes
         if running > peak:
             peak, peak_index = running, index
-    live: dict[int, Allocation] = {}
+    # A gradient is the last allocation at its address: an allocator that reuses freed blocks (CUDA's caching
+    # allocator, malloc) may have given the same address to an activation earlier in the step.
+    gradient_allocation = {
+        event.address: index
+        for index, event in enumerate(allocations.events)
+        if event.bytes > 0 and event.address in gradients
+    }
+    live: dict[int, tuple[int, Allocation]] = {}
     freed_held: set[int] = set()
-    for event in allocations.events[: peak_index + 1]:
+    for index, event in enumerate(allocations.events[: peak_index + 1]):
         if event.bytes > 0:
-            live[event.address] = event
+            live[event.address] = (index, event)
         elif live.pop(event.address, None) is None:
             freed_held.add(event.address)
     parts = dict.fromkeys(MEMORY_PARTS, 0)
@@ -174,8 +181,8 @@ def breakdown(
         ("gradients", held.gradients),
     ):
         parts[name] += sum(size for address, size in tensors.items() if address not in freed_held)
-    for address, event in live.items():
-        if address in gradients:
+    for address, (index, event) in live.items():
+        if gradient_allocation.get(address) == index:
             part = "gradients"
         elif _inside(allocations.optimizer, event):
             part = "optimizer temporaries"
