@@ -299,10 +299,8 @@ def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
     if mismatched:
         notes.append(
             f"**Table not the timed step** ({names(mismatched)}): in none of the traced passes did the tracing "
-            "process run like the timing processes (each table says by how much, from the steps run untraced around "
-            "the pass against where one more timing process would run; in records before format 9, from the traced "
-            "step itself against the timed interval); their operator shares describe another step, and the analysis "
-            "does not quote them."
+            "process run like the timing processes (each table says by how much, and against what); their operator "
+            "shares describe another step, and the analysis does not quote them."
         )
     return notes
 

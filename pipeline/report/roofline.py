@@ -123,8 +123,8 @@ def roofline_markdown(points: Sequence[RooflinePoint]) -> str:
     """The roofs, the table of placed points, and which operators are memory- or compute-bound on each device."""
     if not points:
         return (
-            "_No roofline: the profile records carry no memory roof or byte counts (records from before the "
-            "`roofs` stage or profile format 5): run `dvc repro`._\n"
+            "_No roofline: the profile records carry no memory roof or byte counts (records made before this "
+            "project measured its roofs): run `dvc repro`._\n"
         )
     lines = []
     by_device: dict[str, list[RooflinePoint]] = defaultdict(list)
