@@ -23,8 +23,8 @@ from tests.helpers.projects import (
 from tests.helpers.repo import REPO_PARAMS, REPO_ROOT
 from tests.helpers.stress import exit_summary
 
-# Every `dvc` command would also start `dvc daemon analytics` (0.3 s of CPU, 76 times a run: 5 % of the suite's
-# CPU), which then fails to reach its server offline and leaves a temp file. The project turns it off
+# Every `dvc` command would also start `dvc daemon analytics` (a share of the suite's CPU worth saving:
+# docs/measurements.md), which then fails to reach its server offline and leaves a temp file. The project turns it off
 # (`core.analytics false` in .dvc/config); the variable also covers a test's project whose config lacks it.
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
@@ -56,7 +56,7 @@ def reproduced_project(
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules in the order that keeps the xdist workers (`--dist loadscope`: a module per worker at a time)
-    busy: first the module whose worker builds the shared reproduced project (~2.5 min) and has most to do after
+    busy: first the module whose worker builds the shared reproduced project (minutes) and has most to do after
     it, then every module that does not need that project (the other workers run them meanwhile), then the
     rest; within each group the long modules first, so that no worker is left with a long one at the end
     (LONG_MODULES, measured). Within a module the order is unchanged. Deterministic, as xdist requires."""
@@ -80,22 +80,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items[:] = [item for module in order for item in modules[module]]
 
 
-# The longest modules, longest first (`--durations`, two workers, AMD EPYC 2 vCPUs): the first that needs the
-# shared reproduced project builds it.
+# The longest modules, longest first (`make test` on two workers, each module's seconds on its worker:
+# docs/measurements.md): the first that needs the shared reproduced project builds it.
 LONG_MODULES = (
-    "tests/test_benchmarks.py",  # 130 s after the build
-    "tests/test_queue.py",  # 115 s
-    "tests/test_train_stage.py",  # 100 s
-    "tests/test_machines_server.py",  # 90 s
-    "tests/test_profile.py",  # 80 s
-    "tests/test_sharing.py",  # 60 s
-    "tests/test_tracking_server.py",  # 55 s
-    "tests/test_training.py",  # 55 s
-    "tests/test_hostile_params.py",  # 50 s
-    "tests/test_signals.py",  # 40 s
-    "tests/test_download_stage.py",  # 30 s
-    "tests/test_machines.py",  # 30 s
-    "tests/test_report.py",  # 20 s
+    "tests/test_benchmarks.py",
+    "tests/test_profile.py",
+    "tests/test_report_inputs.py",
+    "tests/test_tracking_store.py",
+    "tests/test_machines_server.py",
+    "tests/test_tracking_server.py",
+    "tests/test_last_good_results.py",
+    "tests/test_train_stage.py",
+    "tests/test_report.py",
+    "tests/test_timing_calibration.py",
+    "tests/test_queue.py",
+    "tests/test_signals.py",
+    "tests/test_device_kinds.py",
+    "tests/test_class_server.py",
+    "tests/test_hostile_params.py",
+    "tests/test_hostile_files.py",
+    "tests/test_sharing.py",
+    "tests/test_training.py",
+    "tests/test_download_stage.py",
 )
 
 
