@@ -131,8 +131,11 @@ def test_the_per_sample_saving_is_attributed_to_the_groups_that_moved() -> None:
     expected = 100 * (5 - 5 / 64) / (5.2 - 5.2 / 64)
     assert optimizer.low < expected < optimizer.high and optimizer.value == pytest.approx(expected, rel=0.01)
     english = rendered(finding)["en"]
-    assert f"of that saving: the Adadelta update {optimizer.value:.1f} % ({optimizer.low:.1f} to" in english
-    assert f"其中：Adadelta 优化器更新占 {optimizer.value:.1f}%" in rendered(finding)["zh"]
+    assert f"of the traced saving: the Adadelta update {optimizer.value:.1f} % ({optimizer.low:.1f} to" in english
+    assert f"在被分析步骤节省的时间中：Adadelta 优化器更新占 {optimizer.value:.1f}%" in rendered(finding)["zh"]
+    # What the split is of, beside what the timed steps saved, and why the traced steps may stand for them.
+    assert f"the timed steps saved {6.0 - 45.0 / 64:.4f} ms per sample" in english  # their medians, per sample
+    assert "overlaps the paired timing's" in english and "与配对计时的" in rendered(finding)["zh"]
 
 
 def test_no_attribution_where_the_paired_ratio_did_not_decide_the_direction() -> None:
@@ -150,7 +153,7 @@ def test_work_paid_per_step_and_work_that_grows_with_the_batch_are_told_apart() 
     assert [item["group"].key for item in fixed.values["groups"].items] == ["group_optimizer", "group_outside"]
     assert [item["group"].key for item in growing.values["groups"].items] == ["group_convolution"]
     assert growing.cites["convolution"].low > 64**0.75
-    assert "per sample they fell at least" in rendered(fixed)["en"]
+    assert "so per sample each fell at least" in rendered(fixed)["en"]
     assert "主要按步计的开销" in rendered(fixed)["zh"]
 
 

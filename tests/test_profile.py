@@ -129,8 +129,8 @@ def test_operator_table_header_shows_the_estimate_and_flags(tmp_path: Path) -> N
     quiet = make_record(16, "cpu", "inference", 4.0, (("aten::mkldnn_convolution", 40.0),))
     header = operators_markdown(quiet).split("| # |")[0]
     assert (
-        "Step time 4.000 ms median (IQR 0.400 ms; 95 % CI 3.920-4.080 ms, ±2.0 %, within one process, which a "
-        "rerun need not respect; 400 steps in 100 blocks)" in header
+        "Step time 4.000 ms median (IQR 0.400 ms; 95 % CI 3.920-4.080 ms, within ±2.0 %, within one process, which "
+        "a rerun need not respect; 400 steps in 100 blocks)" in header
     )
     assert "0.2500 ms per sample; 4000 samples/s" in header and "load average 0.50 before" in header
     assert "Warning" not in header and measurement_warnings(quiet) == []
@@ -139,7 +139,8 @@ def test_operator_table_header_shows_the_estimate_and_flags(tmp_path: Path) -> N
     busy = "**Warning:** the machine was busy while measuring (load average 3.20 before, 3.20 after, on 2 cores)"
     assert busy in header
     assert (
-        "**Warning:** the 95 % CI of the median step time is ±7.5 %, wider than the ±2 % `profile.ci_target_pct`: its "
+        "**Warning:** the 95 % CI of the median step time reaches ±7.5 % from it, wider than the ±2 % "
+        "`profile.ci_target_pct`: its "
         "blocks in one process did not pin it down before `profile.time_budget_s` ran out" in header
     )
     assert len(measurement_warnings(noisy_and_busy)) == 2
@@ -148,7 +149,7 @@ def test_operator_table_header_shows_the_estimate_and_flags(tmp_path: Path) -> N
     header = operators_markdown(disagreeing).split("| # |")[0]
     assert (
         "**Warning:** processes disagree: its 6 timing processes settled at 3.700-4.300 ms (16.2 % apart), so the 95 % "
-        "CI of the median step time is ±7.5 %" in header
+        "CI of the median step time reaches ±7.5 % from it" in header
     )
     assert "drift" not in header
 

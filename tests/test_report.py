@@ -65,7 +65,7 @@ def test_analysis_states_dominant_operators_and_gpu_speedup() -> None:
     speedup = "At batch 64 train cuda is 10.0x faster than cpu (95 % CI 9.61-10.41x; 3.840 vs 38.400 ms per step)."
     assert speedup in step_sentences(step_facts(records))
     assert not any(s.startswith("No GPU was profiled") for s in step_sentences(step_facts(records)))
-    assert "On cuda train at batch 64 the GPU is busy 14 % of the step: host-bound." in step_sentences(
+    assert "On cuda train at batch 64 the GPU is busy 14 % of the traced step: host-bound." in step_sentences(
         step_facts(records)
     )
 
@@ -166,12 +166,13 @@ def test_comparison_table_shows_the_estimate_and_flags_noisy_and_busy_rows() -> 
         ]
     )
     table = comparison_markdown(rows)
-    assert "| step ms (median) | IQR ms | 95 % CI | steps / blocks | per-sample ms | samples/s |" in table
+    assert "| step ms (median) | IQR ms | 95 % CI ms | steps / blocks | per-sample ms | samples/s |" in table
     quiet_row = (
-        "| 1 | cpu | inference | 0.500 | 0.050 | ±2.0 % | 400 / 100 | 0.5000 | 2000 | `aten::addmm` (20.0 %) | 0.0 % |"
+        "| 1 | cpu | inference | 0.500 | 0.050 | 0.490–0.510 | 400 / 100 | 0.5000 | 2000 | `aten::addmm` (20.0 %) | "
+        "0.0 % |"
     )
     assert quiet_row + "  |" in table  # an empty flag cell
-    assert "| 64 | cpu | inference | 8.000 | 0.800 | ±4.5 % | 400 / 100 | 0.1250 | 8000 |" in table
+    assert "| 64 | cpu | inference | 8.000 | 0.800 | 7.640–8.360 | 400 / 100 | 0.1250 | 8000 |" in table
     assert table.splitlines()[3].endswith("| processes disagree, busy |")
     assert (
         "**Processes disagree** (64-cpu-inference ±4.5 %): beyond the speed all combinations shared in each timing "
@@ -206,7 +207,9 @@ def test_report_is_built_from_profile_records_without_running_the_pipeline(
     figures.mkdir()
     report = build_report(params, figures)
     assert [(row.batch_size, row.step_time_ms) for row in report.rows] == [(1, 0.5), (64, 8.0)]
-    row_64 = "| 64 | cpu | inference | 8.000 | 0.800 | ±2.0 % | 400 / 100 | 0.1250 | 8000 | `aten::max_pool2d` (30.0 %)"
+    row_64 = (
+        "| 64 | cpu | inference | 8.000 | 0.800 | 7.840–8.160 | 400 / 100 | 0.1250 | 8000 | `aten::max_pool2d` (30.0 %)"
+    )
     assert row_64 in report.markdown
     assert "#### Top 1 operators: batch 1, cpu, inference" in report.markdown
     assert (

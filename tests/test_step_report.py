@@ -109,7 +109,7 @@ def test_cpu_vs_gpu_section_gives_ratios_and_explains_the_slow_gpu_at_batch_1() 
     sentences = step_sentences(facts)
     assert f"At batch 1 inference cuda is {speed_up.value:.1f}x faster than cpu" in " ".join(sentences)
     assert any(
-        s == "On cuda inference at batch 1 the GPU is busy 5 % of the step: host-bound; at 64, 25 %: host-bound."
+        s == "On cuda inference at batch 1 the GPU is busy 5 % of the traced step: host-bound; at 64, 25 %: host-bound."
         for s in sentences
     ), sentences
     # Where the GPU is slower (an older driver, a faster host), the sentence says why: the GPU waits for launches.
@@ -286,8 +286,11 @@ def test_allocator_section_compares_each_cpu_combination_and_says_what_is_not_th
     assert "`aten::mkldnn_convolution` 50.0 → 60.0 %" in table
     assert "| 16 train |" in table and "no measurable difference" in table and "cuda" not in table
     (sentence,) = allocator_sentences([faulting, same, drift, gpu])
-    assert "up to 1.40x (1.35-1.46x) as long as with the tuned allocator (batch 64 train)" in sentence
-    assert "No measurable difference for 16-cpu-train." in sentence
+    assert (
+        "took measurably longer than with the tuned allocator, with the same operators on the same values: batch 64 "
+        "train 1.40x (1.35-1.46x)."
+    ) in sentence
+    assert "For 16-cpu-train (0.97-1.05x) the interval includes 1: the data cannot tell whether" in sentence
     assert "Neither set-up page-faulted in 1-cpu-train (0.88x (0.84-0.91x))" in sentence
     assert allocator_sentences([gpu]) == [] and "No allocator what-if in these profiles" in allocator_markdown([gpu])
 
@@ -321,14 +324,15 @@ def test_a_paired_allocator_whatif_states_the_pairs_ratio_and_a_direction_only_w
     assert "| 16 train |" in table and "no measurable difference (0.99-1.02x)" in table
     assert "ratio is taken pair by pair" in table
     (sentence,) = allocator_sentences([slower, tie, faster])
-    assert "up to 1.04x (1.03-1.05x) as long as with the tuned allocator (batch 64 train)" in sentence
+    assert "on the same values: batch 64 train 1.04x (1.03-1.05x)." in sentence
     assert "Paired: each defaults process ran next to a tuned one" in sentence and "Not paired" not in sentence
-    assert "No measurable difference for 16-cpu-train." in sentence
+    assert "For 16-cpu-train (0.99-1.02x) the interval includes 1" in sentence
     assert "Faster with the defaults: 1-cpu-train (0.95x (0.94-0.96x))." in sentence
     (none_slower,) = allocator_sentences([tie, faster])
     assert none_slower == (
         "Memory allocation: no CPU step measurably slower with glibc malloc's defaults than with the tuned "
-        "allocator; faster with the defaults: 1-cpu-train (0.95x (0.94-0.96x))."
+        "allocator; faster with the defaults: 1-cpu-train (0.95x (0.94-0.96x)). For 16-cpu-train (0.99-1.02x) the "
+        "interval includes 1: the data cannot tell whether the defaults cost them time."
     )
     assert "defaults ÷ tuned (paired) 1.04x (1.03-1.05x)" in operators_markdown(slower)
 

@@ -15,7 +15,7 @@ Each roof is the fastest of its timed repeats, not the median: other work on the
 operation down, so the fastest repeat is the closest to what the hardware can do (timeit's reasoning). The
 median and the slowest are kept beside it, so a reader sees how stable it was. The `roofs` stage measures
 them once per machine (its dep is the hardware fingerprint); every profile stage reads them
-(`hardware/roofs.json`), so every stage of one `dvc repro` states "% of peak" against the same roofs.
+(`hardware/roofs.json`), so every stage of one `dvc repro` states "% of roof" against the same roofs.
 """
 
 from __future__ import annotations

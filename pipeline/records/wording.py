@@ -85,7 +85,10 @@ def _wide_interval_warning(record: ProfileRecord) -> str:
     Student's t with few degrees of freedom is wide)."""
     timing, target = record.timing, record.settings.ci_target_pct
     medians = record.process_step_times_ms
-    interval = f"the 95 % CI of the median step time is ±{timing.step_time_ci_pct:.1f} %, wider than the ±{target:g} % "
+    interval = (
+        f"the 95 % CI of the median step time reaches ±{timing.step_time_ci_pct:.1f} % from it, wider than the "
+        f"±{target:g} % "
+    )
     if len(medians) < 2:
         return (
             f"{interval}`profile.ci_target_pct`: its blocks in one process did not pin it down before "
@@ -125,12 +128,13 @@ def timing_summary(record: ProfileRecord) -> str:
     )
     return (
         f"Step time {timing.step_time_ms_median:.3f} ms median (IQR {timing.step_time_ms_iqr:.3f} ms; 95 % CI "
-        f"{timing.step_time_ms_ci_low:.3f}-{timing.step_time_ms_ci_high:.3f} ms, ±{timing.step_time_ci_pct:.1f} %, "
+        f"{timing.step_time_ms_ci_low:.3f}-{timing.step_time_ms_ci_high:.3f} ms, "
+        f"within ±{timing.step_time_ci_pct:.1f} %, "
         f"{source}; {timing.steps_measured} steps in {timing.blocks_measured} blocks); "
         f"{timing.per_sample_ms:.4f} ms per sample; "
         f"{timing.throughput_samples_per_s:.0f} samples/s. Measured with {conditions.threads} "
         f"thread{'s' if conditions.threads != 1 else ''} on "
-        f"{conditions.cores} cores, load average {conditions.load_average_before:.2f} before and "
+        f"{conditions.cores} logical CPUs, load average {conditions.load_average_before:.2f} before and "
         f"{conditions.load_average_after:.2f} after, CPU governor {conditions.cpu_governor}."
     )
 
@@ -195,7 +199,10 @@ def ratio_numbers(comparison: PairedComparison) -> tuple[str, str, str]:
 
 def ratio_table(comparisons: Sequence[PairedComparison]) -> list[str]:
     """The markdown lines of a table of paired ratios: value, 95 % CI, its half-width and what the processes saw."""
-    lines = ["| ratio | per | value | 95 % CI | ± % | the processes |", "| --- | --- | ---: | ---: | ---: | --- |"]
+    lines = [
+        "| ratio | per | value | 95 % CI | wider side, ± % | the processes |",
+        "| --- | --- | ---: | ---: | ---: | --- |",
+    ]
     for c in comparisons:
         value, low, high = ratio_numbers(c)
         lines.append(
@@ -264,8 +271,8 @@ def operators_markdown(record: ProfileRecord) -> str:
             f"Allocator what-if: with glibc malloc's defaults the same step took "
             f"{whatif.step_time_ms_median:.3f} ms median, defaults ÷ tuned{paired} "
             f"{slowdown.with_interval()}; "
-            f"{whatif.page_faults_per_step:,.0f} page faults per step against "
-            f"{whatif.tuned_page_faults_per_step:,.0f} tuned ({record.settings.allocator}).",
+            f"{_faults(whatif.page_faults_per_step)} page faults per step against "
+            f"{_faults(whatif.tuned_page_faults_per_step)} tuned ({record.settings.allocator}).",
         ]
     for rank, row in enumerate(rows, start=1):
         gpu = f"{_cell(row.self_device_ms, '.3f')} | " if on_gpu else ""
@@ -286,7 +293,11 @@ def operators_markdown(record: ProfileRecord) -> str:
             f"`{r.name}` {r.cpu_ms:.3f} ms CPU" + (f", {r.device_ms:.3f} ms {combination.kind.label}" if on_gpu else "")
             for r in record.analysis.ranges
         )
-        lines += ["", f"Profiler ranges, not ranked (their time is that of the operators inside them): {ranges}."]
+        lines += [
+            "",
+            f"Profiler ranges, not ranked (each range's time holds the operators inside it and whatever else ran "
+            f"inside it): {ranges}.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -418,3 +429,9 @@ def energy_sentence(record: ProfileRecord) -> str:
         f"{energy.update_period_ms:.0f} ms, polled during the timing: the power fitted over {energy.windows} of its "
         f"updates, times the step's time{limits}."
     )
+
+
+def _faults(per_step: float) -> str:
+    """Page faults per step (a median over processes, so a fraction): one decimal while that decimal tells two
+    counts apart, whole numbers from 10 on."""
+    return f"{per_step:,.1f}" if per_step < 10 else f"{per_step:,.0f}"

@@ -96,26 +96,38 @@ def shifted_operators(record: ProfileRecord, whatif: AllocatorWhatIf) -> str:
 
 
 def allocator_sentences(records: Sequence[ProfileRecord]) -> list[str]:
-    """One analysis sentence: the range of the defaults' cost over the CPU combinations."""
+    """One analysis sentence: the CPU combinations the defaults measurably slowed, with their ratios, and those
+    whose interval cannot tell."""
     measured = whatif_records(records)
     if not measured:
         return []
     ratios = [(record, slowdown) for record, _, slowdown in measured]
     paired = all(whatif.paired for _, whatif, _ in measured)
-    slowest = max(ratios, key=lambda pair: pair[1].value)
-    unmeasurable = [record.combination.name for record, value in ratios if not value.measurable]
+    slower = sorted(
+        ((record, value) for record, value in ratios if value.measurable and value.low > 1),
+        key=lambda pair: -pair[1].value,
+    )
+    unmeasurable = [f"{record.combination.name} ({value.bounds()})" for record, value in ratios if not value.measurable]
     faster = [f"{record.combination.name} ({value.with_interval()})" for record, value in ratios if value.high < 1]
-    if not slowest[1].measurable or slowest[1].low < 1:
+    undecided = (
+        f" For {', '.join(unmeasurable)} the interval includes 1: the data cannot tell whether the defaults cost "
+        "them time."
+        if unmeasurable
+        else ""
+    )
+    if not slower:
         sentence = (
             "Memory allocation: no CPU step measurably slower with glibc malloc's defaults than with the tuned "
-            "allocator" + (f"; faster with the defaults: {', '.join(faster)}" if faster else "") + "."
+            "allocator" + (f"; faster with the defaults: {', '.join(faster)}" if faster else "") + "." + undecided
         )
         return [sentence]
+    listed = ", ".join(
+        f"batch {record.combination.batch_size} {record.combination.mode} {value.with_interval()}"
+        for record, value in slower
+    )
     sentence = (
-        "Memory allocation: with glibc malloc's defaults the CPU steps took up to "
-        f"{slowest[1].with_interval()} as long as with the tuned allocator "
-        f"(batch {slowest[0].combination.batch_size} {slowest[0].combination.mode}), "
-        "with the same operators on the same values."
+        "Memory allocation: with glibc malloc's defaults these CPU steps took measurably longer than with the tuned "
+        f"allocator, with the same operators on the same values: {listed}."
     )
     sentence += (
         " Paired: each defaults process ran next to a tuned one, so drift that both processes of a pair shared "
@@ -124,8 +136,7 @@ def allocator_sentences(records: Sequence[ProfileRecord]) -> list[str]:
         else " Not paired: the defaults were timed in the stage's own process and the tuned step in the timing "
         "processes, minutes apart at most."
     )
-    if unmeasurable:
-        sentence += f" No measurable difference for {', '.join(unmeasurable)}."
+    sentence += undecided
     if faster:
         sentence += f" Faster with the defaults: {', '.join(faster)}."
     # Where neither set-up page-faulted, a measurable difference cannot be the faults; the data hold no other cause.

@@ -27,6 +27,13 @@ from pipeline.records.wording import every_process_words, ratio_numbers, ratio_t
 CONVOLUTION = re.compile(r"conv", re.IGNORECASE)
 
 
+# Beside a number measured on a traced pass that did not run like the timing processes (TraceCheck.inside false).
+NOT_THE_TIMED_STEP = (
+    "from a traced pass that did not run like the timing processes (the note **Table not the timed step** under the "
+    "step-time table): it describes another step, and no sentence of the analysis quotes it."
+)
+
+
 class _OnADevice(Protocol):
     @property
     def batch_size(self) -> int: ...
@@ -224,7 +231,7 @@ def comparison_markdown(rows: Sequence[ComparisonRow], comparisons: Sequence[Dev
             for row in rows
         ]
     lines = [
-        "| batch | device | mode | step ms (median) | IQR ms | 95 % CI | steps / blocks | per-sample ms | samples/s "
+        "| batch | device | mode | step ms (median) | IQR ms | 95 % CI ms | steps / blocks | per-sample ms | samples/s "
         "| top operator (share) | convolution share | flag |",
         "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |",
     ]
@@ -232,7 +239,8 @@ def comparison_markdown(rows: Sequence[ComparisonRow], comparisons: Sequence[Dev
     for row in rows:
         lines.append(
             f"| {row.batch_size} | {row.device} | {row.mode} | {row.step_time_ms:.3f} | {row.step_time_ms_iqr:.3f} | "
-            f"±{row.step_time_ci_pct:.1f} % | {row.steps_measured} / {row.blocks_measured} | {row.per_sample_ms:.4f} | "
+            f"{row.step_time_ms_ci_low:.3f}–{row.step_time_ms_ci_high:.3f} | "
+            f"{row.steps_measured} / {row.blocks_measured} | {row.per_sample_ms:.4f} | "
             f"{row.throughput_samples_per_s:.0f} | `{row.top_operator}` ({row.top_operator_share_pct:.1f} %) | "
             f"{row.convolution_share_pct:.1f} % | {row.flags(every_row_disagrees)} |"
         )

@@ -374,8 +374,15 @@ def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
         against = [row for row in rows if row[1].value < 0]
         if not helped:
             continue
+        timed = abs(a.record.timing.per_sample_ms - b.record.timing.per_sample_ms)
         values = {
             **_subject(device, mode, small, large),
+            "traced_ratio": traced_ratio.value,
+            "traced_low": traced_ratio.low,
+            "traced_high": traced_ratio.high,
+            "paired_low": paired.low,
+            "paired_high": paired.high,
+            "timed_change": timed,
             "change": abs(saved.value),
             "change_low": min(abs(saved.low), abs(saved.high)),
             "change_high": max(abs(saved.low), abs(saved.high)),

@@ -427,7 +427,7 @@ SECTIONS = (  # the report's sections in order; the renderer numbers them
     Section("operators", "Top operators (and GPU kernels) per combination", operators_section),
     Section("comparison", "Comparison across batch sizes and devices", comparison_section),
     Section("step_anatomy", "Step anatomy: where a step's time goes", anatomy_section),
-    Section("flop_rate", "Achieved FLOP/s against the device's peak", flop_rate_section),
+    Section("flop_rate", "Achieved FLOP/s against the measured matmul roof", flop_rate_section),
     Section("cpu_vs_gpu", "CPU vs GPU", cpu_vs_gpu_section),
     Section("allocator", "Memory allocator: glibc's defaults against the tuned allocator", allocator_section),
     Section("memory_energy", "Memory and energy per step", memory_energy_section),

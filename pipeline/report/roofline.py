@@ -23,7 +23,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from pipeline.records.profile import ProfileRecord
 from pipeline.records.quantities import Interval
-from pipeline.report.comparison import rate_interval
+from pipeline.report.comparison import NOT_THE_TIMED_STEP, rate_interval
 from pipeline.report.figures import save_figure
 from pipeline.report.tables import markdown_table
 
@@ -51,6 +51,7 @@ class RooflinePoint:
     peak_gflops_per_s: float  # the device's matmul roof
     bandwidth_gb_per_s: float  # the device's triad roof
     megabytes: float = 0.0  # read and written: per call for an operator, per step for the whole step
+    traced_like_timed: bool = True  # an operator's traced pass ran like the timing processes (its rate counts)
 
     @property
     def ridge(self) -> float:
@@ -90,6 +91,8 @@ def _record_points(record: ProfileRecord) -> list[RooflinePoint]:
     if rate.peak_gflops_per_s <= 0 or rate.bandwidth_gb_per_s <= 0:
         return []  # a record from before the roofs stage, or without its memory roof: nothing to place
 
+    traced_like_timed = record.trace_check is None or record.trace_check.inside
+
     def place(name: str, intensity: float, achieved: Interval, megabytes: float) -> RooflinePoint:
         return RooflinePoint(
             device=combination.device,
@@ -101,6 +104,7 @@ def _record_points(record: ProfileRecord) -> list[RooflinePoint]:
             peak_gflops_per_s=rate.peak_gflops_per_s,
             bandwidth_gb_per_s=rate.bandwidth_gb_per_s,
             megabytes=megabytes,
+            traced_like_timed=traced_like_timed or name == WHOLE_STEP,  # the whole step's rate is the timed one
         )
 
     points = []
@@ -144,7 +148,8 @@ def roofline_markdown(points: Sequence[RooflinePoint]) -> str:
             point.batch_size,
             point.device,
             point.mode,
-            f"`{point.name}`" if point.name != WHOLE_STEP else f"**{WHOLE_STEP}**",
+            (f"`{point.name}`" if point.name != WHOLE_STEP else f"**{WHOLE_STEP}**")
+            + ("" if point.traced_like_timed else " ‡"),
             f"{point.intensity:.2f}",
             f"{point.achieved.value:.2f}",
             f"{point.roof_gflops_per_s:.1f}",
@@ -163,6 +168,8 @@ def roofline_markdown(points: Sequence[RooflinePoint]) -> str:
         "step's from its timed median; an operator's from its traced self time (one traced pass, no interval). "
         "Roof: min(matmul roof, memory roof x FLOP/byte), both measured by the `roofs` stage."
     )
+    if not all(point.traced_like_timed for point in points):
+        note += f"\n\n‡ GFLOP/s and % of roof {NOT_THE_TIMED_STEP}"
     return "\n".join(lines) + "\n" + "\n".join(table) + "\n\n" + note + "\n"
 
 
@@ -213,7 +220,11 @@ def _above_sentence(points: Sequence[RooflinePoint]) -> str:
     """What a point above its roof means: under the memory roof, data a cache holds (the roof is DRAM's triad);
     under the matmul roof, an operator's one traced pass (no interval) against the fastest measured product."""
     above = sorted(
-        (point for point in points if point.achieved.low > point.roof_gflops_per_s),  # above it over its interval
+        (
+            point
+            for point in points
+            if point.traced_like_timed and point.achieved.low > point.roof_gflops_per_s  # above it over its interval
+        ),
         key=lambda p: (p.bound, p.name != WHOLE_STEP, p.name, p.mode, p.batch_size),
     )
     if not above:

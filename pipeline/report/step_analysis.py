@@ -14,7 +14,7 @@ from pipeline.common.tables import NO_NUMBER
 from pipeline.devices.registry import device_kind, device_kinds, host_kind
 from pipeline.records.profile import FlopRate, ProfileRecord
 from pipeline.records.quantities import Interval, KernelStats, StepAnatomy
-from pipeline.report.comparison import host_and_gpu_pairs, rate_interval
+from pipeline.report.comparison import NOT_THE_TIMED_STEP, host_and_gpu_pairs, rate_interval
 from pipeline.report.tables import markdown_table
 
 
@@ -28,7 +28,7 @@ def add_a_gpu_sentence(facts: Sequence[StepFacts]) -> str:
     return (
         f"No GPU was profiled. To add one, on {gpu.where} set `profile.devices: [{devices}]` in params.yaml (or "
         f"queue it: `dvc exp run -S 'profile.devices=[{devices.replace(' ', '')}]'`) and run `dvc repro`: "
-        f"{combinations} profiled beside the {host.label} ones and this section compares them."
+        f'{combinations} profiled beside the {host.label} ones, and the section "CPU vs GPU" compares them.'
     )
 
 
@@ -47,6 +47,7 @@ class StepFacts:
     peak_method: str = ""  # how the device's peak was measured
     untraced_ms: float | None = None  # median of the steps run untraced around the traced pass (records from format 9)
     hooks_pct: float | None = None  # the traced step over those, in %
+    traced_like_timed: bool = True  # the traced pass ran like the timing processes (its anatomy and kernels count)
 
     @property
     def label(self) -> str:
@@ -75,6 +76,7 @@ def step_facts(records: Sequence[ProfileRecord]) -> list[StepFacts]:
             peak_method=record.analysis.peak_method,
             untraced_ms=record.trace_check.untraced_step_ms if record.trace_check else None,
             hooks_pct=record.trace_check.hooks_pct if record.trace_check else None,
+            traced_like_timed=record.trace_check is None or record.trace_check.inside,
         )
         for record in records
     ]
@@ -155,7 +157,8 @@ def flop_rate_markdown(facts: Sequence[StepFacts]) -> str:
     lines = [
         "FLOPs per step = the model's FLOPs per sample (forward; forward + backward in training; counted by "
         "torch.utils.flop_counter as in the model summary) x batch; achieved = FLOPs per step ÷ median timed step. "
-        "Peak: the device's matmul roof, measured once for the machine by the `roofs` stage (`hardware/roofs.json`): "
+        "Matmul roof: the fastest fp32 matrix product measured once for the machine by the `roofs` stage "
+        "(`hardware/roofs.json`), not the device's theoretical peak: "
         + "; ".join(f"{device}: {method}" for device, method in methods)
         + ".",
     ]
@@ -166,8 +169,8 @@ def flop_rate_markdown(facts: Sequence[StepFacts]) -> str:
         ">MFLOPs/step",
         ">step ms",
         ">achieved GFLOP/s",
-        ">peak GFLOP/s",
-        ">% of peak",
+        ">matmul roof GFLOP/s",
+        ">% of roof",
     )
     table = [
         (
@@ -200,16 +203,19 @@ def cpu_vs_gpu_markdown(facts: Sequence[StepFacts]) -> str:
             f"{cpu.per_sample.value:.4f}",
             f"{gpu.per_sample.value:.4f}",
             (cpu.per_sample / gpu.per_sample).with_interval(),
-            f"{gpu.anatomy.busy_pct:.1f}" if gpu.anatomy else NO_NUMBER,
+            (f"{gpu.anatomy.busy_pct:.1f}" + ("" if gpu.traced_like_timed else " ‡")) if gpu.anatomy else NO_NUMBER,
         )
         for cpu, gpu in pairs
     ]
     lines = markdown_table(columns, table)
+    if any(gpu.anatomy and not gpu.traced_like_timed for _, gpu in pairs):
+        lines += ["", f"‡ {NOT_THE_TIMED_STEP}"]
     return "\n".join(lines) + "\n"
 
 
 def step_sentences(facts: Sequence[StepFacts]) -> list[str]:
-    """Plain sentences from the anatomy, kernels, FLOP/s and the CPU vs GPU ratios."""
+    """Plain sentences from the anatomy, kernels, FLOP/s and the CPU vs GPU ratios. The anatomy and the kernels come
+    from the traced pass: only a pass that ran like the timing processes is quoted."""
     sentences: list[str] = []
     series: dict[tuple[str, str], list[StepFacts]] = defaultdict(list)
     for fact in facts:
@@ -217,23 +223,28 @@ def step_sentences(facts: Sequence[StepFacts]) -> list[str]:
     for (device, mode), points in sorted(series.items()):
         points.sort(key=lambda fact: fact.batch_size)
         first, last = points[0], points[-1]
-        if first.anatomy and last.anatomy:
+        traced = [fact for fact in points if fact.traced_like_timed and fact.anatomy]
+        if traced:
+            first_traced, last_traced = traced[0], traced[-1]
+            assert first_traced.anatomy is not None and last_traced.anatomy is not None
             what = "ATen operators fill" if device_kind(device).on_host else f"the {device_kind(device).label} is busy"
             tail = (
-                f"; at {last.batch_size}, {last.anatomy.busy_pct:.0f} %: {last.anatomy.words}"
-                if last is not first
+                f"; at {last_traced.batch_size}, {last_traced.anatomy.busy_pct:.0f} %: {last_traced.anatomy.words}"
+                if last_traced is not first_traced
                 else ""
             )
             sentences.append(
-                f"On {device} {mode} at batch {first.batch_size} {what} {first.anatomy.busy_pct:.0f} % of the step: "
-                f"{first.anatomy.words}{tail}."
+                f"On {device} {mode} at batch {first_traced.batch_size} {what} {first_traced.anatomy.busy_pct:.0f} % "
+                f"of the traced step: {first_traced.anatomy.words}{tail}."
             )
         if first.rate and last.rate:
             sentences.append(_flop_rate_sentence(device, mode, first, last))
-        if last.kernels:
-            top = last.kernels[0]
+        with_kernels = [fact for fact in points if fact.traced_like_timed and fact.kernels]
+        if with_kernels:
+            largest = with_kernels[-1]
+            top = largest.kernels[0]
             sentences.append(
-                f"The top kernel of {last.label} is {top.kernel} ({top.share_pct:.0f} % of GPU busy time, "
+                f"The top kernel of {largest.label} is {top.kernel} ({top.share_pct:.0f} % of GPU busy time, "
                 f"{top.launches_per_step:g} launch(es) per step, launched by `{top.launched_by}`)."
             )
     for cpu, gpu in _device_pairs(facts):
@@ -245,9 +256,9 @@ def step_sentences(facts: Sequence[StepFacts]) -> list[str]:
             )
         elif speed.value < 1:
             why = (
-                f": the GPU idles {gpu.anatomy.idle_pct:.0f} % of the step waiting for launches, so the host's "
+                f": the GPU idles {gpu.anatomy.idle_pct:.0f} % of the traced step waiting for launches, so the host's "
                 "per-operator cost, not arithmetic, sets the pace"
-                if gpu.anatomy
+                if gpu.anatomy and gpu.traced_like_timed
                 else ""
             )
             slower = gpu.step / cpu.step
