@@ -24,6 +24,7 @@ from pipeline.report.findings import (
     per_sample_direction,
     per_step_or_per_sample,
     processes_to_decide,
+    traced_scaling_differs,
     train_against_inference,
     training_against_profile,
     what_sets_the_cost,
@@ -138,6 +139,26 @@ def test_the_per_sample_saving_is_attributed_to_the_groups_that_moved() -> None:
     assert "overlaps the paired timing's" in english and "与配对计时的" in rendered(finding)["zh"]
 
 
+def test_traced_passes_that_scaled_otherwise_than_the_timing_explain_nothing_and_are_named() -> None:
+    """The traced steps fall to 0.117x per sample (43.6/64 over 5.8 ms); paired timing says 0.30x (0.28-0.32): no
+    finding reads the traced parts of that change, and one sentence gives both ratios."""
+    data = batch_pair(ratio=(0.30, 0.28, 0.32))
+    assert why_per_sample_changes(data) == []
+    assert what_sets_the_cost(data) == [] and per_step_or_per_sample(data) == [] and closer_to_roof(data) == []
+    [finding] = traced_scaling_differs(data)
+    [item] = finding.values["pairs"].items
+    assert (item["small"], item["large"], item["paired_low"], item["paired_high"]) == (1, 64, 0.28, 0.32)
+    assert item["traced_high"] < 0.28 and item["traced_low"] < item["traced"] < item["traced_high"]
+    text = rendered(finding)
+    assert (
+        "batch 1 → 64: traced time per sample 0.11" in text["en"]
+        and "against 0.300× paired (0.280–0.320)" in (text["en"])
+    )
+    assert "配对计时为 0.300 倍（0.280–0.320）" in text["zh"]
+    # Where they agree, nothing is said and the attribution stands.
+    assert traced_scaling_differs(batch_pair()) == [] and why_per_sample_changes(batch_pair())
+
+
 def test_no_attribution_where_the_paired_ratio_did_not_decide_the_direction() -> None:
     assert why_per_sample_changes(batch_pair(ratio=(0.99, 0.95, 1.03))) == []
 
@@ -153,7 +174,7 @@ def test_work_paid_per_step_and_work_that_grows_with_the_batch_are_told_apart() 
     assert [item["group"].key for item in fixed.values["groups"].items] == ["group_optimizer", "group_outside"]
     assert [item["group"].key for item in growing.values["groups"].items] == ["group_convolution"]
     assert growing.cites["convolution"].low > 64**0.75
-    assert "so per sample each fell at least" in rendered(fixed)["en"]
+    assert "so per sample every listed part fell at least" in rendered(fixed)["en"]
     assert "主要按步计的开销" in rendered(fixed)["zh"]
 
 

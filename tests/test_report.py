@@ -75,7 +75,9 @@ def test_overlapping_device_intervals_read_no_measurable_difference() -> None:
         make_record(1, "cpu", "inference", 0.50, (("aten::addmm", 20.0),), ci_pct=3.0),
         make_record(1, "cuda", "inference", 0.49, (("aten::addmm", 20.0),), ci_pct=2.0),
     ]
-    same = "At batch 1 inference cuda vs cpu: no measurable difference (0.97-1.07x) (0.490 vs 0.500 ms per step)."
+    same = (
+        "At batch 1 inference cuda vs cpu: 1.02x, no measurable difference (0.97-1.07x) (0.490 vs 0.500 ms per step)."
+    )
     assert same in step_sentences(step_facts(records))
 
 

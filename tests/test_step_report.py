@@ -131,7 +131,7 @@ def test_anatomy_text_names_the_rows_whose_traced_step_is_shorter_than_the_timed
     assert first.anatomy is not None
     faster = dataclasses.replace(first.anatomy, step_ms=first.step.low / 2)
     text = anatomy_markdown([dataclasses.replace(first, anatomy=faster), *facts[1:]])
-    assert f"Here {first.label} traced shorter than the low end of the timed step's 95 % interval" in text
+    assert f"Here {first.label} traced shorter than the low end of the timed median's 95 % interval" in text
     assert "within or above" not in text
 
 
@@ -287,7 +287,8 @@ def test_allocator_section_compares_each_cpu_combination_and_says_what_is_not_th
     assert "| 16 train |" in table and "no measurable difference" in table and "cuda" not in table
     (sentence,) = allocator_sentences([faulting, same, drift, gpu])
     assert (
-        "took measurably longer than with the tuned allocator, with the same operators on the same values: batch 64 "
+        "measurably slower with glibc malloc's defaults than with the tuned allocator, with the same operators on the "
+        "same values: batch 64 "
         "train 1.40x (1.35-1.46x)."
     ) in sentence
     assert "For 16-cpu-train (0.97-1.05x) the interval includes 1: the data cannot tell whether" in sentence

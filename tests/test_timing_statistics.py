@@ -204,7 +204,7 @@ def test_ratio_interval_and_no_measurable_difference_wording() -> None:
     assert speedup.measurable and speedup.with_interval() == "5.00x (4.52-5.53x)"
     close = Interval(10.0, 9.6, 10.4) / Interval(10.2, 10.0, 10.5)
     assert not close.measurable
-    assert close.with_interval() == "no measurable difference (0.91-1.04x)"
+    assert close.with_interval() == "0.98x, no measurable difference (0.91-1.04x)"
     unbounded = Interval(10.0, 0.0, 20.0) / gpu  # too few blocks on one side
     assert not unbounded.measurable and "too few timed blocks" in unbounded.with_interval()
 

@@ -114,9 +114,13 @@ class Ratio:
         return f"{_format_ratio(self.low)}-{_format_ratio(self.high)}x"
 
     def with_interval(self) -> str:
-        """`3.12x (2.95-3.30x)`, or `no measurable difference (0.97-1.04x)` when the interval contains 1."""
+        """`3.12x (2.95-3.30x)`, or `1.01x, no measurable difference (0.97-1.04x)` when the interval contains 1 (the
+        median still shown: a wide interval around a large median says the data cannot tell, not that there is no
+        effect)."""
         if not self.measurable:
-            return f"no measurable difference ({self.bounds()})"
+            if not math.isfinite(self.high):
+                return f"no measurable difference ({self.bounds()})"
+            return f"{_format_ratio(self.value)}x, no measurable difference ({self.bounds()})"
         return f"{_format_ratio(self.value)}x ({self.bounds()})"
 
 

@@ -109,7 +109,7 @@ def _wide_interval_warning(record: ProfileRecord) -> str:
         return f"processes disagree: {settled}, so {interval}`profile.ci_target_pct`; {PROCESSES_DISAGREE_ADVICE}"
     return (
         f"processes disagree: {settled}; with the speed every combination shared in each process divided out, this "
-        f"combination's own spread is still ±{timing.own_spread_pct:.1f} %, wider than the ±{target:g} % "
+        f"combination's own spread still reaches ±{timing.own_spread_pct:.1f} %, wider than the ±{target:g} % "
         f"`profile.ci_target_pct`; {PROCESSES_DISAGREE_ADVICE}"
     )
 
@@ -220,7 +220,8 @@ def process_speed_sentence(comparisons: DeviceComparisons) -> str:
     return (
         f"Between its {len(speeds)} timing processes the {comparisons.device} ran up to "
         f"{comparisons.speed_spread_pct:.1f} % apart in the speed its combinations shared (each process's shared "
-        f"speed: {', '.join(f'{speed:.3f}' for speed in speeds)}, 1 the median): each row's interval holds that, the "
+        f"speed: {', '.join(f'{speed:.3f}' for speed in speeds)}, against 1 for each combination's median over the "
+        "processes): each row's interval holds that, the "
         "paired ratios cancel it; what a combination moved on its own is in its own spread."
     )
 
@@ -271,8 +272,8 @@ def operators_markdown(record: ProfileRecord) -> str:
             f"Allocator what-if: with glibc malloc's defaults the same step took "
             f"{whatif.step_time_ms_median:.3f} ms median, defaults ÷ tuned{paired} "
             f"{slowdown.with_interval()}; "
-            f"{_faults(whatif.page_faults_per_step)} page faults per step against "
-            f"{_faults(whatif.tuned_page_faults_per_step)} tuned ({record.settings.allocator}).",
+            f"{page_faults_text(whatif.page_faults_per_step)} page faults per step (median of the processes) against "
+            f"{page_faults_text(whatif.tuned_page_faults_per_step)} tuned ({record.settings.allocator}).",
         ]
     for rank, row in enumerate(rows, start=1):
         gpu = f"{_cell(row.self_device_ms, '.3f')} | " if on_gpu else ""
@@ -286,7 +287,8 @@ def operators_markdown(record: ProfileRecord) -> str:
         lines += [
             "",
             f"Allocated MB per step: what the allocator handed out on the {combination.device} while the operator was "
-            "the innermost one running; what the step holds at its peak is in memory.md.",
+            "the innermost one running; what the step holds at its peak is in `memory.md` beside this table (in the "
+            "report, its section on memory and energy).",
         ]
     if record.analysis.ranges:  # record_function ranges: their time is their operators' time, so never ranked
         ranges = "; ".join(
@@ -431,7 +433,7 @@ def energy_sentence(record: ProfileRecord) -> str:
     )
 
 
-def _faults(per_step: float) -> str:
-    """Page faults per step (a median over processes, so a fraction): one decimal while that decimal tells two
-    counts apart, whole numbers from 10 on."""
-    return f"{per_step:,.1f}" if per_step < 10 else f"{per_step:,.0f}"
+def page_faults_text(per_step: float) -> str:
+    """Page faults per step (a median over processes, so a fraction): whole numbers from 10 on, two decimals below
+    (0.03 is not 0)."""
+    return f"{per_step:,.0f}" if per_step >= 10 else f"{per_step:.2f}"

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from pipeline.records.profile import AllocatorWhatIf, ProfileRecord
 from pipeline.records.quantities import Ratio
+from pipeline.records.wording import page_faults_text
 from pipeline.report.tables import markdown_table
 
 SHIFTED_OPERATORS = 2  # operators named per combination: those whose share moves the most
@@ -46,7 +47,7 @@ def allocator_markdown(records: Sequence[ProfileRecord]) -> str:
                 f"{tuned.value:.3f} ({tuned.low:.3f}-{tuned.high:.3f})",
                 slowdown.with_interval(),
                 _faults(whatif),
-                _count(whatif.tuned_page_faults_per_step),
+                page_faults_text(whatif.tuned_page_faults_per_step),
                 shifted_operators(record, whatif),
             )
         )
@@ -126,8 +127,8 @@ def allocator_sentences(records: Sequence[ProfileRecord]) -> list[str]:
         for record, value in slower
     )
     sentence = (
-        "Memory allocation: with glibc malloc's defaults these CPU steps took measurably longer than with the tuned "
-        f"allocator, with the same operators on the same values: {listed}."
+        "Memory allocation: measurably slower with glibc malloc's defaults than with the tuned allocator, with the "
+        f"same operators on the same values: {listed}."
     )
     sentence += (
         " Paired: each defaults process ran next to a tuned one, so drift that both processes of a pair shared "
@@ -160,10 +161,5 @@ def allocator_sentences(records: Sequence[ProfileRecord]) -> list[str]:
 def _faults(whatif: AllocatorWhatIf) -> str:
     """The defaults' page faults per step: the median over the processes, with their range where they were recorded."""
     counts = whatif.process_page_faults
-    median = _count(whatif.page_faults_per_step)
-    return f"{median} ({_count(min(counts))}-{_count(max(counts))})" if counts else median
-
-
-def _count(faults: float) -> str:
-    """Page faults per step: whole numbers from 10 on, two decimals below (0.03 is not 0)."""
-    return f"{faults:,.0f}" if faults >= 10 else f"{faults:.2f}"
+    median = page_faults_text(whatif.page_faults_per_step)
+    return f"{median} ({page_faults_text(min(counts))}-{page_faults_text(max(counts))})" if counts else median

@@ -233,11 +233,29 @@ class AnalysisData:
                         yield device, mode, small, large
 
     def traced_pairs(self, *, consecutive: bool) -> Iterator[tuple[str, str, TracedSteps, TracedSteps]]:
-        """batch_pairs where both batch sizes' traced steps can be read: (device, mode, smaller's, larger's)."""
+        """batch_pairs where both batch sizes' traced steps can be read and scaled as the timed steps did (their
+        per-sample ratio's interval meets the paired one, where the pair was timed paired): (device, mode, smaller's,
+        larger's). A pair whose traced passes scaled otherwise explains nothing about the timed change."""
+        for device, mode, a, b in self.readable_traced_pairs(consecutive=consecutive):
+            paired = self.paired(b.record.combination, a.record.combination)
+            if paired is None or _overlap(traced_per_sample_ratio(a, b), _ratio(paired)):
+                yield device, mode, a, b
+
+    def readable_traced_pairs(self, *, consecutive: bool) -> Iterator[tuple[str, str, TracedSteps, TracedSteps]]:
+        """batch_pairs where both batch sizes' traced steps can be read, however they scaled."""
         for device, mode, small, large in self.batch_pairs(consecutive=consecutive):
             a, b = self.traced.get(_at(small, device, mode)), self.traced.get(_at(large, device, mode))
             if a is not None and b is not None:
                 yield device, mode, a, b
+
+
+def traced_per_sample_ratio(a: TracedSteps, b: TracedSteps) -> Measured:
+    """The larger batch's traced time per sample over the smaller's, with its bootstrap interval."""
+    small, large = a.record.combination.batch_size, b.record.combination.batch_size
+    return measured(
+        (b.total() / large) / (a.total() / small),
+        (b.draws_of(everything) / large) / (a.draws_of(everything) / small),
+    )
 
 
 def _at(batch: int, device: str, mode: str) -> Combination:
@@ -350,11 +368,8 @@ def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
         total = a.draws_of(everything) / small - b.draws_of(everything) / large  # saved per sample
         saved = measured(a.total() / small - b.total() / large, total)
         falls = paired.value < 1
-        traced_ratio = measured(
-            (b.total() / large) / (a.total() / small),
-            (b.draws_of(everything) / large) / (a.draws_of(everything) / small),
-        )
-        if not saved.excludes(0.0) or (saved.value > 0) != falls or not _overlap(traced_ratio, _ratio(paired)):
+        traced_ratio = traced_per_sample_ratio(a, b)
+        if not saved.excludes(0.0) or (saved.value > 0) != falls:
             continue
         rows = []
         for group in _nameable_groups(a, b):
@@ -397,6 +412,39 @@ def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
         }[(falls, bool(against))]
         found.append(Finding("why_per_sample_changes", message, values, {"change": saved, **dict(rows)}))
     return found
+
+
+def traced_scaling_differs(data: AnalysisData) -> list[Finding]:
+    """Rule: where two batch sizes' traced passes (each with the next, and the smallest with the largest) scaled
+    otherwise than their paired timing (the traced per-sample ratio's interval misses the paired one), say so once,
+    with both: no finding explains that change from the traced steps, and the reader should not wonder why none
+    does."""
+    items = []
+    pairs = [*data.readable_traced_pairs(consecutive=True), *data.readable_traced_pairs(consecutive=False)]
+    seen: set[tuple[Combination, Combination]] = set()
+    for device, mode, a, b in pairs:
+        if (a.record.combination, b.record.combination) in seen:
+            continue
+        seen.add((a.record.combination, b.record.combination))
+        paired = data.paired(b.record.combination, a.record.combination)
+        traced = traced_per_sample_ratio(a, b)
+        if paired is None or _overlap(traced, _ratio(paired)):
+            continue
+        items.append(
+            {
+                **_subject(device, mode, a.record.combination.batch_size, b.record.combination.batch_size),
+                "traced": traced.value,
+                "traced_low": traced.low,
+                "traced_high": traced.high,
+                "paired": paired.value,
+                "paired_low": paired.low,
+                "paired_high": paired.high,
+            }
+        )
+    if not items:
+        return []
+    values = {"pairs": Listing("finding_scaling_item", tuple(items))}
+    return [Finding("traced_scaling_differs", "finding_traced_scaling_differs", values, reason=False)]
 
 
 def rounded_up(value: float, digits: int) -> float:
@@ -822,6 +870,7 @@ def training_against_profile(data: AnalysisData) -> list[Finding]:
 
 RULES: tuple[Callable[[AnalysisData], list[Finding]], ...] = (
     per_sample_direction,
+    traced_scaling_differs,
     why_per_sample_changes,
     per_step_or_per_sample,
     what_sets_the_cost,

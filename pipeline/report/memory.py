@@ -42,8 +42,8 @@ def memory_section(profiles: Sequence[ProfileRecord], figures: Path) -> list[str
     lines = [
         "What each combination's step holds in the device's memory at its peak, in MB (10^6 bytes): the state it "
         "starts from (weights, optimizer state, the batch, the last step's gradients) and what it allocates on the "
-        "way, from the allocator's record of one step in each timing process (the peak column gives the range over "
-        "the processes). Parts with nothing in any combination are left out.\n",
+        "way, from the allocator's record of one step in each timing process (the processes' range column gives the "
+        "peak's range over them). Parts with nothing in any combination are left out.\n",
         f"| combination | peak MB | processes' range | {header} |",
         f"| --- | ---: | ---: | {' | '.join('---:' for _ in parts)} |",
     ]

@@ -89,9 +89,10 @@ def anatomy_markdown(facts: Sequence[StepFacts]) -> str:
         return "_No step anatomy: the profile records carry no trace analysis (re-run `dvc repro`)._\n"
     shorter = [fact.label for fact in rows if fact.anatomy is not None and fact.anatomy.step_ms < fact.step.low]
     traced = (
-        f" Here {', '.join(shorter)} traced shorter than the low end of the timed step's 95 % interval although the "
-        "hooks only add: the tracing process ran faster than the timing processes (a process's or a machine's speed "
-        "can drift between passes), so read the busy shares, not the two step times against each other."
+        f" Here {', '.join(shorter)} traced shorter than the low end of the timed median's 95 % interval although "
+        "the hooks only add: the tracing process ran faster than that median (a process's speed varies between "
+        "processes and passes; where the operator table says its pass ran like the timing processes, it ran within "
+        "their spread), so read the busy shares, not the two step times against each other."
         if shorter
         else " Here each row's median traced step is within or above the timed step's 95 % interval."
     )
