@@ -350,10 +350,11 @@ def test_report_numbers_equal_the_stage_outputs(reported: Path) -> None:
     for name in (f"{b}-cpu-{m}" for b in (1, 16, 64) for m in ("inference", "train")):
         timing = json.loads((reported / "profiles" / "cpu" / name.replace("-cpu-", "-") / "timing.json").read_text())
         batch, _, mode = name.split("-")
-        pattern = rf"^\| {batch} \| cpu \| {mode} \| ([\d.]+) \| [\d.]+ \| ±([\d.]+) % \|"
+        pattern = rf"^\| {batch} \| cpu \| {mode} \| ([\d.]+) \| [\d.]+ \| ([\d.]+)–([\d.]+) \|"
         row = re.search(pattern, report, re.MULTILINE)
         assert row and row.group(1) == f"{timing['step_time_ms_median']:.3f}", name
-        assert row.group(2) == f"{timing['step_time_ci_pct']:.1f}", name
+        interval = (f"{timing['step_time_ms_ci_low']:.3f}", f"{timing['step_time_ms_ci_high']:.3f}")
+        assert (row.group(2), row.group(3)) == interval, name
         # The allocator what-if: this combination's row holds the record's numbers.
         record = json.loads((reported / "profiles" / "cpu" / name.replace("-cpu-", "-") / "profile.json").read_text())
         whatif = record["allocator_whatif"]
