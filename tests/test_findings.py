@@ -137,6 +137,10 @@ def test_the_per_sample_saving_is_attributed_to_the_groups_that_moved() -> None:
     # What the split is of, beside what the timed steps saved, and why the traced steps may stand for them.
     assert f"the timed steps saved {6.0 - 45.0 / 64:.4f} ms per sample" in english  # their medians, per sample
     assert "overlaps the paired timing's" in english and "与配对计时的" in rendered(finding)["zh"]
+    # The named parts and the rest make up the whole traced saving.
+    rest = 100 - finding.cites["optimizer"].value - finding.cites["outside"].value
+    assert finding.values["rest"] == pytest.approx(rest)
+    assert f"in parts not named (each under 2 % of the change, or not clear of 0): {rest:.1f} %." in english
 
 
 def test_traced_passes_that_scaled_otherwise_than_the_timing_explain_nothing_and_are_named() -> None:

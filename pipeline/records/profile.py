@@ -395,10 +395,11 @@ class TraceCheck:
             else f"the timed step's 95 % CI ({bounds})"
         )
         speed = "" if self.inside else ": this process ran at another speed"
+        hooks = 0.0 if self.hooks_pct is None else round(self.hooks_pct, 1) + 0.0  # + 0.0: never "-0.0"
         return (
             f"the {len(self.untraced_steps_ms)} steps run untraced around the traced pass took {checked:.3f} ms "
             f"(median), {where} {against}{speed}; traced, the step took {self.traced_step_ms:.3f} ms, "
-            f"{self.hooks_pct:+.1f} % ({passes})"
+            f"{hooks:+.1f} % ({passes})"
         )
 
 

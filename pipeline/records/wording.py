@@ -273,7 +273,8 @@ def operators_markdown(record: ProfileRecord) -> str:
             f"{whatif.step_time_ms_median:.3f} ms median, defaults ÷ tuned{paired} "
             f"{slowdown.with_interval()}; "
             f"{page_faults_text(whatif.page_faults_per_step)} page faults per step (median of the processes) against "
-            f"{page_faults_text(whatif.tuned_page_faults_per_step)} tuned ({record.settings.allocator}).",
+            f"{page_faults_text(whatif.tuned_page_faults_per_step)} tuned (one count, in the profile stage's own "
+            f"process; {record.settings.allocator}).",
         ]
     for rank, row in enumerate(rows, start=1):
         gpu = f"{_cell(row.self_device_ms, '.3f')} | " if on_gpu else ""

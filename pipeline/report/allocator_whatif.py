@@ -57,7 +57,7 @@ def allocator_markdown(records: Sequence[ProfileRecord]) -> str:
         ">step ms, tuned (95 % CI)",
         ">defaults ÷ tuned",
         ">page faults per step, defaults: median (processes' range)",
-        ">tuned",
+        ">tuned: one count, in the profile stage's own process",
         "operators whose share moves most, among those in both tables (defaults → tuned)",
     )
     allocators = sorted({whatif.default_allocator for _, whatif, _ in measured})

@@ -402,6 +402,7 @@ def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
             "change_low": min(abs(saved.low), abs(saved.high)),
             "change_high": max(abs(saved.low), abs(saved.high)),
             "groups": _group_listing("finding_share_item", helped),
+            "rest": 100.0 - sum(share.value for _, share in rows),  # the parts this rule does not name
             "against": _group_listing("finding_share_item", [(g, _negated(m)) for g, m in against]),
         }
         message = {
@@ -600,7 +601,7 @@ def per_step_or_per_sample(data: AnalysisData) -> list[Finding]:
 
 
 def closer_to_roof(data: AnalysisData) -> list[Finding]:
-    """Rule: for a group with counted FLOPs that grows with the batch, "ran closer to the roof" only where its achieved
+    """Rule: for a group with counted FLOPs, "ran closer to the roof" only where its achieved
     GFLOP/s at the largest batch lies above its interval at the smallest (traced steps, bootstrap), "no faster" where
     it lies below; otherwise the data cannot tell and nothing is said."""
     found = []

@@ -129,7 +129,7 @@ def anatomy_markdown(facts: Sequence[StepFacts]) -> str:
             f"{fact.step.value:.3f}",
             *((_ms(fact.untraced_ms),) if untraced else ()),
             f"{anatomy.step_ms:.3f}",
-            *((NO_NUMBER if fact.hooks_pct is None else f"{fact.hooks_pct:+.1f}",) if untraced else ()),
+            *((NO_NUMBER if fact.hooks_pct is None else f"{round(fact.hooks_pct, 1) + 0.0:+.1f}",) if untraced else ()),
             f"{anatomy.busy_pct:.1f}",
             f"{anatomy.idle_pct:.1f}",
             f"{anatomy.launches_per_step:.0f}" if not device_kind(fact.device).on_host else NO_NUMBER,
