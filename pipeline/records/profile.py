@@ -37,6 +37,7 @@ from pipeline.records.quantities import (
     StepEstimate,
     StepMemory,
     StepPart,
+    signed_tenth,
 )
 from pipeline.records.statistics import median_interval
 
@@ -395,11 +396,11 @@ class TraceCheck:
             else f"the timed step's 95 % CI ({bounds})"
         )
         speed = "" if self.inside else ": this process ran at another speed"
-        hooks = 0.0 if self.hooks_pct is None else round(self.hooks_pct, 1) + 0.0  # + 0.0: never "-0.0"
+        hooks = signed_tenth(self.hooks_pct or 0.0)
         return (
             f"the {len(self.untraced_steps_ms)} steps run untraced around the traced pass took {checked:.3f} ms "
             f"(median), {where} {against}{speed}; traced, the step took {self.traced_step_ms:.3f} ms, "
-            f"{hooks:+.1f} % ({passes})"
+            f"{hooks} % ({passes})"
         )
 
 
@@ -426,6 +427,12 @@ class ProfileRecord:
     memory: StepMemory | None = None  # None in older records
     energy: StepEnergy | None = None  # where the device has an energy counter
     energy_unavailable: str = ""  # why there is no energy figure ("" where there is one, and in older records)
+
+    @property
+    def traced_like_timed(self) -> bool:
+        """The operator table's traced pass ran like the timing processes (True where it was not checked): only then
+        do its operator times, anatomy and kernels describe the timed step."""
+        return self.trace_check is None or self.trace_check.inside
 
     @property
     def per_sample(self) -> Interval:

@@ -124,6 +124,11 @@ class Ratio:
         return f"{_format_ratio(self.value)}x ({self.bounds()})"
 
 
+def signed_tenth(value: float) -> str:
+    """`+1.2`, `-0.3`; a value that rounds to zero from below reads `+0.0`, never `-0.0`."""
+    return f"{round(value, 1) + 0.0:+.1f}"
+
+
 def _format_ratio(value: float) -> str:
     return f"{value:.2f}" if value < 100 else f"{value:.0f}"
 

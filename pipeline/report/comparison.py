@@ -189,7 +189,7 @@ def comparison_rows(profiles: Sequence[ProfileRecord]) -> list[ComparisonRow]:
                 ci_target_pct=record.settings.ci_target_pct,
                 own_ci_pct=timing.own_spread_pct,
                 processes=len(record.process_step_times_ms) or record.settings.processes,  # older records: settings
-                trace_inside=record.trace_check is None or record.trace_check.inside,
+                trace_inside=record.traced_like_timed,
                 machine_busy=conditions.busy,
                 load_average_before=conditions.load_average_before,
                 load_average_after=conditions.load_average_after,

@@ -195,7 +195,7 @@ class AnalysisData:
         traced = {
             record.combination: TracedSteps(record, BOOTSTRAP_SEED + position)
             for position, record in enumerate(records)
-            if _parts_usable(record.analysis.parts) and (record.trace_check is None or record.trace_check.inside)
+            if _parts_usable(record.analysis.parts) and record.traced_like_timed
         }
         return cls(records, comparisons, train_speed, train_batch_size, traced)
 
@@ -237,9 +237,15 @@ class AnalysisData:
         per-sample ratio's interval meets the paired one, where the pair was timed paired): (device, mode, smaller's,
         larger's). A pair whose traced passes scaled otherwise explains nothing about the timed change."""
         for device, mode, a, b in self.readable_traced_pairs(consecutive=consecutive):
-            paired = self.paired(b.record.combination, a.record.combination)
-            if paired is None or _overlap(traced_per_sample_ratio(a, b), _ratio(paired)):
+            if self.scaled_otherwise(a, b) is None:
                 yield device, mode, a, b
+
+    def scaled_otherwise(self, a: TracedSteps, b: TracedSteps) -> tuple[Measured, PairedComparison] | None:
+        """The traced per-sample ratio and the paired one where their intervals miss each other; None where they
+        meet or the pair was not timed paired."""
+        paired = self.paired(b.record.combination, a.record.combination)
+        traced = traced_per_sample_ratio(a, b)
+        return None if paired is None or _overlap(traced, _ratio(paired)) else (traced, paired)
 
     def readable_traced_pairs(self, *, consecutive: bool) -> Iterator[tuple[str, str, TracedSteps, TracedSteps]]:
         """batch_pairs where both batch sizes' traced steps can be read, however they scaled."""
@@ -427,10 +433,10 @@ def traced_scaling_differs(data: AnalysisData) -> list[Finding]:
         if (a.record.combination, b.record.combination) in seen:
             continue
         seen.add((a.record.combination, b.record.combination))
-        paired = data.paired(b.record.combination, a.record.combination)
-        traced = traced_per_sample_ratio(a, b)
-        if paired is None or _overlap(traced, _ratio(paired)):
+        missed = data.scaled_otherwise(a, b)
+        if missed is None:
             continue
+        traced, paired = missed
         items.append(
             {
                 **_subject(device, mode, a.record.combination.batch_size, b.record.combination.batch_size),

@@ -91,8 +91,6 @@ def _record_points(record: ProfileRecord) -> list[RooflinePoint]:
     if rate.peak_gflops_per_s <= 0 or rate.bandwidth_gb_per_s <= 0:
         return []  # a record from before the roofs stage, or without its memory roof: nothing to place
 
-    traced_like_timed = record.trace_check is None or record.trace_check.inside
-
     def place(name: str, intensity: float, achieved: Interval, megabytes: float) -> RooflinePoint:
         return RooflinePoint(
             device=combination.device,
@@ -104,7 +102,7 @@ def _record_points(record: ProfileRecord) -> list[RooflinePoint]:
             peak_gflops_per_s=rate.peak_gflops_per_s,
             bandwidth_gb_per_s=rate.bandwidth_gb_per_s,
             megabytes=megabytes,
-            traced_like_timed=traced_like_timed or name == WHOLE_STEP,  # the whole step's rate is the timed one
+            traced_like_timed=record.traced_like_timed or name == WHOLE_STEP,  # the whole step's rate is the timed one
         )
 
     points = []

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pipeline.common.tables import NO_NUMBER
 from pipeline.devices.registry import device_kind, device_kinds, host_kind
 from pipeline.records.profile import FlopRate, ProfileRecord
-from pipeline.records.quantities import Interval, KernelStats, StepAnatomy
+from pipeline.records.quantities import Interval, KernelStats, StepAnatomy, signed_tenth
 from pipeline.report.comparison import NOT_THE_TIMED_STEP, host_and_gpu_pairs, rate_interval
 from pipeline.report.tables import markdown_table
 
@@ -76,7 +76,7 @@ def step_facts(records: Sequence[ProfileRecord]) -> list[StepFacts]:
             peak_method=record.analysis.peak_method,
             untraced_ms=record.trace_check.untraced_step_ms if record.trace_check else None,
             hooks_pct=record.trace_check.hooks_pct if record.trace_check else None,
-            traced_like_timed=record.trace_check is None or record.trace_check.inside,
+            traced_like_timed=record.traced_like_timed,
         )
         for record in records
     ]
@@ -129,7 +129,7 @@ def anatomy_markdown(facts: Sequence[StepFacts]) -> str:
             f"{fact.step.value:.3f}",
             *((_ms(fact.untraced_ms),) if untraced else ()),
             f"{anatomy.step_ms:.3f}",
-            *((NO_NUMBER if fact.hooks_pct is None else f"{round(fact.hooks_pct, 1) + 0.0:+.1f}",) if untraced else ()),
+            *((NO_NUMBER if fact.hooks_pct is None else signed_tenth(fact.hooks_pct),) if untraced else ()),
             f"{anatomy.busy_pct:.1f}",
             f"{anatomy.idle_pct:.1f}",
             f"{anatomy.launches_per_step:.0f}" if not device_kind(fact.device).on_host else NO_NUMBER,
