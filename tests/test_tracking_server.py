@@ -66,6 +66,19 @@ class _Failing(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _Counting503(_Failing):
+    """Answers every request HTTP 503 and counts them in its server's `requests`."""
+
+    def do_GET(self) -> None:
+        self.server.requests += 1  # type: ignore[attr-defined]
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_POST = do_PATCH = do_DELETE = do_GET
+
+
 def test_failing_server_is_reported_not_retried_for_minutes(project_copy: Path, run_in: Any) -> None:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Failing)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -104,11 +117,16 @@ run_stage("probe", main)
 
 class _Proxy:
     """A TCP relay in front of the real server that can stop answering: `down()` refuses and drops every
-    connection (a dead server), `stall()` accepts and never answers (a hung one)."""
+    connection (a dead server), `stall()` accepts and never answers (a hung one), `failing()` drops every
+    connection and relays new ones to a server that answers each request HTTP 503 and counts them (a reverse proxy
+    whose backend died)."""
 
     def __init__(self, upstream: str) -> None:
         host, port = upstream.removeprefix("http://").split(":")
         self.upstream = (host, int(port))
+        self.failing_server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Counting503)
+        self.failing_server.requests = 0  # type: ignore[attr-defined]
+        threading.Thread(target=self.failing_server.serve_forever, daemon=True).start()
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.uri = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.mode = "forward"
@@ -122,17 +140,20 @@ class _Proxy:
             except OSError:
                 return  # closed by down()
             self.sockets.append(client)
-            if self.mode == "forward":
-                server = socket.create_connection(self.upstream)
+            if self.mode in ("forward", "failing"):
+                target = self.upstream if self.mode == "forward" else self.failing_server.server_address[:2]
+                server = socket.create_connection(target)
                 self.sockets.append(server)
                 for source, target in ((client, server), (server, client)):
                     threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
 
     def _pump(self, source: socket.socket, target: socket.socket) -> None:
-        # The mode is checked after each recv: a relay idle in recv when `stall()` came must not forward the
-        # next request (it did, so a stage's next call could still succeed and the stall go unnoticed).
+        # A relay forwards only while the mode it started in holds, checked after each recv: one idle in recv when
+        # `stall()` came must not forward the next request (it did, so a stage's next call could still succeed and
+        # the stall go unnoticed).
         try:
-            while (data := source.recv(65536)) and self.mode == "forward":
+            mode = self.mode
+            while (data := source.recv(65536)) and self.mode == mode:
                 target.sendall(data)
         except OSError:
             pass
@@ -140,6 +161,17 @@ class _Proxy:
     def down(self) -> None:
         self.mode = "down"
         self.listener.close()
+        self._drop_connections()
+
+    def failing(self) -> None:
+        self.mode = "failing"
+        self._drop_connections()
+
+    @property
+    def failed_requests(self) -> int:
+        return self.failing_server.requests  # type: ignore[attr-defined,no-any-return]
+
+    def _drop_connections(self) -> None:
         for connection in self.sockets:
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
@@ -208,25 +240,27 @@ def test_server_failing_mid_stage_is_reported_and_its_run_marked_failed_later(
 
 
 def test_a_store_that_spent_its_retries_is_tried_once_per_cleanup_call(mlflow_server: str, tmp_path: Path) -> None:
-    """3 retries with backoff 1 s and no jitter: a call to a dead server fails after sleeping 0 + 2 + 4 s. The
-    stage's last flush spends that once; its cleanup (flush what is left, end the run and the parent) then gets one
-    try per call (lifecycle.ONE_TRY). Without that, each cleanup call waited the budget again: with the defaults,
-    a minute each, so a student waited three minutes for the message (seen in the class-server stress test)."""
+    """With 3 retries a call to a failing server makes 4 requests. The stage's last flush spends that budget once;
+    its cleanup (flush what is left, end the run and the parent) then gets one try per call (lifecycle.ONE_TRY).
+    Without that, each cleanup call spent the budget again: with the defaults, a minute each, so a student waited
+    three minutes for the message (seen in the class-server stress test). Counted in requests, not seconds: a
+    timed bound failed under the load of a parallel suite."""
     proxy = _Proxy(mlflow_server)
     budget = {
         "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
-        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "0",  # no sleeps: the test counts requests
         "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
     }
     process = _probe(proxy.uri, tmp_path, retries=budget)
     assert process.stdout is not None
     run_id = _run_id_line(process.stdout)
-    proxy.down()
-    started = time.monotonic()
+    proxy.failing()
     _, stderr = process.communicate("\n", timeout=120)
-    gave_up_s = time.monotonic() - started
     assert process.returncode == 2 and f"Its MLflow run {run_id} could not be ended" in stderr, stderr[-3000:]
-    assert 6.0 <= gave_up_s < 11.0, gave_up_s  # the budget once (6 s), not again per cleanup call (12 s more)
+    assert "503" in stderr, stderr[-3000:]
+    # The budget once (4 requests), then one try per cleanup call that reaches the store (ending the run: 5 in
+    # all); a cleanup call that spent the budget again would make it 8 or more.
+    assert 4 < proxy.failed_requests < 2 * 4, proxy.failed_requests
 
 
 def test_password_in_tracking_uri_is_sent_as_basic_auth_and_never_shown(mlflow_server: str, tmp_path: Path) -> None:
