@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import matplotlib.image
 import matplotlib.pyplot as plt
 from matplotlib import font_manager
 from matplotlib.axes import Axes
@@ -223,8 +224,13 @@ def charmap(font: str) -> frozenset[int]:
 
 def save_figure(figure: Figure, target: Path) -> None:
     """Lay out, check and write a figure: a character its font cannot draw is an error, not a box in the picture.
-    A PNG carries its texts in its `Description` metadata, so a reader can check them without the code."""
+    A PNG carries its texts in its `Description` metadata, so a reader can check them without the code.
+
+    The figure is drawn once, at the resolution it is written at: the glyph check's drawing is the PNG's picture,
+    written as `savefig` writes it (`FigureCanvasAgg.print_png`: draw, then `image.imsave`), since `savefig` would
+    draw all its text again."""
     figure.tight_layout()
+    figure.set_dpi(DPI)
     missing = missing_glyphs(figure)
     if missing:
         plt.close(figure)
@@ -235,6 +241,10 @@ def save_figure(figure: Figure, target: Path) -> None:
             "units)."
         )
     texts = [text.get_text() for text in _texts(figure)]  # as missing_glyphs drew them: tick labels formatted
-    metadata = {"Description": "\n".join(texts)} if target.suffix == ".png" else None
-    figure.savefig(target, dpi=DPI, metadata=metadata)
+    if target.suffix == ".png":
+        picture = figure.canvas.buffer_rgba()  # type: ignore[attr-defined]  # the Agg canvas pyplot figures have
+        metadata = {"Description": "\n".join(texts)}
+        matplotlib.image.imsave(target, picture, format="png", origin="upper", dpi=DPI, metadata=metadata)
+    else:
+        figure.savefig(target, dpi=DPI)
     plt.close(figure)
