@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import statistics
 from pathlib import Path
@@ -17,6 +18,7 @@ from PIL import Image
 
 from pipeline.common.tables import rows_csv
 from pipeline.params.parsing import params_from_mapping
+from pipeline.records.roofs import SpeedDrift
 from pipeline.report.comparison import (
     COMPARISON_PLOT_FIELDS,
     comparison_markdown,
@@ -549,8 +551,16 @@ def test_the_machines_drift_is_stated_once_and_flags_no_row() -> None:
     assert "drift" not in table.split("\n\n")[0]  # the table itself
     assert not [row for row in comparison_rows(records) if row.flags()]
     assert "Processes disagree" not in table and "noisy" not in table
-    sentence = drift_sentence({"cpu": 4.7})
-    assert sentence.startswith("**A rerun minutes later may move every row together by up to ±4.7 % on the cpu**")
+    # Eight 4-s windows whose log medians spread by 1 %: one more window within t(7) · 1 % · sqrt(9/8) = 2.51 % on the
+    # log scale, 2.54 % as a ratio, said rounded up.
+    windows = tuple(math.exp(0.01 * z) for z in (-1.5, -1.0, -0.5, 0.0, 0.0, 0.5, 1.0, 1.5))
+    probe = SpeedDrift(window_s=4.0, window_medians_ms=windows, workload="a fixed workload")
+    sentence = drift_sentence({"cpu": probe})
+    # What was measured, over how long, and what it cannot tell, each said: a 32 s probe says nothing of minutes.
+    assert sentence.startswith("**Timed on a fixed workload in consecutive windows by the `roofs` stage")
+    assert "one more window would lie within ±2.6 % on the cpu (8 windows of 4 s)" in sentence, sentence
+    assert "as it did during the probe (32 s); how the speed moves over longer spans, the probe cannot tell" in sentence
+    assert "minutes" not in sentence
     assert "cancel whatever slows all combinations of a device alike" in sentence and "does not cancel" in sentence
     assert sentence.count(section_reference("comparison")) == 2  # each row's interval, the paired ratios
     assert "not measured" in drift_sentence({})

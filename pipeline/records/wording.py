@@ -30,13 +30,24 @@ def measurement_warnings(record: ProfileRecord, said_for_all: bool = False) -> l
     if record.timing.noisy and not said_for_all:
         warnings.append(_wide_interval_warning(record))
     groups = two_speeds(medians)
-    if groups:
+    own = record.timing.own_ci_pct
+    # Processes that split only by the speed all their combinations shared (the combination's own spread, that
+    # divided out, within the target) moved as a whole: the row's interval holds it, every paired ratio cancels it,
+    # and the report's process-speed sentence says how far apart they ran. A warning here would add nothing.
+    if groups and (own is None or own > record.settings.ci_target_pct):
         fast, slow = groups
-        cause = (
+        alone = (
+            ""
+            if own is None
+            else f"with the speed every combination shared in each process divided out, its processes still spread "
+            f"±{own:.1f} %: "
+        )
+        cause = alone + (
             f"with {record.conditions.threads} threads on a small VM a step can jump like this while the machine's "
             "speed does not move (docs/timing.md); `profile.threads: 1`, the default, times steadily"
             if record.combination.kind.on_host and record.conditions.threads > 1
-            else "a process settled at another speed (its heap, page placement and kernels are its own)"
+            else "a process settled at another speed in this combination (a process's heap, page placement and "
+            "kernels can differ from another's)"
         )
         warnings.append(
             f"two speeds: {len(fast)} timing process(es) at {_span(fast)} ms and {len(slow)} at {_span(slow)} ms, "

@@ -25,7 +25,7 @@ from pipeline.report.comparison import ComparisonRow, host_and_gpu_pairs
 from pipeline.report.figures import read_csv
 from pipeline.report.findings import MOST_PROCESSES_ADVISED, Finding, processes_to_decide, rounded_up
 from pipeline.report.handin_figures import curves_figure, curves_path, operators_figure, operators_path
-from pipeline.report.lab_report import Report, ReportInputs, analysis_markdown, cuda_runtime, gpu_names
+from pipeline.report.lab_report import Report, ReportInputs, analysis_markdown, cuda_runtime, gpu_names, probe_spans
 from pipeline.report.rendering import GRAPH_FIGURE, markdown_to_html, with_figures_named
 
 FULL_REPORT = "report.md"  # the hand-in's link to the full report; report.html in the HTML page
@@ -387,10 +387,11 @@ def paired_note(inputs: ReportInputs, catalogue: Catalogue) -> str:
     if not inputs.drift:
         return catalogue("paired_note_no_drift") + "\n"
     drift = catalogue("list_joiner").join(
-        catalogue("drift_item", value=rounded_up(value, 1), device=catalogue(f"device_{device}"))
-        for device, value in sorted(inputs.drift.items())
+        catalogue("drift_item", value=rounded_up(probe.half_width_pct, 1), device=catalogue(f"device_{device}"))
+        for device, probe in sorted(inputs.drift.items())
     )
-    return catalogue("paired_note", drift=drift) + "\n"
+    spans = catalogue("list_joiner").join(f"{span:g}" for span in probe_spans(inputs.drift))
+    return catalogue("paired_note", drift=drift, seconds=spans) + "\n"
 
 
 def gpu_section(rows: Sequence[ComparisonRow], catalogue: Catalogue) -> str:

@@ -32,7 +32,7 @@ from pipeline.common.paths import (
 )
 from pipeline.params.schema import Params, ProfileConfig
 from pipeline.records.profile import DeviceComparisons, ProfileRecord, read_profiles
-from pipeline.records.roofs import read_roofs
+from pipeline.records.roofs import SpeedDrift, read_roofs
 from pipeline.records.wording import process_speed_sentence
 from pipeline.report.allocator_whatif import allocator_markdown, allocator_sentences
 from pipeline.report.catalogue import Catalogue, load_catalogue
@@ -69,7 +69,7 @@ class ReportInputs:
     model_summary: str | None
     profiles: list[ProfileRecord]  # in params order
     comparisons: list[DeviceComparisons] = field(default_factory=list)  # one per profiled device
-    drift: dict[str, float] = field(default_factory=dict)  # per device: the roofs stage's speed drift, ±% (95 %)
+    drift: dict[str, SpeedDrift] = field(default_factory=dict)  # per device: the roofs stage's measured drift probe
     missing: list[str] = field(default_factory=list)  # one sentence per absent input
 
 
@@ -104,7 +104,7 @@ def read_inputs(config: ProfileConfig) -> ReportInputs:
     drift = {}
     if HARDWARE_ROOFS.exists():
         drift = {
-            roofs.device: roofs.speed_drift.half_width_pct
+            roofs.device: roofs.speed_drift
             for roofs in read_roofs(HARDWARE_ROOFS).devices
             if roofs.speed_drift.half_width_pct > 0 and math.isfinite(roofs.speed_drift.half_width_pct)
         }
@@ -126,20 +126,37 @@ def read_inputs(config: ProfileConfig) -> ReportInputs:
     )
 
 
-def drift_sentence(drift: dict[str, float]) -> str:
-    """The machine's drift, said once: a property of the machine, not of any row."""
+def drift_sentence(drift: dict[str, SpeedDrift]) -> str:
+    """The machine's drift, said once: a property of the machine, not of any row. What the probe measured (one more
+    window of its span, predicted from its windows) is said apart from what it is used for (a rerun), and so is
+    what it cannot tell: how the speed moves over spans longer than its own."""
     if not drift:
         return "The machine's speed drift between runs was not measured (`profile.drift_probe_s: 0`).\n"
-    sizes = ", ".join(f"±{rounded_up(value, 1):.1f} % on the {device}" for device, value in sorted(drift.items()))
+    sizes = ", ".join(
+        f"±{rounded_up(probe.half_width_pct, 1):.1f} % on the {device} ({len(probe.window_medians_ms)} windows of "
+        f"{probe.window_s:g} s)"
+        for device, probe in sorted(drift.items())
+    )
     comparison = section_reference("comparison")
     return (
-        f"**A rerun minutes later may move every row together by up to {sizes}** (95 %; the `roofs` stage timed a "
-        f"fixed workload for `profile.drift_probe_s`). Each row's own interval ({comparison}) is the spread within "
+        "**Timed on a fixed workload in consecutive windows by the `roofs` stage (`profile.drift_probe_s`), the "
+        f"machine's speed in one more window would lie within {sizes} of the windows' geometric mean** (95 % "
+        "prediction). A rerun can move every "
+        "row together by as much if the machine's load varies as it did during the probe "
+        f"({' and '.join(f'{span:g} s' for span in probe_spans(drift))}); how the speed moves over longer spans, the "
+        "probe cannot tell. "
+        f"Each row's own interval ({comparison}) is the spread within "
         f"this run. The paired ratios ({comparison}) cancel whatever slows all combinations of a device alike; a "
         "slowdown that hits some combinations more than others (a neighbour on the host competing for memory "
         "bandwidth slows the large batches more) does not cancel, and can move a rerun's ratios outside these "
         "intervals.\n"
     )
+
+
+def probe_spans(drift: dict[str, SpeedDrift]) -> list[float]:
+    """How long the drift probes ran, in seconds: one figure where every device's probe ran as long (one
+    `profile.drift_probe_s`)."""
+    return sorted({probe.window_s * len(probe.window_medians_ms) for probe in drift.values()})
 
 
 def gpu_names(hardware: dict[str, str]) -> list[str]:
