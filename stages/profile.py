@@ -22,7 +22,7 @@ from pipeline.profiling.matrix import stage_device
 from pipeline.profiling.processes import forked_worker_server
 from pipeline.profiling.run import prepare_profiles, run_description, run_device_profile, timing_spec
 from pipeline.records.profile import profile_matrix
-from pipeline.records.wording import stage_warnings
+from pipeline.records.wording import disagreement_said, stage_warnings
 from pipeline.tracking.lifecycle import settled_after_commit
 
 
@@ -65,14 +65,16 @@ def main() -> None:
             pause_at("traced")
             comparison_text = write_comparison_outputs(outputs, device_paths, comparisons)
             pause_at("comparisons-written")
+            disagreement_matters, said_for_all = disagreement_said(records, comparisons)
             for setup, record, path in zip(setups, records, paths, strict=True):
-                texts = write_profile_outputs(outputs, path, record)
+                matters = record.combination.name in disagreement_matters
+                texts = write_profile_outputs(outputs, path, record, said_for_all, matters)
                 description = run_description(setup, config.top_k)
                 ended.append(log_profile(params.tracking, description, outputs, path, record, texts, comparison_text))
                 pause_at("logging")  # after the first combination's run has ended
             pause_at("logged")
     print(comparison_text)
-    for warning in stage_warnings(records):
+    for warning in stage_warnings(records, comparisons):
         print(f"Warning: {warning}.", file=sys.stderr)
 
 

@@ -558,9 +558,21 @@ def test_the_machines_drift_is_stated_once_and_flags_no_row() -> None:
     sentence = drift_sentence({"cpu": probe})
     # What was measured, over how long, and what it cannot tell, each said: a 32 s probe says nothing of minutes.
     assert sentence.startswith("**Timed on a fixed workload in consecutive windows by the `roofs` stage")
-    assert "one more window would lie within ±2.6 % on the cpu (8 windows of 4 s)" in sentence, sentence
+    assert (
+        "one more window would lie within ±2.6 % of the windows' geometric mean on the cpu (8 windows of 4 s)"
+        in sentence
+    ), sentence
     assert "as it did during the probe (32 s); how the speed moves over longer spans, the probe cannot tell" in sentence
     assert "minutes" not in sentence
+    # Where this run's own processes spread wider than the probe predicts, the probe's premise did not hold: said.
+    from pipeline.records.profile import DeviceComparisons
+
+    calm = DeviceComparisons("cpu", 6, (), process_speeds=(0.99, 1.0, 1.0, 1.01, 1.0, 1.005))
+    assert "wider than the probe" not in drift_sentence({"cpu": probe}, [calm])
+    spread = DeviceComparisons("cpu", 6, (), process_speeds=(1.172, 1.088, 0.900, 1.169, 0.910, 0.846))
+    wider = drift_sentence({"cpu": probe}, [spread])
+    assert "This run's timing processes, though, predict one more process's shared time factor" in wider
+    assert re.search(r"within ±\d+\.\d % on the cpu \(6 processes\) \(95 % prediction\), wider than the probe", wider)
     assert "cancel whatever slows all combinations of a device alike" in sentence and "does not cancel" in sentence
     assert sentence.count(section_reference("comparison")) == 2  # each row's interval, the paired ratios
     assert "not measured" in drift_sentence({})

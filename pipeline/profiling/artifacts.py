@@ -59,8 +59,16 @@ def profile_metrics(record: ProfileRecord) -> dict[str, float]:
     return {**record.as_metrics(), **step_metrics(record.analysis)}
 
 
-def write_profile_outputs(outputs: AtomicOutputs, paths: ProfileOutputs, record: ProfileRecord) -> ProfileTexts:
-    texts = ProfileTexts(operators_markdown(record), kernels_markdown(record), memory_markdown(record))
+def write_profile_outputs(
+    outputs: AtomicOutputs,
+    paths: ProfileOutputs,
+    record: ProfileRecord,
+    said_for_all: bool = False,
+    disagreement_matters: bool = True,
+) -> ProfileTexts:
+    """The combination's files; its operator table warns of disagreeing processes as `disagreement_said` decides."""
+    operators = operators_markdown(record, said_for_all, disagreement_matters)
+    texts = ProfileTexts(operators, kernels_markdown(record), memory_markdown(record))
     outputs.write_text(paths.table_markdown, texts.operators)
     outputs.write_text(paths.memory_markdown, texts.memory)
     outputs.write_text(paths.table_csv, records_csv(OperatorRow, record.top_operators))

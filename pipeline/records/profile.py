@@ -600,6 +600,13 @@ class DeviceComparisons:
         speeds = self.process_speeds
         return 100.0 * (max(speeds) / min(speeds) - 1) if speeds and min(speeds) > 0 else 0.0
 
+    def undecided_names(self) -> frozenset[str]:
+        """The combinations whose spread could change a conclusion: those in a paired ratio whose interval holds 1,
+        so that its direction is undecided."""
+        return frozenset(
+            name for c in self.comparisons if c.low <= 1 <= c.high for name in (c.numerator, c.denominator)
+        )
+
     @property
     def by_pair(self) -> dict[tuple[str, str], PairedComparison]:
         """Each ratio under (numerator, denominator), the combinations' names."""

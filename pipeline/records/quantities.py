@@ -124,6 +124,16 @@ class Ratio:
         return f"{_format_ratio(self.value)}x ({self.bounds()})"
 
 
+def rounded_up(value: float, digits: int) -> float:
+    """`value` rounded up at `digits` decimals: an upper bound printed never below what it bounds."""
+    return float(math.ceil(value * 10**digits) / 10**digits)
+
+
+def rounded_down(value: float, digits: int) -> float:
+    """`value` rounded down at `digits` decimals: a lower bound printed never above what it bounds."""
+    return float(math.floor(value * 10**digits) / 10**digits)
+
+
 def signed_tenth(value: float) -> str:
     """`+1.2`, `-0.3`; a value that rounds to zero from below reads `+0.0`, never `-0.0`."""
     return f"{round(value, 1) + 0.0:+.1f}"

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from pipeline.common.tables import NO_NUMBER
 from pipeline.records.profile import DeviceComparisons, PairedComparison, ProfileRecord
-from pipeline.records.quantities import MEGABYTE, KernelStats
+from pipeline.records.quantities import MEGABYTE, KernelStats, rounded_up
 from pipeline.records.statistics import (
     MIN_ORDER_STATISTIC_PROCESSES,
     PROCESSES_DISAGREE_ADVICE,
@@ -18,16 +18,19 @@ from pipeline.records.statistics import (
 )
 
 
-def measurement_warnings(record: ProfileRecord, said_for_all: bool = False) -> list[str]:
+def measurement_warnings(
+    record: ProfileRecord, said_for_all: bool = False, disagreement_matters: bool = True
+) -> list[str]:
     """What a reader must know before trusting this row, each from the row's own data: a busy machine, timing
     processes that disagree, a traced pass that is not the timed step. `said_for_all`: every row's processes
-    disagree, which stage_warnings says once, so not here."""
+    disagree, which is said once, so not here; `disagreement_matters`: whether this row's disagreeing processes
+    could change a conclusion (`disagreement_said`)."""
     warnings = []
     busy = record.conditions.warning()
     if busy:
         warnings.append(busy)
     medians = record.process_step_times_ms
-    if record.timing.noisy and not said_for_all:
+    if record.timing.noisy and not said_for_all and (disagreement_matters or not _disagree(record)):
         warnings.append(_wide_interval_warning(record))
     groups = two_speeds(medians)
     own = record.timing.own_ci_pct
@@ -66,14 +69,30 @@ def measurement_warnings(record: ProfileRecord, said_for_all: bool = False) -> l
     return warnings
 
 
-def stage_warnings(records: Sequence[ProfileRecord]) -> list[str]:
-    """What the profile stage prints, one warning a line: each combination's own, except that processes which
-    disagree in every combination are said once, with each one's spread (a warning on every row tells nothing)."""
-    every = len(records) > 1 and all(_disagree(record) for record in records)
+def disagreement_said(
+    records: Sequence[ProfileRecord], comparisons: DeviceComparisons | None
+) -> tuple[frozenset[str], bool]:
+    """Where "processes disagree" is said, as the report's comparison table says it: the combinations whose
+    disagreement could change a conclusion (with the paired comparisons, those in a ratio whose direction is
+    undecided; without them, every one), and whether it is said once for all of them because every combination
+    raises it (a warning on every row tells nothing)."""
+    names = frozenset(record.combination.name for record in records)
+    matters = names if comparisons is None else names & comparisons.undecided_names()
+    raised = [record for record in records if record.combination.name in matters and _disagree(record)]
+    return matters, len(records) > 1 and len(raised) == len(records)
+
+
+def stage_warnings(records: Sequence[ProfileRecord], comparisons: DeviceComparisons | None = None) -> list[str]:
+    """What the profile stage prints, one warning a line: each combination's own, "processes disagree" only where
+    it could change a conclusion and said once where every combination raises it, with each one's spread
+    (`disagreement_said`)."""
+    matters, every = disagreement_said(records, comparisons)
     warnings = [
         f"{record.combination.name}: {warning}"
         for record in records
-        for warning in measurement_warnings(record, said_for_all=every)
+        for warning in measurement_warnings(
+            record, said_for_all=every, disagreement_matters=record.combination.name in matters
+        )
     ]
     if every:
         spreads = ", ".join(f"{record.combination.name} ±{record.timing.own_spread_pct:.1f} %" for record in records)
@@ -140,7 +159,7 @@ def timing_summary(record: ProfileRecord) -> str:
     return (
         f"Step time {timing.step_time_ms_median:.3f} ms median (IQR {timing.step_time_ms_iqr:.3f} ms; 95 % CI "
         f"{timing.step_time_ms_ci_low:.3f}-{timing.step_time_ms_ci_high:.3f} ms, "
-        f"within ±{timing.step_time_ci_pct:.1f} %, "
+        f"within ±{rounded_up(timing.step_time_ci_pct, 1):.1f} %, "
         f"{source}; {timing.steps_measured} steps in {timing.blocks_measured} blocks); "
         f"{timing.per_sample_ms:.4f} ms per sample; "
         f"{timing.throughput_samples_per_s:.0f} samples/s. Measured with {conditions.threads} "
@@ -165,12 +184,13 @@ def trace_sentence(record: ProfileRecord) -> str:
         return sentence
     calls, top = record.analysis.anatomy.operator_calls_per_step, record.top_operators
     sentence += (
-        f" The profiler's hooks add at most {hooks:.3f} ms to a step (95 % bound from both sets of steps), over its "
-        f"{calls:.0f} operator calls: at the same cost per call, at most {1000 * per_call:.1f} µs each, "
+        f" The profiler's hooks add at most {rounded_up(hooks, 3):.3f} ms to a step (95 % bound from both sets of "
+        f"steps), over its {calls:.0f} operator calls: at the same cost per call, at most "
+        f"{rounded_up(1000 * per_call, 1):.1f} µs each, "
     )
     if math.isinf(points):
         return sentence + "which could be all of the operator time: this trace cannot apportion the step."
-    sentence += f"which moves no share in this table by more than {points:.1f} points"
+    sentence += f"which moves no share in this table by more than {rounded_up(points, 1):.1f} points"
     if not record.top_operator_ranked:
         sentence += (
             f"; with it taken off, `{top[1].operator}` ({top[1].share_pct:.1f} %, {top[1].calls_per_step:.0f} calls) "
@@ -231,8 +251,8 @@ def process_speed_sentence(comparisons: DeviceComparisons) -> str:
     return (
         f"Between its {len(speeds)} timing processes the {comparisons.device} ran up to "
         f"{comparisons.speed_spread_pct:.1f} % apart in the speed its combinations shared (each process's shared "
-        f"speed: {', '.join(f'{speed:.3f}' for speed in speeds)}, against 1 for each combination's median over the "
-        "processes): each row's interval holds that, the "
+        "time factor, its step times over each combination's median across the processes, above 1 slower: "
+        f"{', '.join(f'{speed:.3f}' for speed in speeds)}): each row's interval holds that, the "
         "paired ratios cancel it; what a combination moved on its own is in its own spread."
     )
 
@@ -246,9 +266,9 @@ def every_process_words(comparison: PairedComparison) -> str:
     return f"{sum(value > 1 for value in values)} of {len(values)} processes above 1"
 
 
-def operators_markdown(record: ProfileRecord) -> str:
-    """top_operators.md: the timing summary, the operator table (no GPU column where no GPU was traced,
-    NO_NUMBER where there is no number) and what its MFLOPs column holds."""
+def operators_markdown(record: ProfileRecord, said_for_all: bool = False, disagreement_matters: bool = True) -> str:
+    """top_operators.md: the timing summary, the row's warnings (`measurement_warnings`), the operator table (no GPU
+    column where no GPU was traced, NO_NUMBER where there is no number) and what its MFLOPs column holds."""
     combination, rows = record.combination, record.top_operators
     on_gpu = not combination.kind.on_host
     ranked_by = combination.kind.time_ranked_by
@@ -262,7 +282,7 @@ def operators_markdown(record: ProfileRecord) -> str:
         "is of the traced step's operator time.",
         "",
         *((sentence, "") if (sentence := trace_sentence(record)) else ()),
-        *(f"**Warning:** {warning}.\n" for warning in measurement_warnings(record)),
+        *(f"**Warning:** {warning}.\n" for warning in measurement_warnings(record, said_for_all, disagreement_matters)),
         f"| # | operator | calls | self CPU ms | total CPU ms | {gpu_header[0]}share % | MFLOPs |{memory_header[0]}",
         f"| ---: | --- | ---: | ---: | ---: | {gpu_header[1]}---: | ---: |{memory_header[1]}",
     ]

@@ -211,13 +211,7 @@ def comparison_rows(profiles: Sequence[ProfileRecord]) -> list[ComparisonRow]:
 def undecided_rows(rows: Sequence[ComparisonRow], comparisons: Sequence[DeviceComparisons]) -> set[str]:
     """The rows (combination names) whose spread could change a conclusion: those in a paired ratio whose interval
     holds 1, so that its direction is undecided."""
-    return {
-        name
-        for found in comparisons
-        for ratio in found.comparisons
-        if ratio.low <= 1 <= ratio.high
-        for name in (ratio.numerator, ratio.denominator)
-    }
+    return {name for found in comparisons for name in found.undecided_names()}
 
 
 def comparison_markdown(rows: Sequence[ComparisonRow], comparisons: Sequence[DeviceComparisons] | None = None) -> str:
@@ -241,10 +235,18 @@ def comparison_markdown(rows: Sequence[ComparisonRow], comparisons: Sequence[Dev
             f"| {row.batch_size} | {row.device} | {row.mode} | {row.step_time_ms:.3f} | {row.step_time_ms_iqr:.3f} | "
             f"{row.step_time_ms_ci_low:.3f}–{row.step_time_ms_ci_high:.3f} | "
             f"{row.steps_measured} / {row.blocks_measured} | {row.per_sample_ms:.4f} | "
-            f"{row.throughput_samples_per_s:.0f} | `{row.top_operator}` ({row.top_operator_share_pct:.1f} %) | "
+            f"{row.throughput_samples_per_s:.0f} | {_top_operator_cell(row)} | "
             f"{row.convolution_share_pct:.1f} % | {row.flags(every_row_disagrees)} |"
         )
     return "\n".join(lines) + "\n" + "".join(f"\n{note}\n" for note in measurement_notes(rows))
+
+
+def _top_operator_cell(row: ComparisonRow) -> str:
+    """The table's first operator, or its first two where the profiler's hooks could swap them (not ranked)."""
+    cell = f"`{row.top_operator}` ({row.top_operator_share_pct:.1f} %)"
+    if row.top_operator_ranked:
+        return cell
+    return f"{cell} or `{row.second_operator}` ({row.second_operator_share_pct:.1f} %), not ranked"
 
 
 def _every_row_disagrees(rows: Sequence[ComparisonRow]) -> bool:

@@ -27,7 +27,7 @@ import numpy as np
 
 from pipeline.devices.registry import device_kind, host_kind
 from pipeline.records.profile import Combination, DeviceComparisons, PairedComparison, ProfileRecord
-from pipeline.records.quantities import StepPart
+from pipeline.records.quantities import StepPart, rounded_down, rounded_up
 from pipeline.report.catalogue import Catalogue
 
 BOOTSTRAP_DRAWS = 5000
@@ -452,16 +452,6 @@ def traced_scaling_differs(data: AnalysisData) -> list[Finding]:
         return []
     values = {"pairs": Listing("finding_scaling_item", tuple(items))}
     return [Finding("traced_scaling_differs", "finding_traced_scaling_differs", values, reason=False)]
-
-
-def rounded_up(value: float, digits: int) -> float:
-    """`value` rounded up at `digits` decimals: an upper bound printed never below what it bounds."""
-    return float(math.ceil(value * 10**digits) / 10**digits)
-
-
-def rounded_down(value: float, digits: int) -> float:
-    """`value` rounded down at `digits` decimals: a lower bound printed never above what it bounds."""
-    return float(math.floor(value * 10**digits) / 10**digits)
 
 
 def _overlap(first: Measured, second: Measured) -> bool:

@@ -19,11 +19,12 @@ from pipeline.common.machine import CPU_MODEL
 from pipeline.common.paths import GRAPH_SVG, TRAIN_EPOCHS_PLOT, TRAIN_STEPS_PLOT
 from pipeline.params.schema import Params
 from pipeline.records.profile import Combination, DeviceComparisons, PairedComparison
+from pipeline.records.quantities import rounded_up
 from pipeline.records.statistics import MIN_ORDER_STATISTIC_PROCESSES
 from pipeline.report.catalogue import HTML_LANGUAGE, Catalogue, load_catalogue
 from pipeline.report.comparison import ComparisonRow, host_and_gpu_pairs
 from pipeline.report.figures import read_csv
-from pipeline.report.findings import MOST_PROCESSES_ADVISED, Finding, processes_to_decide, rounded_up
+from pipeline.report.findings import MOST_PROCESSES_ADVISED, Finding, processes_to_decide
 from pipeline.report.handin_figures import curves_figure, curves_path, operators_figure, operators_path
 from pipeline.report.lab_report import Report, ReportInputs, analysis_markdown, cuda_runtime, gpu_names, probe_spans
 from pipeline.report.rendering import GRAPH_FIGURE, markdown_to_html, with_figures_named
@@ -217,15 +218,24 @@ def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigur
         ]
         for record in inputs.profiles:
             if record.top_operators:
-                top = record.top_operators[0]
-                lines.append(
-                    catalogue(
+                top = record.top_operators
+                if record.top_operator_ranked:
+                    line = catalogue(
                         "top_operator_line",
                         combination=combination_words(record.combination, catalogue),
-                        operator=top.operator,
-                        share=top.share_pct,
+                        operator=top[0].operator,
+                        share=top[0].share_pct,
                     )
-                )
+                else:  # the profiler's hooks could swap the first two
+                    line = catalogue(
+                        "top_operators_unranked_line",
+                        combination=combination_words(record.combination, catalogue),
+                        operator=top[0].operator,
+                        share=top[0].share_pct,
+                        second=top[1].operator,
+                        second_share=top[1].share_pct,
+                    )
+                lines.append(line)
             check = record.trace_check
             if check is not None and not check.inside:
                 lines.append(

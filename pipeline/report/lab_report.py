@@ -32,7 +32,9 @@ from pipeline.common.paths import (
 )
 from pipeline.params.schema import Params, ProfileConfig
 from pipeline.records.profile import DeviceComparisons, ProfileRecord, read_profiles
+from pipeline.records.quantities import rounded_up
 from pipeline.records.roofs import SpeedDrift, read_roofs
+from pipeline.records.statistics import prediction_interval
 from pipeline.records.wording import process_speed_sentence
 from pipeline.report.allocator_whatif import allocator_markdown, allocator_sentences
 from pipeline.report.catalogue import Catalogue, load_catalogue
@@ -43,7 +45,7 @@ from pipeline.report.comparison import (
     comparisons_table,
 )
 from pipeline.report.figures import batch_size_plot, cpu_vs_gpu_figure, read_csv, roofline_figure, training_curves
-from pipeline.report.findings import AnalysisData, Finding, findings, rounded_up
+from pipeline.report.findings import AnalysisData, Finding, findings
 from pipeline.report.memory import memory_section
 from pipeline.report.rendering import GRAPH_FIGURE
 from pipeline.report.roofline import roofline_chart, roofline_markdown, roofline_points
@@ -126,30 +128,52 @@ def read_inputs(config: ProfileConfig) -> ReportInputs:
     )
 
 
-def drift_sentence(drift: dict[str, SpeedDrift]) -> str:
+def drift_sentence(drift: dict[str, SpeedDrift], comparisons: Sequence[DeviceComparisons] = ()) -> str:
     """The machine's drift, said once: a property of the machine, not of any row. What the probe measured (one more
     window of its span, predicted from its windows) is said apart from what it is used for (a rerun), and so is
     what it cannot tell: how the speed moves over spans longer than its own."""
     if not drift:
         return "The machine's speed drift between runs was not measured (`profile.drift_probe_s: 0`).\n"
+    around = " of the windows' geometric mean"  # the prediction's centre (records.statistics.prediction_interval)
     sizes = ", ".join(
-        f"±{rounded_up(probe.half_width_pct, 1):.1f} % on the {device} ({len(probe.window_medians_ms)} windows of "
-        f"{probe.window_s:g} s)"
-        for device, probe in sorted(drift.items())
+        f"±{rounded_up(probe.half_width_pct, 1):.1f} %{around if index == 0 else ''} on the {device} "
+        f"({len(probe.window_medians_ms)} windows of {probe.window_s:g} s)"
+        for index, (device, probe) in enumerate(sorted(drift.items()))
     )
     comparison = section_reference("comparison")
     return (
         "**Timed on a fixed workload in consecutive windows by the `roofs` stage (`profile.drift_probe_s`), the "
-        f"machine's speed in one more window would lie within {sizes} of the windows' geometric mean** (95 % "
-        "prediction). A rerun can move every "
+        f"machine's speed in one more window would lie within {sizes}** (95 % prediction). A rerun can move every "
         "row together by as much if the machine's load varies as it did during the probe "
         f"({' and '.join(f'{span:g} s' for span in probe_spans(drift))}); how the speed moves over longer spans, the "
         "probe cannot tell. "
+        f"{_wider_than_the_probe(drift, comparisons)}"
         f"Each row's own interval ({comparison}) is the spread within "
         f"this run. The paired ratios ({comparison}) cancel whatever slows all combinations of a device alike; a "
         "slowdown that hits some combinations more than others (a neighbour on the host competing for memory "
         "bandwidth slows the large batches more) does not cancel, and can move a rerun's ratios outside these "
         "intervals.\n"
+    )
+
+
+def _wider_than_the_probe(drift: dict[str, SpeedDrift], comparisons: Sequence[DeviceComparisons]) -> str:
+    """Where this run's own timing processes spread wider than the probe predicts: the probe's premise (the load
+    varies as it did during the probe) did not hold while profiling, which a reader of the probe's figure must know."""
+    wider = []
+    for found in comparisons:
+        probe, predicted = drift.get(found.device), prediction_interval(found.process_speeds)
+        if probe is None or predicted is None:
+            continue
+        half_width_pct = 100.0 * math.expm1(math.log(predicted[1] / predicted[0]) / 2)
+        if half_width_pct > probe.half_width_pct:
+            wider.append(f"±{half_width_pct:.1f} % on the {found.device} ({len(found.process_speeds)} processes)")
+    if not wider:
+        return ""
+    return (
+        "This run's timing processes, though, predict one more process's shared time factor "
+        f"({section_reference('comparison')}) within {', '.join(wider)} (95 % prediction), wider than the probe: the "
+        "machine's speed varied more while the profile stage timed than during the probe, so a rerun can move the rows "
+        "by more than the probe says. "
     )
 
 
@@ -274,7 +298,9 @@ def environment_section(context: ReportContext) -> list[str]:
     inputs = context.inputs
     if not inputs.hardware:
         return ["_Not available (see Missing inputs)._\n"]
-    return [environment_markdown(inputs.hardware, inputs.profiles) + "\n" + drift_sentence(inputs.drift)]
+    return [
+        environment_markdown(inputs.hardware, inputs.profiles) + "\n" + drift_sentence(inputs.drift, inputs.comparisons)
+    ]
 
 
 def graph_section(context: ReportContext) -> list[str]:

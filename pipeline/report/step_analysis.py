@@ -6,6 +6,7 @@ analysis sentences; every number they print comes from those facts. Torch-free.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -277,18 +278,30 @@ def step_sentences(facts: Sequence[StepFacts]) -> list[str]:
     return sentences
 
 
+def _rate_interval(fact: StepFacts) -> str:
+    """The achieved rate's 95 % interval, from the timed step's (the rate itself is from its median)."""
+    rate = fact.achieved_gflops_per_s
+    if rate is None or not math.isfinite(rate.high):
+        return ""
+    return f" (95 % CI {rate.low:.1f}-{rate.high:.1f}, from the timed step's median and interval)"
+
+
 def _flop_rate_sentence(device: str, mode: str, first: StepFacts, last: StepFacts) -> str:
     """How far the smallest and largest batch get towards the device's measured peak."""
     low, high = first.rate, last.rate
     assert low is not None
     assert high is not None
     sentence = (
-        f"{device} {mode} achieves {low.achieved_gflops_per_s:.1f} GFLOP/s at batch {first.batch_size} "
-        f"({low.peak_pct:.1f} % of the {low.peak_gflops_per_s:.0f} GFLOP/s matmul roof, the fastest fp32 matrix "
-        "product the `roofs` stage measured at the profile's thread count, not the device's theoretical peak)"
+        f"{device} {mode} achieves {low.achieved_gflops_per_s:.1f} GFLOP/s at batch {first.batch_size}"
+        f"{_rate_interval(first)} ({low.peak_pct:.1f} % of the {low.peak_gflops_per_s:.0f} GFLOP/s matmul roof, the "
+        "fastest fp32 matrix product the `roofs` stage measured at the profile's thread count, not the device's "
+        "theoretical peak)"
     )
     if last is not first:
-        sentence += f" and {high.achieved_gflops_per_s:.1f} GFLOP/s at batch {last.batch_size} ({high.peak_pct:.1f} %)"
+        sentence += (
+            f" and {high.achieved_gflops_per_s:.1f} GFLOP/s at batch {last.batch_size}{_rate_interval(last)} "
+            f"({high.peak_pct:.1f} %)"
+        )
     if max(low.peak_pct, high.peak_pct) >= 25:
         return sentence + "."
     if last.anatomy is None:
