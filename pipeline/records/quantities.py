@@ -126,12 +126,12 @@ class Ratio:
 
 def rounded_up(value: float, digits: int) -> float:
     """`value` rounded up at `digits` decimals: an upper bound printed never below what it bounds."""
-    return float(math.ceil(value * 10**digits) / 10**digits)
+    return float(math.ceil(round(value * 10**digits, 9)) / 10**digits)  # 9.522000000000002 is 9.522, not 9.523
 
 
 def rounded_down(value: float, digits: int) -> float:
     """`value` rounded down at `digits` decimals: a lower bound printed never above what it bounds."""
-    return float(math.floor(value * 10**digits) / 10**digits)
+    return float(math.floor(round(value * 10**digits, 9)) / 10**digits)
 
 
 def signed_tenth(value: float) -> str:

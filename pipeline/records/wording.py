@@ -238,7 +238,7 @@ def ratio_table(comparisons: Sequence[PairedComparison]) -> list[str]:
         value, low, high = ratio_numbers(c)
         lines.append(
             f"| {c.numerator} / {c.denominator} | {c.per} | {value} | {low}-{high} | "
-            f"±{c.half_width_pct:.1f} | {every_process_words(c)} |"
+            f"±{rounded_up(c.half_width_pct, 1):.1f} | {every_process_words(c)} |"
         )
     return lines
 
@@ -251,7 +251,8 @@ def process_speed_sentence(comparisons: DeviceComparisons) -> str:
     return (
         f"Between its {len(speeds)} timing processes the {comparisons.device} ran up to "
         f"{comparisons.speed_spread_pct:.1f} % apart in the speed its combinations shared (each process's shared "
-        "time factor, its step times over each combination's median across the processes, above 1 slower: "
+        "time factor, the median over combinations of its step time over that combination's median across the "
+        "processes, above 1 slower: "
         f"{', '.join(f'{speed:.3f}' for speed in speeds)}): each row's interval holds that, the "
         "paired ratios cancel it; what a combination moved on its own is in its own spread."
     )

@@ -837,7 +837,12 @@ def training_against_profile(data: AnalysisData) -> list[Finding]:
     if record is None:
         return []
     runtime = speed.get("runtime", {})
-    profiled = record.timing.throughput_samples_per_s
+    timing = record.timing
+    profiled = timing.throughput_samples_per_s  # from the median step
+    # The profile's samples/s interval, from its step time's (a slower step end is a lower rate end).
+    batch = record.combination.batch_size
+    profiled_low = 1000.0 * batch / timing.step_time_ms_ci_high
+    profiled_high = 1000.0 * batch / timing.step_time_ms_ci_low if timing.step_time_ms_ci_low > 0 else math.inf
     trained = float(speed["images_per_second"])
     differences = []
     threads = runtime.get("threads")
@@ -858,7 +863,11 @@ def training_against_profile(data: AnalysisData) -> list[Finding]:
         "batch": data.train_batch_size,
         "trained": trained,
         "profiled": profiled,
+        "profiled_low": profiled_low,
+        "profiled_high": profiled_high,
         "ratio": trained / profiled,
+        "ratio_low": trained / profiled_high,
+        "ratio_high": trained / profiled_low,
         "differences": Listing("finding_difference_item", tuple(differences)),
     }
     message = "finding_training_faster" if differences else "finding_training_same_settings"

@@ -26,7 +26,15 @@ from pipeline.report.comparison import ComparisonRow, host_and_gpu_pairs
 from pipeline.report.figures import read_csv
 from pipeline.report.findings import MOST_PROCESSES_ADVISED, Finding, processes_to_decide
 from pipeline.report.handin_figures import curves_figure, curves_path, operators_figure, operators_path
-from pipeline.report.lab_report import Report, ReportInputs, analysis_markdown, cuda_runtime, gpu_names, probe_spans
+from pipeline.report.lab_report import (
+    Report,
+    ReportInputs,
+    analysis_markdown,
+    cuda_runtime,
+    gpu_names,
+    probe_spans,
+    wider_than_the_probe,
+)
 from pipeline.report.rendering import GRAPH_FIGURE, markdown_to_html, with_figures_named
 
 FULL_REPORT = "report.md"  # the hand-in's link to the full report; report.html in the HTML page
@@ -401,7 +409,12 @@ def paired_note(inputs: ReportInputs, catalogue: Catalogue) -> str:
         for device, probe in sorted(inputs.drift.items())
     )
     spans = catalogue("list_joiner").join(f"{span:g}" for span in probe_spans(inputs.drift))
-    return catalogue("paired_note", drift=drift, seconds=spans) + "\n"
+    note = catalogue("paired_note", drift=drift, seconds=spans)
+    wider = wider_than_the_probe(inputs.drift, inputs.comparisons)
+    if wider:
+        devices = catalogue("list_joiner").join(catalogue(f"device_{found.device}") for found in wider)
+        note += catalogue("paired_note_wider", devices=devices)
+    return note + "\n"
 
 
 def gpu_section(rows: Sequence[ComparisonRow], catalogue: Catalogue) -> str:

@@ -34,7 +34,6 @@ from pipeline.params.schema import Params, ProfileConfig
 from pipeline.records.profile import DeviceComparisons, ProfileRecord, read_profiles
 from pipeline.records.quantities import rounded_up
 from pipeline.records.roofs import SpeedDrift, read_roofs
-from pipeline.records.statistics import prediction_interval
 from pipeline.records.wording import process_speed_sentence
 from pipeline.report.allocator_whatif import allocator_markdown, allocator_sentences
 from pipeline.report.catalogue import Catalogue, load_catalogue
@@ -156,24 +155,51 @@ def drift_sentence(drift: dict[str, SpeedDrift], comparisons: Sequence[DeviceCom
     )
 
 
-def _wider_than_the_probe(drift: dict[str, SpeedDrift], comparisons: Sequence[DeviceComparisons]) -> str:
-    """Where this run's own timing processes spread wider than the probe predicts: the probe's premise (the load
-    varies as it did during the probe) did not hold while profiling, which a reader of the probe's figure must know."""
+@dataclass(frozen=True)
+class WiderThanTheProbe:
+    """A device whose timing processes spread measurably wider than its drift probe's windows."""
+
+    device: str
+    processes: int
+    windows: int
+    variance_ratio: float  # of the processes' log time factors over the windows' log medians
+    bound: float  # the one-sided 95 % F bound it exceeds
+
+
+def wider_than_the_probe(
+    drift: dict[str, SpeedDrift], comparisons: Sequence[DeviceComparisons]
+) -> list[WiderThanTheProbe]:
+    """Where this run's timing processes spread measurably wider than the probe's windows: the probe's premise (the
+    load varies as it did during the probe) did not hold while profiling, which a reader of its figure must know.
+    Measurably: the variance of the processes' log time factors over the windows' log medians beyond the one-sided
+    95 % F bound. Not their prediction half-widths, which differ with the number of values alone (Student's t)."""
+    from scipy.stats import f as f_distribution  # type: ignore[import-untyped]  # lazy: only where a probe ran
+
     wider = []
     for found in comparisons:
-        probe, predicted = drift.get(found.device), prediction_interval(found.process_speeds)
-        if probe is None or predicted is None:
+        probe, factors = drift.get(found.device), found.process_speeds
+        if probe is None or len(factors) < 2 or min(factors) <= 0 or probe.spread_pct <= 0:
             continue
-        half_width_pct = 100.0 * math.expm1(math.log(predicted[1] / predicted[0]) / 2)
-        if half_width_pct > probe.half_width_pct:
-            wider.append(f"±{half_width_pct:.1f} % on the {found.device} ({len(found.process_speeds)} processes)")
+        ratio = statistics.variance(math.log(f) for f in factors) / (probe.spread_pct / 100) ** 2
+        bound = float(f_distribution.ppf(0.95, len(factors) - 1, len(probe.window_medians_ms) - 1))
+        if ratio > bound:
+            wider.append(WiderThanTheProbe(found.device, len(factors), len(probe.window_medians_ms), ratio, bound))
+    return wider
+
+
+def _wider_than_the_probe(drift: dict[str, SpeedDrift], comparisons: Sequence[DeviceComparisons]) -> str:
+    wider = [
+        f"on the {found.device}, the variance of the logarithms of its {found.processes} processes' shared time "
+        f"factors is {found.variance_ratio:.1f}x that of its {found.windows} windows, beyond the one-sided 95 % F "
+        f"bound of {found.bound:.1f}"
+        for found in wider_than_the_probe(drift, comparisons)
+    ]
     if not wider:
         return ""
     return (
-        "This run's timing processes, though, predict one more process's shared time factor "
-        f"({section_reference('comparison')}) within {', '.join(wider)} (95 % prediction), wider than the probe: the "
-        "machine's speed varied more while the profile stage timed than during the probe, so a rerun can move the rows "
-        "by more than the probe says. "
+        f"This run's timing processes spread wider than the probe's windows ({section_reference('comparison')}; "
+        f"{'; '.join(wider)}): the machine's speed varied more while the profile stage timed than during the probe, "
+        "so a rerun can move the rows by more than the probe says. "
     )
 
 
