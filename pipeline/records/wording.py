@@ -37,7 +37,9 @@ def measurement_warnings(
     # Processes that split only by the speed all their combinations shared (the combination's own spread, that
     # divided out, within the target) moved as a whole: the row's interval holds it, every paired ratio cancels it,
     # and the report's process-speed sentence says how far apart they ran. A warning here would add nothing.
-    if groups and (own is None or own > record.settings.ci_target_pct):
+    # A split of the combination's own is said where its processes' spread could change a conclusion, as "processes
+    # disagree" is (`disagreement_matters`).
+    if groups and (own is None or (own > record.settings.ci_target_pct and disagreement_matters)):
         fast, slow = groups
         alone = (
             ""
