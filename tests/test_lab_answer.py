@@ -497,6 +497,22 @@ def test_a_tracing_process_at_another_speed_is_flagged_with_its_own_numbers() ->
     assert table.count("0.470 ms") == 1 and "The table's pass" not in table
 
 
+def test_a_traced_pass_faster_than_the_steps_around_it_bounds_no_hooks() -> None:
+    """As 16-cpu-inference on an Intel Xeon: the traced steps' high end below the untraced ones' low end (the process
+    sped up between them). The hooks then have no bound, and no share is said to move by "at most 0.0 points"."""
+    record = make_record(16, "cpu", "inference", 4.8, ci_pct=5.0)
+    record = dataclasses.replace(record, process_step_times_ms=(4.6, 4.7, 4.8, 4.8, 4.9, 5.0))
+    faster = _traced_in_process(record, 5.0, 4.6, BATCH_ONE_OPERATORS)
+    check = faster.trace_check
+    assert check is not None and check.inside and check.hooks_high_ms == 0.0
+    table = operators_markdown(faster)
+    assert (
+        "The profiler's hooks could not be bounded here: the traced steps ran faster than the untraced ones around "
+        "them, so this process's speed moved between the two sets of steps." in table
+    )
+    assert "at most 0.000 ms" not in table and "more than 0.0 points" not in table
+
+
 def test_two_operators_the_hooks_could_reorder_are_not_ranked() -> None:
     """A 7.5 ms training step whose hooks add up to ~0.5 ms over 60 operator calls (~8 µs each): `aten::sqrt_`, 16
     short calls, leads `aten::addmm`, 2 long ones, by less than 14 calls' hooks; with them taken off it could trail."""

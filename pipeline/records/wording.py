@@ -185,6 +185,11 @@ def trace_sentence(record: ProfileRecord) -> str:
     if points is None or hooks is None or per_call is None:
         return sentence
     calls, top = record.analysis.anatomy.operator_calls_per_step, record.top_operators
+    if hooks <= 0:  # the traced steps' high end below the untraced ones' low end: no bound on the hooks
+        return (
+            f"{sentence} The profiler's hooks could not be bounded here: the traced steps ran faster than the untraced "
+            "ones around them, so this process's speed moved between the two sets of steps."
+        )
     sentence += (
         f" The profiler's hooks add at most {rounded_up(hooks, 3):.3f} ms to a step (95 % bound from both sets of "
         f"steps), over its {calls:.0f} operator calls: at the same cost per call, at most "
@@ -252,7 +257,8 @@ def process_speed_sentence(comparisons: DeviceComparisons) -> str:
         return "One timing process: how far the machine's speed moves between processes was not measured."
     return (
         f"Between its {len(speeds)} timing processes the {comparisons.device} ran up to "
-        f"{comparisons.speed_spread_pct:.1f} % apart in the speed its combinations shared (each process's shared "
+        f"{rounded_up(comparisons.speed_spread_pct, 1):.1f} % apart in the speed its combinations shared (each "
+        "process's shared "
         "time factor, the median over combinations of its step time over that combination's median across the "
         "processes, above 1 slower: "
         f"{', '.join(f'{speed:.3f}' for speed in speeds)}): each row's interval holds that, the "
