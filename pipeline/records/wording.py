@@ -34,11 +34,10 @@ def measurement_warnings(
         warnings.append(_wide_interval_warning(record))
     groups = two_speeds(medians)
     own = record.timing.own_ci_pct
-    # Processes that split only by the speed all their combinations shared (the combination's own spread, that
-    # divided out, within the target) moved as a whole: the row's interval holds it, every paired ratio cancels it,
-    # and the report's process-speed sentence says how far apart they ran. A warning here would add nothing.
-    # A split of the combination's own is said where its processes' spread could change a conclusion, as "processes
-    # disagree" is (`disagreement_matters`).
+    # Said only for a split of the combination's own (its spread with the processes' shared speed divided out beyond
+    # the target), and where that spread could change a conclusion, as "processes disagree" is. A split the shared
+    # speed explains moved the process as a whole: the row's interval holds it, every paired ratio cancels it, and
+    # the process-speed sentence says how far apart the processes ran.
     if groups and (own is None or (own > record.settings.ci_target_pct and disagreement_matters)):
         fast, slow = groups
         alone = (
@@ -258,11 +257,9 @@ def process_speed_sentence(comparisons: DeviceComparisons) -> str:
     return (
         f"Between its {len(speeds)} timing processes the {comparisons.device} ran up to "
         f"{rounded_up(comparisons.speed_spread_pct, 1):.1f} % apart in the speed its combinations shared (each "
-        "process's shared "
-        "time factor, the median over combinations of its step time over that combination's median across the "
-        "processes, above 1 slower: "
-        f"{', '.join(f'{speed:.3f}' for speed in speeds)}): each row's interval holds that, the "
-        "paired ratios cancel it; what a combination moved on its own is in its own spread."
+        "process's shared time factor, the median over combinations of its step time over that combination's median "
+        f"across the processes, above 1 slower: {', '.join(f'{speed:.3f}' for speed in speeds)}): each row's interval "
+        "holds that, the paired ratios cancel it; what a combination moved on its own is in its own spread."
     )
 
 

@@ -29,6 +29,7 @@ from pipeline.devices.registry import device_kind, host_kind
 from pipeline.records.profile import Combination, DeviceComparisons, PairedComparison, ProfileRecord
 from pipeline.records.quantities import StepPart, rounded_down, rounded_up
 from pipeline.report.catalogue import Catalogue
+from pipeline.report.comparison import rate_interval
 
 BOOTSTRAP_DRAWS = 5000
 BOOTSTRAP_SEED = 20261127
@@ -837,12 +838,7 @@ def training_against_profile(data: AnalysisData) -> list[Finding]:
     if record is None:
         return []
     runtime = speed.get("runtime", {})
-    timing = record.timing
-    profiled = timing.throughput_samples_per_s  # from the median step
-    # The profile's samples/s interval, from its step time's (a slower step end is a lower rate end).
-    batch = record.combination.batch_size
-    profiled_low = 1000.0 * batch / timing.step_time_ms_ci_high
-    profiled_high = 1000.0 * batch / timing.step_time_ms_ci_low if timing.step_time_ms_ci_low > 0 else math.inf
+    profiled = rate_interval(1000.0 * record.combination.batch_size, record.timing.step_interval)  # samples/s
     trained = float(speed["images_per_second"])
     differences = []
     threads = runtime.get("threads")
@@ -862,12 +858,12 @@ def training_against_profile(data: AnalysisData) -> list[Finding]:
         "device": Label(f"device_{record.combination.device}"),
         "batch": data.train_batch_size,
         "trained": trained,
-        "profiled": profiled,
-        "profiled_low": profiled_low,
-        "profiled_high": profiled_high,
-        "ratio": trained / profiled,
-        "ratio_low": trained / profiled_high,
-        "ratio_high": trained / profiled_low,
+        "profiled": profiled.value,
+        "profiled_low": profiled.low,
+        "profiled_high": profiled.high,
+        "ratio": trained / profiled.value,
+        "ratio_low": trained / profiled.high,
+        "ratio_high": trained / profiled.low,
         "differences": Listing("finding_difference_item", tuple(differences)),
     }
     message = "finding_training_faster" if differences else "finding_training_same_settings"

@@ -146,7 +146,7 @@ def drift_sentence(drift: dict[str, SpeedDrift], comparisons: Sequence[DeviceCom
         "row together by as much if the machine's load varies as it did during the probe "
         f"({' and '.join(f'{span:g} s' for span in probe_spans(drift))}); how the speed moves over longer spans, the "
         "probe cannot tell. "
-        f"{_wider_than_the_probe(drift, comparisons)}"
+        f"{_wider_than_the_probe_sentence(drift, comparisons)}"
         f"Each row's own interval ({comparison}) is the spread within "
         f"this run. The paired ratios ({comparison}) cancel whatever slows all combinations of a device alike; a "
         "slowdown that hits some combinations more than others (a neighbour on the host competing for memory "
@@ -187,7 +187,7 @@ def wider_than_the_probe(
     return wider
 
 
-def _wider_than_the_probe(drift: dict[str, SpeedDrift], comparisons: Sequence[DeviceComparisons]) -> str:
+def _wider_than_the_probe_sentence(drift: dict[str, SpeedDrift], comparisons: Sequence[DeviceComparisons]) -> str:
     wider = [
         f"on the {found.device}, the variance of the logarithms of its {found.processes} processes' shared time "
         f"factors is {found.variance_ratio:.1f}x that of its {found.windows} windows, beyond the one-sided 95 % F "

@@ -278,7 +278,7 @@ def step_sentences(facts: Sequence[StepFacts]) -> list[str]:
     return sentences
 
 
-def _rate_interval(fact: StepFacts) -> str:
+def _rate_interval_words(fact: StepFacts) -> str:
     """The achieved rate's 95 % interval, from the timed step's (the rate itself is from its median)."""
     rate = fact.achieved_gflops_per_s
     if rate is None or not math.isfinite(rate.high):
@@ -293,13 +293,13 @@ def _flop_rate_sentence(device: str, mode: str, first: StepFacts, last: StepFact
     assert high is not None
     sentence = (
         f"{device} {mode} achieves {low.achieved_gflops_per_s:.1f} GFLOP/s at batch {first.batch_size}"
-        f"{_rate_interval(first)} ({low.peak_pct:.1f} % of the {low.peak_gflops_per_s:.0f} GFLOP/s matmul roof, the "
-        "fastest fp32 matrix product the `roofs` stage measured at the profile's thread count, not the device's "
-        "theoretical peak)"
+        f"{_rate_interval_words(first)} ({low.peak_pct:.1f} % of the {low.peak_gflops_per_s:.0f} GFLOP/s matmul "
+        "roof, the fastest fp32 matrix product the `roofs` stage measured at the profile's thread count, not the "
+        "device's theoretical peak)"
     )
     if last is not first:
         sentence += (
-            f" and {high.achieved_gflops_per_s:.1f} GFLOP/s at batch {last.batch_size}{_rate_interval(last)} "
+            f" and {high.achieved_gflops_per_s:.1f} GFLOP/s at batch {last.batch_size}{_rate_interval_words(last)} "
             f"({high.peak_pct:.1f} %)"
         )
     if max(low.peak_pct, high.peak_pct) >= 25:
