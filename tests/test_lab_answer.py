@@ -254,8 +254,8 @@ def test_the_stage_says_processes_disagreeing_in_every_combination_once_with_eac
 
 def test_disagreeing_processes_are_warned_of_only_where_a_paired_ratio_is_undecided() -> None:
     """As the report's comparison table flags them (docs/analysis.md): the stage's console and each operator table
-    name disagreeing processes only on a combination in a paired ratio whose interval holds 1. An Intel Xeon report
-    warned on all six operator tables while its comparison table, every ratio decided, flagged none."""
+    name disagreeing processes only on a combination in a paired ratio whose interval holds 1: with every ratio
+    decided, no operator table warns, as the comparison table flags no row."""
     from pipeline.records.profile import DeviceComparisons, PairedComparison
 
     def disagreeing(batch: int, ms: float, own_pct: float) -> ProfileRecord:
@@ -498,8 +498,8 @@ def test_a_tracing_process_at_another_speed_is_flagged_with_its_own_numbers() ->
 
 
 def test_a_traced_pass_faster_than_the_steps_around_it_bounds_no_hooks() -> None:
-    """As 16-cpu-inference on an Intel Xeon: the traced steps' high end below the untraced ones' low end (the process
-    sped up between them). The hooks then have no bound, and no share is said to move by "at most 0.0 points"."""
+    """The traced steps' high end below the untraced ones' low end (the process sped up between them): the hooks
+    then have no bound, and no share is said to move by "at most 0.0 points"."""
     record = make_record(16, "cpu", "inference", 4.8, ci_pct=5.0)
     record = dataclasses.replace(record, process_step_times_ms=(4.6, 4.7, 4.8, 4.8, 4.9, 5.0))
     faster = _traced_in_process(record, 5.0, 4.6, BATCH_ONE_OPERATORS)

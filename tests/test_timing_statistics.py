@@ -394,9 +394,9 @@ def test_a_two_speed_combination_is_warned_about_with_its_groups_and_what_to_try
 
 
 def test_processes_split_only_by_the_speed_they_shared_raise_no_two_speeds_warning() -> None:
-    """As a 1-train row on an Intel Xeon: its processes 31 % apart in two groups, yet with each process's speed shared
-    by all combinations divided out they agreed within ±1.5 %: the process as a whole moved, which the row's
-    interval holds and every paired ratio cancels; the report says how far apart the processes ran, once."""
+    """Processes 31 % apart in two groups that, with each process's speed shared by all combinations divided out,
+    agree within ±1.5 %: the process as a whole moved, which the row's interval holds and every paired ratio
+    cancels; the report says how far apart the processes ran, once."""
     import dataclasses
 
     from pipeline.records.wording import measurement_warnings
