@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -54,6 +55,9 @@ def main(request: dict[str, object]) -> list[int] | int:
         folder.mkdir(parents=True, exist_ok=True)
         child = os.fork()
         if child == 0:
+            # The disposition the stop needs, whatever this process inherited: a suite started as a background job
+            # passes SIGINT down ignored, and CPython then installs no KeyboardInterrupt handler.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             try:
                 _create(str(request["mode"]), folder, int(stop_at), int(signum))
                 os._exit(0)
