@@ -26,12 +26,14 @@ train`). Writes nothing: no profiles, no MLflow runs.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import random
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -103,6 +105,12 @@ def main() -> None:
     parser.add_argument(
         "--servers", type=int, default=1, choices=range(1, 13), metavar="1-12", help="fresh program starts per repeat"
     )
+    parser.add_argument(
+        "--save",
+        type=Path,
+        help="write every repeat's blocks (per process, per combination, in round order) to this JSON file, to replay "
+        "a stopping rule on them (benchmarks.stopping_rule)",
+    )
     args = parser.parse_args()
     if not MODEL_CHECKPOINT.exists() or not (DATA_ROOT / "MNIST").exists():
         raise SystemExit(f"{MODEL_CHECKPOINT} or {DATA_ROOT / 'MNIST'} is missing: run `dvc repro train` first.")
@@ -125,11 +133,15 @@ def main() -> None:
     started = time.perf_counter()
     estimates: dict[str, list[StepEstimate]] = {name: [] for name in names}
     ratios: dict[tuple[int, int], list[PairedRatio]] = {pair: [] for pair in pairs}
+    saved: list[list[list[list[float]]]] = []  # [repeat][process][combination]: per-step ms of each block
     for repeat in range(args.repeats):
         try:
             timing = time_in_processes(spec, config.processes, servers=args.servers)
         except PipelineError as error:
             raise SystemExit(f"repeat {repeat + 1}: {error}") from None
+        saved.append([[[block.step_ms for block in item] for item in process] for process in timing.process_blocks])
+        if args.save:
+            args.save.write_text(json.dumps({"items": items, "machine": fingerprint, "repeats": saved}))
         for name, step in zip(names, timing.timings, strict=True):
             estimate = step.estimate
             estimates[name].append(estimate)

@@ -35,7 +35,7 @@ from pipeline.common.machine import cpu_model, machine_fingerprint
 from pipeline.common.paths import DATA_ROOT, MODEL_CHECKPOINT
 from pipeline.devices.registry import device_names, host_kind
 from pipeline.params.loading import load_params
-from pipeline.profiling.timing import synchronizer
+from pipeline.profiling.timing import synchronizer, warmup_steps
 from pipeline.profiling.worker import WorkerSpec, build_items
 from pipeline.records.statistics import SWITCH_WARMUP_S
 
@@ -114,7 +114,7 @@ def main() -> None:
         steady, ratios, noise = positions_over_steady(item_runs)
         warm_within = max(tolerance, noise)
         cold, cold_s = cold_start(ratios, steady, warm_within)
-        warmup = round(SWITCH_WARMUP_S / steady)  # as time_interleaved sizes it (from its fastest probe step)
+        warmup = warmup_steps(steady)  # as time_interleaved sizes it (from its fastest probe step)
         first_timed = ratios[min(warmup, len(ratios) - 1)]
         if first_timed > 1 + warm_within:
             uncovered.append(name)

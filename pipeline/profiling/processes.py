@@ -35,9 +35,11 @@ from pipeline.records.quantities import MeasurementConditions, MemoryPart, StepE
 from pipeline.records.statistics import (
     Block,
     between_process_interval,
+    comparison_pairs,
     estimate_over_processes,
     own_spread_pct,
     process_speeds,
+    process_values,
 )
 
 # The NVIDIA driver's device files. NVML opens them in the profile stage before it forks its timing server (the
@@ -267,11 +269,13 @@ def time_in_processes(
     server: WorkerServer | None = None,
     servers: int = 1,
     alternate: WorkerSpec | None = None,
+    starting: Sequence[WorkerServer] = (),
 ) -> PairedTiming:
     """Time every item of `spec` in `processes` workers, each with `spec.budget_s` / `processes` of timing and its
     own round order, forked in turn from `servers` servers: `server` (a `forked_worker_server` or `worker_server`
-    the caller started) and new `worker_server`s for the rest. Each new server is a new program start, with its own
-    address-space layout and hash seed, which every worker forked from it shares.
+    the caller started), those in `starting` (`worker_server(ready=False)`s the caller started early, so that their
+    imports overlap its own work; waited for here) and new `worker_server`s for the rest. Each new server is a new
+    program start, with its own address-space layout and hash seed, which every worker forked from it shares.
 
     `alternate`: the same items set up another way (glibc's defaults), timed in as many workers, each right beside
     its partner of `spec` from the same server (first and second in turn, so that neither set-up always runs
@@ -282,7 +286,10 @@ def time_in_processes(
     training = any(mode != "inference" for _, mode in spec.items)
     with contextlib.ExitStack() as stack:
         started = [server] if server is not None else []
-        new = [stack.enter_context(worker_server(training, ready=False)) for _ in range(servers - len(started))]
+        new = [*starting][: max(servers - len(started), 0)]
+        new += [
+            stack.enter_context(worker_server(training, ready=False)) for _ in range(servers - len(started) - len(new))
+        ]
         for each in new:  # their imports overlap one another, and no timing
             wait_until_ready(each)
         started += new
@@ -290,12 +297,21 @@ def time_in_processes(
             pair = ((results, spec), (partners, alternate))
             for found, kind in pair if index % 2 == 0 else pair[::-1]:
                 if kind is not None:
-                    share = dataclasses.replace(kind, budget_s=kind.budget_s / processes, seed=kind.seed + index)
+                    earlier = tuple(contributed(result, kind) for result in found)
+                    share = dataclasses.replace(
+                        kind, budget_s=kind.budget_s / processes, seed=kind.seed + index, earlier=earlier
+                    )
                     found.append(ask(started[index % len(started)], share))
             if progress is not None:
                 progress(index + 1)
     paired = combine(results, spec)
     return dataclasses.replace(paired, alternate=combine(partners, alternate)) if alternate is not None else paired
+
+
+def contributed(result: WorkerResult, spec: WorkerSpec) -> tuple[float, ...]:
+    """What one timing process contributed to the estimates (`process_values`): the next ones' stop is set from it."""
+    rounds = [[block.step_ms for block in item] for item in result.blocks]
+    return process_values(rounds, comparison_pairs(spec.items))
 
 
 def combine(results: Sequence[WorkerResult], spec: WorkerSpec) -> PairedTiming:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import itertools
 import math
 import os
 import statistics
@@ -88,6 +87,7 @@ from pipeline.records.roofs import DeviceRoofs, read_roofs
 from pipeline.records.statistics import (
     Block,
     PairedRatio,
+    comparison_pairs,
     paired_ratio,
     prediction_interval,
     ratio_over_pairs,
@@ -514,13 +514,15 @@ def run_device_profile(
     progress: Callable[[str], object] | None = None,
     server: WorkerServer | None = None,
     program_starts: int = 1,
+    starting: Sequence[WorkerServer] = (),
 ) -> tuple[list[ProfileRecord], DeviceComparisons]:
     """Time every combination of one device paired, then trace each; the records keep the `top_k` most expensive
     operators and kernels.
 
     The combinations are first timed interleaved in `processes` fresh processes (pipeline.profiling.processes),
     forked in turn from `program_starts` servers: `server` where the stage started one early
-    (`forked_worker_server`, before any tensor code), and new ones for the rest. Then, on a CPU, with
+    (`forked_worker_server`, before any tensor code), those in `starting` (started early, still importing), and new
+    ones for the rest. Then, on a CPU, with
     `allocator_whatif_s` > 0 and glibc's allocator still at its defaults, as many more processes keep those defaults,
     each timed next to a tuned one (`allocator_whatif_spec`), and this process traces each step once with them
     (`trace_with_defaults`); then its allocator is tuned (pipeline.common.allocator) and everything else runs tuned,
@@ -531,7 +533,13 @@ def run_device_profile(
     defaults = glibc_defaults() if kind.on_host and allocator_whatif_s > 0 else None
     alternate = allocator_whatif_spec(spec, allocator_whatif_s) if defaults else None
     paired = time_in_processes(
-        spec, processes, on_process, server, servers=min(program_starts, processes), alternate=alternate
+        spec,
+        processes,
+        on_process,
+        server,
+        servers=min(program_starts, processes),
+        alternate=alternate,
+        starting=starting,
     )
     pause_at("timed")
     default_runs = default_allocator_runs(setups, paired, defaults.description if defaults else "")
@@ -632,21 +640,17 @@ def _profile_record(
 def device_comparisons(setups: Sequence[ProfileSetup], paired: PairedTiming) -> DeviceComparisons:
     """Every ratio the report states, from the paired blocks: per sample between each two batch sizes of a mode
     (larger batch over smaller), per step between the two modes of a batch size (train over inference)."""
-    index = {setup.combination: position for position, setup in enumerate(setups)}
+    combinations_ = [setup.combination for setup in setups]
+    items = [(combination.batch_size, combination.mode) for combination in combinations_]
 
-    def blocks(combination: Combination) -> list[tuple[Block, ...]]:
-        return [process[index[combination]] for process in paired.process_blocks]
+    def blocks(item: int) -> list[tuple[Block, ...]]:
+        return [process[item] for process in paired.process_blocks]
 
     comparisons = []
-    combinations_ = [setup.combination for setup in setups]
-    for first, second in itertools.combinations(combinations_, 2):
-        if first.mode == second.mode and first.batch_size != second.batch_size:
-            small, large = sorted((first, second), key=lambda c: c.batch_size)
-            found = paired_ratio(blocks(large), blocks(small), small.batch_size / large.batch_size)
-            comparisons.append(_comparison(large, small, "sample", found))
-        elif first.batch_size == second.batch_size and first.mode != second.mode:
-            train, inference = (first, second) if first.mode == "train" else (second, first)
-            comparisons.append(_comparison(train, inference, "step", paired_ratio(blocks(train), blocks(inference))))
+    for numerator, denominator, scale in comparison_pairs(items):
+        top, bottom = combinations_[numerator], combinations_[denominator]
+        found = paired_ratio(blocks(numerator), blocks(denominator), scale)
+        comparisons.append(_comparison(top, bottom, "sample" if top.mode == bottom.mode else "step", found))
     return DeviceComparisons(
         device=setups[0].combination.device,
         processes=len(paired.process_blocks),

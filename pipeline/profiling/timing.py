@@ -50,6 +50,7 @@ from pipeline.records.statistics import (
     SWITCH_WARMUP_S,
     Block,
     estimate_step_time,
+    known_well_enough,
     load_average,
     measurement_conditions,
 )
@@ -84,6 +85,7 @@ def _timer_class() -> type[Timer]:
 
 MIN_BLOCK_S = 0.010  # shortest block: ~10^4 x the clock's overhead, several scheduler ticks of jitter averaged
 MIN_BLOCKS = 20  # never stop on fewer: an interval from a handful of blocks is too coarse to trust
+MIN_ROUNDS = 12  # the fewest rounds a timing process stops after (docs/timing.md, "How long each process times")
 PROBE_S = 0.05  # the probe that sizes the blocks (it also finishes any warm-up the caller left)
 ROUND_S_LIMITS = (0.2, 2.0)  # a round is budget/10 within these: short enough to stop soon after the target
 
@@ -110,6 +112,14 @@ class StepTiming:
             top_operator_share_pct=top_operator_share_pct,
             own_ci_pct=self.own_ci_pct,
         )
+
+
+def warmup_steps(step_s: float) -> int:
+    """Steps of `step_s` each run untimed before a block of interleaved timing: about SWITCH_WARMUP_S of them, none
+    for a step longer than twice that. A short step right after another combination's block starts cold (a batch-1
+    CPU inference step took 2.4x its warm time, the excess gone within 3 ms); a step of 7 ms or more started within
+    1 % of its warm time, so a whole step run untimed would only double its share of the round (docs/timing.md)."""
+    return round(SWITCH_WARMUP_S / step_s) if step_s > 0 else 1
 
 
 def _steps_for(min_block_s: float, step_s: float) -> int:
@@ -230,6 +240,9 @@ class InterleavedTiming:
     # (step index, start, end) on time.perf_counter of each block with its warm-up, in the order they ran: what ran
     # when, for an energy counter read meanwhile (pipeline.profiling.energy_during_timing)
     spans: tuple[tuple[int, float, float], ...] = ()
+    # per step: minor page faults per step (getrusage, the whole process), the median over rounds of each block's
+    # count with its warm-up; the kernel hands a fresh zeroed page on first touch (page_faults_per_step)
+    page_faults: tuple[float, ...] = ()
 
 
 def time_interleaved(
@@ -240,15 +253,18 @@ def time_interleaved(
     order: random.Random,
     min_block_s: float = MIN_BLOCK_S,
     clock: Callable[[], float] | None = None,
+    pairs: Sequence[tuple[int, int, float]] = (),
+    earlier: Sequence[Sequence[float]] = (),
 ) -> InterleavedTiming:
     """Time `steps` (warmed up) in rounds: each round times one block of every step, in an order drawn from
     `order`, so that a change of the machine's speed lands on all of them within one round.
 
     Each step's block is sized by its own probe to at least `min_block_s`, and follows about SWITCH_WARMUP_S of the
-    same step untimed (one step at least). Rounds go on until every step's median
-    is known to `ci_target_pct` within this process (after at least MIN_BLOCKS rounds), or the next round would not
-    fit in `time_budget_s`. Blocks run timeit's compiled loop on the device clock; the caller has set the thread count.
-    """
+    same step untimed (one step at least). Rounds go on, after at least MIN_ROUNDS, until every step's median and every
+    ratio of `pairs` (numerator, denominator, scale) is known well enough (`known_well_enough`: within
+    `ci_target_pct`, or within a share of the spread between the `earlier` processes' values), or the next round would
+    not fit in `time_budget_s`. Blocks run timeit's compiled loop on the device clock; the caller has set the thread
+    count."""
     threads = torch.get_num_threads()
     load_before = load_average()
     started = time.perf_counter()
@@ -261,12 +277,13 @@ def time_interleaved(
             min_run_time=PROBE_S
         )
         steps_per_block = _steps_for(min_block_s, min(probe.times))
-        warmup = max(1, round(SWITCH_WARMUP_S / min(probe.times)))  # a block never starts cold
+        warmup = warmup_steps(min(probe.times))
         # The standard library's timeit.Timer, which torch's Timer wraps: its timeit() adds no warm-up runs.
         block = timeit.Timer(f"for _ in range({steps_per_block}):\n    step()", timer=clock, globals=names)
         timers.append((block, steps_per_block, warmup, step))
     deadline = started + time_budget_s
     blocks: list[list[Block]] = [[] for _ in steps]
+    faults: list[list[float]] = [[] for _ in steps]
     spans: list[tuple[int, float, float]] = []
     round_s = 0.0
     while True:
@@ -276,13 +293,16 @@ def time_interleaved(
         for index in order.sample(range(len(steps)), len(steps)):
             timer, steps_per_block, warmup, step = timers[index]
             span_started = time.perf_counter()  # the device is idle: the previous block ended on a synchronising clock
+            faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt  # outside the timed loop, as is the warm-up
             for _ in range(warmup):
                 step()
             blocks[index].append(Block(steps_per_block, timer.timeit(1)))
             spans.append((index, span_started, time.perf_counter()))
+            faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faulted
+            faults[index].append(faulted / (warmup + steps_per_block))
         round_s = time.perf_counter() - round_started
-        if len(blocks[0]) >= MIN_BLOCKS and not any(
-            estimate_step_time(step_blocks, 1, ci_target_pct).noisy for step_blocks in blocks
+        if len(blocks[0]) >= MIN_ROUNDS and known_well_enough(
+            [[block.step_ms for block in step_blocks] for step_blocks in blocks], pairs, earlier, ci_target_pct
         ):
             break
     return InterleavedTiming(
@@ -290,4 +310,5 @@ def time_interleaved(
         conditions=measurement_conditions(load_before, threads),
         seconds=time.perf_counter() - started,
         spans=tuple(spans),
+        page_faults=tuple(statistics.median(counts) for counts in faults),
     )

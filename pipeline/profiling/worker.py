@@ -51,8 +51,9 @@ from pipeline.model.checkpoint import load_checkpoint
 from pipeline.params.schema import ProfileConfig
 from pipeline.profiling.energy_during_timing import Poller, Span, Update, fit_powers
 from pipeline.profiling.memory import BuiltStep, measure_step_memory
-from pipeline.profiling.timing import InterleavedTiming, page_faults_per_step, synchronizer, time_interleaved
+from pipeline.profiling.timing import InterleavedTiming, synchronizer, time_interleaved
 from pipeline.records.profile import profile_matrix
+from pipeline.records.statistics import comparison_pairs
 from pipeline.training.steps import inference_step
 
 
@@ -77,7 +78,10 @@ class WorkerSpec:
     tune_allocator: bool = True  # False: glibc malloc's defaults, as a fresh program has them (the allocator what-if)
     energy: str = ""  # the energy counter polled during the timing (pipeline.devices.counters.open_counter); "": none
     memory: bool = True  # measure each item's memory after the timing (pipeline.profiling.memory)
-    page_faults: bool = False  # count each item's minor page faults per step after the timing
+    page_faults: bool = False  # give each item's minor page faults per step, counted around its timed blocks
+    # What each process before this one contributed (pipeline.records.statistics.process_values): their spread sets
+    # how well this one must know its own values before it stops (known_well_enough).
+    earlier: tuple[tuple[float, ...], ...] = ()
 
     @classmethod
     def for_device(cls, config: ProfileConfig, device: str, checkpoint: Path, data_root: Path) -> WorkerSpec:
@@ -101,7 +105,13 @@ class WorkerSpec:
     @classmethod
     def from_json(cls, text: str) -> WorkerSpec:
         raw = json.loads(text)
-        return cls(**{**raw, "items": tuple((int(batch), str(mode)) for batch, mode in raw["items"])})
+        return cls(
+            **{
+                **raw,
+                "items": tuple((int(batch), str(mode)) for batch, mode in raw["items"]),
+                "earlier": tuple(tuple(float(value) for value in values) for values in raw.get("earlier", ())),
+            }
+        )
 
     def items_phrase(self) -> str:
         """`batch 1 and 16 (cpu, inference and train)`: the items, for a message."""
@@ -160,17 +170,22 @@ def measure(spec: WorkerSpec) -> dict[str, Any]:
     built = build_items(spec)
     steps = [step.run for step in built]
     counter = poller.ready() if poller else None  # the counter's name, or why it cannot be read
-    timing = time_interleaved(steps, device, spec.ci_target_pct, spec.budget_s, random.Random(spec.seed))
+    timing = time_interleaved(
+        steps,
+        device,
+        spec.ci_target_pct,
+        spec.budget_s,
+        random.Random(spec.seed),
+        pairs=comparison_pairs(spec.items),
+        earlier=spec.earlier,
+    )
     energy: list[dict[str, Any]] = []
     if poller and isinstance(counter, str):
         energy = step_energies(poller.stop(), timing, counter)
     elif isinstance(counter, Unavailable):
         energy = [{"unavailable": counter.reason} for _ in steps]
     sync = synchronizer(device)
-    faults = []
-    if spec.page_faults:
-        for step, blocks in zip(steps, timing.blocks, strict=True):
-            faults.append(page_faults_per_step(step, sync, statistics.median(block.step_ms for block in blocks)))
+    faults = list(timing.page_faults) if spec.page_faults else []
     # After the timing, as the memory measure profiles two steps.
     memory = [measure_step_memory(step, device, sync) for step in built] if spec.memory else []
     return {

@@ -337,3 +337,73 @@ def measurement_conditions(load_before: float, threads: int) -> MeasurementCondi
         threads=threads,
         cpu_governor=cpu_governor() or GOVERNOR_NOT_EXPOSED,
     )
+
+
+def comparison_pairs(items: Sequence[tuple[int, str]]) -> tuple[tuple[int, int, float], ...]:
+    """The ratios the report states between a device's items (batch size, mode), as (numerator, denominator, scale):
+    per sample between each two batch sizes of one mode (the larger batch over the smaller; `scale` is the smaller
+    batch over the larger), per step between the two modes of one batch size (training over inference; scale 1)."""
+    pairs = []
+    for first, second in itertools.combinations(range(len(items)), 2):
+        (batch_a, mode_a), (batch_b, mode_b) = items[first], items[second]
+        if mode_a == mode_b and batch_a != batch_b:
+            small, large = sorted((first, second), key=lambda index: items[index][0])
+            pairs.append((large, small, items[small][0] / items[large][0]))
+        elif batch_a == batch_b and mode_a != mode_b:
+            train, inference = (first, second) if mode_a == "train" else (second, first)
+            pairs.append((train, inference, 1.0))
+    return tuple(pairs)
+
+
+def process_values(rounds: Sequence[Sequence[float]], pairs: Sequence[tuple[int, int, float]]) -> tuple[float, ...]:
+    """What one timing process contributes to the stage's estimates: each item's median per-step time over its
+    rounds (`rounds[item][round]`, ms), then each pair's median over rounds of the rounds' ratios (`paired_ratio`)."""
+    medians = [statistics.median(item) for item in rounds]
+    ratios = [
+        scale * statistics.median(a / b for a, b in zip(rounds[numerator], rounds[denominator], strict=True))
+        for numerator, denominator, scale in pairs
+    ]
+    return (*medians, *ratios)
+
+
+def _log_half_width(values: Sequence[float]) -> float:
+    """Half the width of the median's 95 % interval of `values` on the log scale (inf where there is none)."""
+    found = median_interval(values)
+    if found is None or found[0] <= 0:
+        return math.inf
+    return (math.log(found[1]) - math.log(found[0])) / 2
+
+
+# A timing process stops once every value it contributes is known within this share of the spread between processes.
+# The stated interval comes from that spread; a process's own error adds to it in quadrature, so at a half-width a
+# third of the processes' 95 % spread it widens the spread by at most sqrt(1 + 1/9) - 1, about 5 %
+# (docs/timing.md, "How long each process times").
+KNOWN_SHARE_OF_SPREAD = 1 / 3
+MIN_SPREAD_PROCESSES = 3  # earlier processes needed before their spread is trusted to set a later one's stop
+
+
+def known_well_enough(
+    rounds: Sequence[Sequence[float]],
+    pairs: Sequence[tuple[int, int, float]],
+    earlier: Sequence[Sequence[float]],
+    ci_target_pct: float,
+    share: float = KNOWN_SHARE_OF_SPREAD,
+) -> bool:
+    """Whether a timing process may stop: each value it contributes (`process_values`) has a 95 % interval over its
+    rounds (`rounds[item][round]`, per-step ms) within ±`ci_target_pct` %, or, once MIN_SPREAD_PROCESSES processes
+    have finished (`earlier`: their values, in the same order), within `share` of their spread (the 95 % half-width
+    of a normal fitted to their logarithms): known well compared with what sets the stated interval."""
+    target = math.log1p(ci_target_pct / 100)
+    spreads: list[float] = []
+    if len(earlier) >= MIN_SPREAD_PROCESSES:
+        columns = zip(*earlier, strict=True)
+        spreads = [NORMAL_975 * statistics.stdev(math.log(value) for value in column) for column in columns]
+    ratios = [
+        [scale * a / b for a, b in zip(rounds[numerator], rounds[denominator], strict=True)]
+        for numerator, denominator, scale in pairs
+    ]
+    for index, values in enumerate([*rounds, *ratios]):
+        allowed = max(target, share * spreads[index]) if spreads else target
+        if _log_half_width(values) > allowed:
+            return False
+    return True

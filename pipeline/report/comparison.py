@@ -258,10 +258,10 @@ def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
     notes = [
         "Step time: each of `profile.processes` fresh processes times every combination of the device interleaved, "
         "one block of consecutive steps per combination per round, in random order, each after about "
-        f"{1000 * SWITCH_WARMUP_S:g} ms, and at least one step, of the same step untimed (so it starts warm); a "
-        "row's step time is the "
-        "median over the processes of their medians, its 95 % CI the spread between processes (within this run: "
-        "how far the machine's speed drifts between runs is stated once, under Environment). IQR is the spread of "
+        f"{1000 * SWITCH_WARMUP_S:g} ms of the same step untimed (none for a step over {2000 * SWITCH_WARMUP_S:g} ms, "
+        "which starts warm); a row's step time is the "
+        "median over the processes of their medians, its 95 % CI the spread between processes within this run. "
+        "IQR is the spread of "
         "all blocks. Convolution share: the rows of the operator table whose name holds `conv` (wrappers such as "
         "`aten::_convolution` included), as % of the traced step's operator time."
     ]
