@@ -23,7 +23,7 @@ from pipeline.profiling.processes import forked_worker_server, worker_server
 from pipeline.profiling.run import prepare_profiles, run_description, run_device_profile, timing_spec
 from pipeline.records.profile import profile_matrix
 from pipeline.records.wording import disagreement_said, stage_warnings
-from pipeline.tracking.lifecycle import settled_after_commit
+from pipeline.tracking.lifecycle import open_store_early, settled_after_commit
 
 
 def main() -> None:
@@ -35,12 +35,14 @@ def main() -> None:
         # The timing processes' server first, forked before this process runs any tensor code: it starts from
         # the clean state of a fresh server without importing torch again (pipeline.profiling.processes).
         training = any(combination.mode != "inference" for combination in wanted)
-        server = stack.enter_context(forked_worker_server(training=training)) if config.processes > 1 else None
-        # The other program starts import torch while this process prepares (they time nothing until all are ready).
-        others = min(config.program_starts, config.processes) - 1 if server else 0
+        # The other program starts import torch while this process forks its own server, prepares and opens the
+        # tracking store: nothing is timed until every server is ready (pipeline.profiling.processes).
+        others = min(config.program_starts, config.processes) - 1 if config.processes > 1 else 0
         starting = [stack.enter_context(worker_server(training, ready=False)) for _ in range(others)]
+        server = stack.enter_context(forked_worker_server(training=training)) if config.processes > 1 else None
         pause_at("server-forked")
         setups = prepare_profiles(wanted, config, MODEL_CHECKPOINT, DATA_ROOT, HARDWARE_ROOFS)
+        open_store_early(params.tracking)  # after the fork: MLflow may start threads, which a fork must not copy
         pause_at("prepared")
         spec = timing_spec(setups, config, MODEL_CHECKPOINT, DATA_ROOT)
         paths = [c.outputs for c in wanted]

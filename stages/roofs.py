@@ -43,7 +43,7 @@ def main() -> None:
         load_before = load_average()
         with tqdm(
             total=len(devices) * (DRIFT_WINDOWS if config.drift_probe_s > 0 else 0),
-            desc="roofs and drift probe",
+            desc="roofs and drift probe" if config.drift_probe_s > 0 else "roofs",
             unit="window",
         ) as bar:
             measured = tuple(
@@ -55,9 +55,11 @@ def main() -> None:
         outputs.write_text(HARDWARE_ROOFS, write_roofs(roofs))
         for device in measured:
             tracker.log_summary(device.summary_metrics(), prefix=f"roofs/{device.device}/")
-    busy = conditions.warning("the roofs and the speed drift")
+    probed = config.drift_probe_s > 0
+    busy = conditions.warning("the roofs and the speed drift" if probed else "the roofs")
     if busy:
-        print(f"Warning: {busy}; the report states this drift until `dvc repro -f roofs` measures it again.")
+        measured_again = "this drift" if probed else "these roofs"
+        print(f"Warning: {busy}; the report states {measured_again} until `dvc repro -f roofs` measures them again.")
     for device in measured:
         print(f"{device.summary_line()} -> {HARDWARE_ROOFS}")
 

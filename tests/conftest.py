@@ -21,6 +21,7 @@ from tests.helpers.projects import (
     tiny_params,
 )
 from tests.helpers.repo import REPO_PARAMS, REPO_ROOT
+from tests.helpers.rotation import ROTATING, ROTATION_VARIABLE, SLOTS, chosen_slot, runs
 from tests.helpers.stress import exit_summary
 
 # Every `dvc` command would also start `dvc daemon analytics` (a share of the suite's CPU worth saving:
@@ -54,12 +55,18 @@ def reproduced_project(
     return build_reproduced(request.config, tmp_path_factory, mnist_mirror)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules in the order that keeps the xdist workers (`--dist loadscope`: a module per worker at a time)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The rotating tier's modules that `$LAB_ROTATION` leaves out this time deselected (tests/helpers/rotation.py);
+    then the modules in the order that keeps the xdist workers (`--dist loadscope`: a module per worker at a time)
     busy: first the module whose worker builds the shared reproduced project (minutes) and has most to do after
     it, then every module that does not need that project (the other workers run them meanwhile), then the
     rest; within each group the long modules first, so that no worker is left with a long one at the end
     (LONG_MODULES, measured). Within a module the order is unchanged. Deterministic, as xdist requires."""
+    slot = _rotation_slot(config)
+    left_out = [item for item in items if not runs(item.nodeid.split("::")[0], slot)]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if runs(item.nodeid.split("::")[0], slot)]
     modules: dict[str, list[pytest.Item]] = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
@@ -103,6 +110,24 @@ LONG_MODULES = (
     "tests/test_training.py",
     "tests/test_download_stage.py",
 )
+
+
+def _rotation_slot(config: pytest.Config) -> int | None:
+    try:
+        return chosen_slot(os.environ.get(ROTATION_VARIABLE, ""))
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    slot = _rotation_slot(config)
+    if slot is None:
+        return None
+    left = sorted(module for module, found in ROTATING.items() if found != slot)
+    return (
+        f"rotating tier: slot {slot} of {SLOTS} ({ROTATION_VARIABLE}={os.environ[ROTATION_VARIABLE]}); left out this "
+        f"time, run by the next commits and by `make test-all`: {', '.join(left)}"
+    )
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -30,9 +30,15 @@ from pipeline.records.profile import ProfileRecord
 from pipeline.records.quantities import MEMORY_PARTS, STEP_GROUPS, STEP_PHASES
 from pipeline.report.catalogue import CATALOGUES, LANGUAGES, load_catalogue, placeholders
 from pipeline.report.comparison import comparison_rows
-from pipeline.report.figures import missing_glyphs, save_figure
+from pipeline.report.figures import charmap, missing_glyphs, save_figure
 from pipeline.report.handin import HandinFigures, draw_figures, gpu_section, handin_markdown
-from pipeline.report.handin_figures import figure_font
+from pipeline.report.handin_figures import (
+    FIGURE_WORDS,
+    SIMPLIFIED_CHINESE_FACE,
+    _font_for,
+    bundled_cjk_font,
+    figure_font,
+)
 from pipeline.report.lab_report import ReportInputs
 from tests.helpers.handin import TEMPLATE_HEADINGS, TEMPLATE_LABELS, UNFILLED, headings, numbers, tables
 from tests.helpers.projects import run_report_stage
@@ -154,14 +160,14 @@ def _embedded_pngs(page: str) -> list[Image.Image]:
 
 def test_the_handin_figures_draw_every_character_of_their_text(handed_in: Path) -> None:
     """A glyph the font lacks is an empty box in a PNG; each figure states its texts in its metadata. The Chinese
-    hand-in's figures carry Chinese words where an installed font draws them (that font has every character), and
-    otherwise no words but numbers, units and operator names (which matplotlib's own font draws)."""
+    hand-in's figures carry Chinese titles, axis labels and legends (the bundled font has every character), and
+    draw every character they hold."""
     page = (handed_in / "report" / "handin.zh.html").read_text()
     catalogue = load_catalogue("zh")
     family = figure_font(catalogue)
+    assert family is not None, "no font draws the Chinese figures' words: is noto-cjk-sans-otc installed?"
     fonts = [font_manager.findfont(font_manager.FontProperties())]
-    if family is not None:
-        fonts.append(font_manager.findfont(font_manager.FontProperties(family=family)))
+    fonts.append(font_manager.findfont(font_manager.FontProperties(family=family)))
     covered = set().union(*(FT2Font(font).get_charmap() for font in fonts))
     texts = [image.text["Description"] for image in _embedded_pngs(page)]
     assert any("aten::mkldnn_convolution" in text for text in texts)
@@ -171,11 +177,36 @@ def test_the_handin_figures_draw_every_character_of_their_text(handed_in: Path) 
         for text in texts
         for word in re.findall(r"[A-Za-z]{2,}|[\u4e00-\u9fff]+", re.sub(r"\$[^$]*\$|\S*::\S*", "", text))
     }
-    if family is None:
-        assert not words, words
-    else:
-        latin = {word for word in words if word.isascii()}
-        assert catalogue("fig_step") in "".join(texts) and latin <= {"CPU", "GPU", "CUDA", "epoch"}, latin
+    latin = {word for word in words if word.isascii()}
+    assert catalogue("fig_step") in "".join(texts) and latin <= {"CPU", "GPU", "CUDA", "epoch"}, latin
+    for key in ("fig_loss", "fig_accuracy", "fig_train_steps", "fig_test_epochs"):
+        assert catalogue(key) in "".join(texts), key
+
+
+def test_the_chinese_figures_have_words_on_a_machine_without_a_cjk_font(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every font matplotlib and the system know that draws Chinese hidden, as on a fresh Linux machine, the
+    figures' words are still drawn, by the bundled Noto Sans CJK's simplified-Chinese face, glyph for glyph."""
+    catalogue = load_catalogue("zh")
+    words = "".join(catalogue(key) for key in FIGURE_WORDS)
+    bundled = bundled_cjk_font()
+    assert bundled is not None
+    cjk = {entry.fname for entry in font_manager.fontManager.ttflist if 0x4E2D in charmap(entry.fname)} - {bundled}
+    monkeypatch.setattr(
+        font_manager.fontManager,
+        "ttflist",
+        [entry for entry in font_manager.fontManager.ttflist if entry.fname not in cjk],
+    )
+    monkeypatch.setattr(font_manager, "findSystemFonts", lambda *_, **__: [])
+    _font_for.cache_clear()
+    try:
+        family = figure_font(catalogue)
+        assert family == SIMPLIFIED_CHINESE_FACE
+        figure, axes = plt.subplots()
+        axes.set_title(words, family=family)
+        assert missing_glyphs(figure) == {}
+        plt.close(figure)
+    finally:
+        _font_for.cache_clear()
 
 
 def test_a_figure_whose_font_lacks_a_glyph_is_refused(tmp_path: Path) -> None:

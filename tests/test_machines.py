@@ -341,7 +341,7 @@ def lab_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     failed = log_profile_folder(client, experiment, one_combination, MODEL, started_ms=now, status="FAILED")
     other_model = log_profile_folder(client, experiment, one_combination, OTHER_MODEL, started_ms=now)
     other_steps = log_profile_folder(
-        client, experiment, one_combination, MODEL, started_ms=now, settings_override={"profile.warmup_steps": "3"}
+        client, experiment, one_combination, MODEL, started_ms=now, settings_override={"profile.warmup_steps": "17"}
     )
     legacy = project / "import" / "legacy"
     shutil.copytree(h100 / "1-cpu-inference", legacy / "1-cpu-inference")
@@ -446,7 +446,8 @@ def test_unlike_runs_are_reported_apart_and_named(lab_store: dict[str, Any], sto
     assert set_apart["failed"]["64-cpu-train"] not in by_run
     markdown = store_report.markdown
     assert "another checkpoint (`model.digest` bbbbbbbbbbbb vs aaaaaaaaaaaa)" in markdown
-    assert "`profile.warmup_steps` 3 vs 10" in markdown
+    committed = json.loads((REPO_ROOT / "profiles" / "cpu" / "64-train" / "profile.json").read_text())
+    assert f"`profile.warmup_steps` 17 vs {committed['settings']['warmup_steps']}" in markdown
     assert "step time: mean of timed steps (older runs) vs median of timed blocks with its 95 % CI" in markdown
     assert "- 1 run(s): no `batch_size`, `device`, `mode` param(s)." in markdown
     assert "(2 older ones superseded)" in markdown  # the oldest run and the one the bigger budget replaced

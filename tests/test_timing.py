@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import math
 import os
 import random
 import statistics
@@ -16,8 +17,8 @@ import pytest
 import torch
 
 from pipeline.profiling.processes import wait_until_ready, worker_server
-from pipeline.profiling.timing import MIN_BLOCKS, device_clock, time_interleaved, time_steps
-from pipeline.records.statistics import SWITCH_WARMUP_S
+from pipeline.profiling.timing import MIN_BLOCKS, MIN_ROUNDS, device_clock, time_interleaved, time_steps
+from pipeline.records.statistics import SWITCH_WARMUP_S, comparison_pairs, known_well_enough
 from tests.helpers.repo import run_python
 
 CPU = torch.device("cpu")
@@ -98,7 +99,7 @@ def test_interleaved_blocks_time_each_step_warm_after_another_ones_block(two_thr
 
     timing = time_interleaved([short, long], CPU, 2.0, 5.0, random.Random(1), clock=clock)
     short_blocks, long_blocks = timing.blocks
-    assert len(short_blocks) >= MIN_BLOCKS
+    assert len(short_blocks) >= MIN_ROUNDS
     assert {round(block.step_ms, 9) for block in short_blocks} == {0.5}
     assert {round(block.step_ms, 9) for block in long_blocks} == {8.0}
     runs = [len(list(group)) for name, group in itertools.groupby(calls) if name == "short"]
@@ -252,3 +253,46 @@ def test_a_started_timing_server_is_handed_over_only_once_its_imports_are_done_a
         started = torch_mapped(early.pid)  # a fresh interpreter: torch not loaded yet
         wait_until_ready(early)
         assert not started and torch_mapped(early.pid)
+
+
+def _scattered(clock: VirtualClock, rng: random.Random, step_s: float, scatter: float) -> Callable[[], None]:
+    """A step of `step_s` whose every call takes a log-normal factor of sd `scatter` more or less."""
+    return clock.step_taking(lambda: step_s * math.exp(rng.gauss(0.0, scatter)))
+
+
+@pytest.mark.parametrize(
+    ("earlier_spread", "stops_early"),
+    [
+        pytest.param(0.30, True, id="processes-far-apart-stop-once-their-own-error-is-a-third-of-it"),
+        pytest.param(0.002, False, id="processes-alike-time-to-the-budget"),
+    ],
+)
+def test_a_timing_process_stops_once_it_knows_its_values_well_against_the_earlier_processes_spread(
+    two_threads: None, earlier_spread: float, stops_early: bool
+) -> None:
+    """Steps scatter by 25 %, so no process reaches the ±2 % target in its budget. Where the processes before it
+    lay 30 % apart (sd of their logs), a process knows its medians and ratios to a third of that after its first
+    rounds and stops; where they agreed within 0.2 %, it goes on for as long as its own target asks."""
+    clock, rng = VirtualClock(), random.Random(3)
+    steps = [_scattered(clock, rng, 0.002, 0.25), _scattered(clock, rng, 0.012, 0.25)]
+    items, pairs = ((1, "inference"), (4, "inference")), ((1, 0, 0.25),)
+    earlier = [
+        tuple(value * math.exp(earlier_spread * z) for value in (2.0, 12.0, 1.5)) for z in (-1.2, -0.4, 0.3, 1.1)
+    ]
+    assert comparison_pairs(items) == pairs
+    timing = time_interleaved(steps, CPU, 2.0, 20.0, random.Random(1), clock=clock, pairs=pairs, earlier=earlier)
+    rounds = len(timing.blocks[0])
+    if stops_early:
+        assert MIN_ROUNDS <= rounds < 60
+    else:
+        assert rounds > 300
+
+
+def test_known_well_enough_asks_the_target_until_three_processes_have_finished() -> None:
+    """With fewer earlier processes than MIN_SPREAD_PROCESSES their spread sets nothing: the target alone does."""
+    rng = random.Random(5)
+    rounds = [[2.0 * math.exp(rng.gauss(0.0, 0.08)) for _ in range(30)]]
+    far_apart = [(1.0,), (3.0,)]
+    assert not known_well_enough(rounds, (), far_apart, 2.0)
+    assert known_well_enough(rounds, (), [*far_apart, (2.0,)], 2.0)
+    assert known_well_enough([[2.0] * 30], (), [], 2.0)  # no scatter: known to any target

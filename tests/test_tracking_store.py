@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -176,3 +178,56 @@ def test_a_store_that_is_not_ours_is_refused_with_a_fix_that_works(
     code, stderr = _stage_on(tmp_path, capsys, monkeypatch)
     assert code == 0, stderr
     assert _finished_runs(tmp_path) == ["FINISHED"]
+
+
+# A store this user cannot write: the file, its folder, or both read-only for the user the stage runs as (as root,
+# the test drops to `nobody`, since root writes anything; as anyone else, the modes alone do it).
+READ_ONLY_CASES = {"file": ("mlflow.db",), "folder": (".",), "both": ("mlflow.db", ".")}
+OPEN_STORE = (
+    "import sys\n"
+    "from pathlib import Path\n"
+    "from pipeline.common.errors import PipelineError\n"
+    "from pipeline.tracking.store import prepare_experiment\n"
+    "try:\n"
+    "    prepare_experiment(f'sqlite:///{sys.argv[1]}/mlflow.db', 'mnist-lab', Path(sys.argv[1]))\n"
+    "except PipelineError as error:\n"
+    "    print(error, file=sys.stderr)\n"
+    "    sys.exit(2)\n"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(READ_ONLY_CASES))
+def test_a_store_this_user_cannot_write_is_named_in_one_paragraph_before_any_run(case: str) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="read-only-store-"))  # not under pytest's tmp folders, which are 0700
+    try:
+        folder.chmod(0o777)
+        empty_store(folder)
+        (folder / "mlflow.db").chmod(0o666)
+        for name in READ_ONLY_CASES[case]:
+            (folder / name).chmod(0o555 if name == "." else 0o444)
+        before = (folder / "mlflow.db").read_bytes()
+        drop = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] if os.geteuid() == 0 else []
+        result = subprocess.run(
+            [*drop, sys.executable, "-c", OPEN_STORE, str(folder)],
+            cwd=REPO_ROOT,
+            env={**os.environ, "HOME": str(folder)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 2, result.stderr[-3000:]
+        said = result.stderr.strip()
+        assert "Traceback" not in said and "INSERT" not in said and "\n" not in said, said
+        assert f"MLflow store {folder / 'mlflow.db'} cannot be written by this user" in said, said
+        for what, name in (("the file", "mlflow.db"), ("its folder", ".")):
+            path = folder / name if name != "." else folder
+            assert (f"{what} {path}" in said) == (name in READ_ONLY_CASES[case]), said
+            assert (f"`chmod u+w {path}`" in said) == (name in READ_ONLY_CASES[case]), said
+        assert "Nothing was run." in said
+        assert (folder / "mlflow.db").read_bytes() == before
+    finally:
+        folder.chmod(0o755)
+        for path in folder.iterdir():
+            path.chmod(0o644)
+        shutil.rmtree(folder)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -47,6 +48,9 @@ PAUSE_VARIABLE = "LAB_PAUSE_AT"
 FAIL_VARIABLE = "LAB_FAIL_AT"  # "<stage>:<moment>": raise InjectedFailure there instead of pausing (tests only)
 PAUSE_LIMIT_S = 300.0  # a paused stage nobody signals goes on after this
 PLAN_VARIABLE = "LAB_PAUSE_PLAN"
+# A file that each stage appends `<stage> <moment> <seconds since its process started>` to at every `pause_at` moment
+# (benchmarks.stage_costs reads it): where a stage's time goes, measured from the kernel's record of the start.
+TIMELINE_VARIABLE = "LAB_TIMELINE"
 _INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
 _received: list[int] = []  # signals received before the commit point, in order
 _deferred: list[int] = []  # signals received after the commit point, in order
@@ -55,6 +59,7 @@ _shield_depth = 0
 _committing = False
 _pause_at = ""  # "<stage>:<moment>", set by install_handlers
 _fail_at = ""  # likewise
+_stage_name = ""  # the stage this process runs, set by install_handlers
 
 
 class InjectedFailure(RuntimeError):
@@ -86,7 +91,8 @@ def install_handlers(stage: str) -> None:
     """SIGTERM and SIGINT record the signal and raise `Terminated` or KeyboardInterrupt; SIGINT stays ignored if it
     was. Reads where `stage` is to pause, if anywhere: the first moment, `start-up`, is right here, before the
     stage's imports."""
-    global _pause_at, _fail_at
+    global _pause_at, _fail_at, _stage_name
+    _stage_name = stage
     signal.signal(signal.SIGTERM, _on_signal)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_signal)
@@ -181,10 +187,30 @@ def exit_at_further_signal(code: int | None, codes: dict[int, int]) -> None:
             signal.signal(signum, exit_now)
 
 
+def seconds_since_process_start() -> float:
+    """Wall seconds since this process started, from the kernel's record (/proc/self/stat's start time, in clock
+    ticks since boot; 10 ms resolution); nan where there is no /proc."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rpartition(")")[2].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except OSError:
+        return math.nan
+    return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def note_moment(moment: str) -> None:
+    """Append `moment` to $LAB_TIMELINE's file, with this process's age, where it is set."""
+    timeline = os.environ.get(TIMELINE_VARIABLE)
+    if timeline:
+        with open(timeline, "a") as stream:
+            stream.write(f"{_stage_name or '-'} {moment} {seconds_since_process_start():.3f}\n")
+
+
 def pause_at(moment: str) -> None:
     """Hold here while $LAB_PAUSE_AT names `moment` (tests only): say so on stderr, then sleep until a signal
     ends it (KeyboardInterrupt/Terminated raised here) or PAUSE_LIMIT_S passes. Where $LAB_FAIL_AT names it, raise
-    InjectedFailure instead."""
+    InjectedFailure instead. Where $LAB_TIMELINE names a file, note the moment there first."""
+    note_moment(moment)
     if _fail_at and _fail_at.partition(":")[2] == moment:
         raise InjectedFailure(f"failure injected at {_fail_at} (${FAIL_VARIABLE})")
     if not _pause_at or _pause_at.partition(":")[2] != moment:

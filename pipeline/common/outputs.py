@@ -5,14 +5,20 @@ never sees a half-written checkpoint or a metrics file from a run that did not f
 itself is all-or-nothing too: if one rename fails (a file made immutable, a read-only mount), the
 files already replaced are put back, so the outputs are either all new or all as before.
 
-A process killed with SIGKILL cannot clean up: `sweep_stale_partials` removes the temp folders of
-dead processes when a later stage starts (pipeline.common.stage_runner: any stage sweeps every stage's output
-folders, since the stage that was killed may not be rerun).
+A process killed with SIGKILL (or an OOM kill, or a power cut) cannot clean up. Before its first rename `commit()`
+writes a journal (`swap-journal.json` in its first temp folder, synced to disk) naming every file it will move and
+where each old version waits; it removes the journal only once every new file is in place. The next stage to start,
+whichever it is, finds the journal of a dead process first (`undo_interrupted_swaps`) and puts the old set back,
+file by file, saying so; only then does `sweep_stale_partials` remove the dead processes' temp folders (any stage
+sweeps every stage's output folders, since the stage that was killed may not be rerun). So a stop at any moment of
+the swap leaves the old complete set or the new complete set, never a mix, and no backup is swept while it holds
+the only copy of an output.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -146,44 +152,139 @@ class AtomicOutputs:
             self.discard()
 
 
+JOURNAL_NAME = "swap-journal.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Move:
+    """One file of a swap: its final place, the staged new file (None: a stale file that nothing replaces) and where
+    its old version waits during the swap (None: it had none)."""
+
+    final: Path
+    staged: Path | None
+    backup: Path | None
+
+
+def _plan(staged: dict[Path, Path], stale: Sequence[Path]) -> list[_Move]:
+    moves = []
+    for index, (final, temporary) in enumerate(staged.items()):
+        exists = final.exists() or final.is_symlink()
+        moves.append(_Move(final, temporary, temporary.parent / f".old-{index}-{final.name}" if exists else None))
+    for index, final in enumerate(stale):
+        moves.append(_Move(final, None, partial_folder(final) / f".stale-{index}-{final.name}"))
+    return moves
+
+
+def _synced(path: Path) -> None:
+    """Flush `path` (a file or a folder) to the disk: what a power cut must not lose."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _write_journal(journal: Path, moves: Sequence[_Move]) -> None:
+    """The swap's plan, with every path relative to the journal's folder (a project moved after a kill still finds
+    its files), written and synced before the first rename."""
+
+    def relative(path: Path | None) -> str | None:
+        return None if path is None else os.path.relpath(path.absolute(), journal.parent.absolute())
+
+    entries = [{"final": relative(m.final), "staged": relative(m.staged), "backup": relative(m.backup)} for m in moves]
+    partial = journal.with_name(journal.name + ".writing")
+    partial.write_text(json.dumps({"format": 1, "moves": entries}, indent=1))
+    _synced(partial)
+    os.replace(partial, journal)
+    _synced(journal.parent)
+
+
 def _replace_all(staged: dict[Path, Path], stale: Sequence[Path] = ()) -> None:
     """Two phases, each undone on failure: move the old finals (and the `stale` files, which nothing replaces)
-    aside, then the new files in.
+    aside, then the new files in; before the first rename a journal names every move, so that a process killed
+    mid-swap is undone by the next stage (`undo_interrupted_swaps`).
 
     Moving an old file aside is the step an immutable file or a read-only mount refuses, so most
     failures happen before any output changed; a failure in the second phase moves the new files
     out again and the old ones back.
     """
-    retired: list[tuple[Path, Path]] = []  # (final, where its old version waits)
-    placed: list[Path] = []
+    moves = _plan(staged, stale)
+    if not moves:
+        return
+    for temporary in staged.values():
+        _synced(temporary)  # the new files' contents reach the disk before any name points at them
+    journal = next(iter(staged.values())).parent / JOURNAL_NAME if staged else partial_folder(stale[0]) / JOURNAL_NAME
+    journal.parent.mkdir(exist_ok=True)
+    for move in moves:
+        if move.staged is None and move.backup is not None:
+            move.backup.parent.mkdir(exist_ok=True)
     current: Path | None = None
     try:
-        for index, (final, temporary) in enumerate(staged.items()):
+        _write_journal(journal, moves)
+        renames = [(m.final, m.final, m.backup) for m in moves if m.backup is not None]
+        renames += [(m.final, m.staged, m.final) for m in moves if m.staged is not None]
+        for step, (final, source, target) in enumerate(renames):
             current = final
-            if final.exists() or final.is_symlink():
-                backup = temporary.parent / f".old-{index}-{final.name}"
-                os.replace(final, backup)
-                retired.append((final, backup))
-        for index, final in enumerate(stale):
-            current = final
-            aside = partial_folder(final)
-            aside.mkdir(exist_ok=True)
-            backup = aside / f".stale-{index}-{final.name}"
-            os.replace(final, backup)
-            retired.append((final, backup))
-        for final, temporary in staged.items():
-            current = final
-            os.replace(temporary, final)
-            placed.append(final)
+            os.replace(source, target)
+            pause_at(f"swap-{step}")  # a stress test's moment: right after the swap's `step`th rename
+        for folder in {move.final.parent for move in moves}:
+            _synced(folder)
+        journal.unlink()
     except OSError as error:
-        for final in placed:
-            final.unlink(missing_ok=True)
-        for final, backup in reversed(retired):
-            os.replace(backup, final)
+        _undo(moves)
+        journal.unlink(missing_ok=True)
         raise PipelineError(
             f"could not replace {current} ({error.strerror}); every output of this stage was left as it was "
             f"before. Make {current} replaceable (`lsattr`/`chattr -i`, a read-only mount, permissions) and run again."
         ) from None
+
+
+def _undo(moves: Sequence[_Move]) -> list[Path]:
+    """Put every file of a swap back as it was before it, whatever step it reached; return the finals restored or
+    removed. Each step only moves what is where the swap left it, so undoing twice (a kill during the undo) is
+    safe."""
+    restored = []
+    for move in reversed(moves):
+        placed = move.staged is not None and not move.staged.exists() and move.final.exists()
+        if move.backup is not None and move.backup.exists():
+            os.replace(move.backup, move.final)  # the old version back, over the new one where it was placed
+            restored.append(move.final)
+        elif placed and move.backup is None:
+            move.final.unlink()  # a new file where there was none
+            restored.append(move.final)
+    return restored
+
+
+def undo_interrupted_swaps(folders: Sequence[Path], depth: int = 1) -> list[str]:
+    """Undo the swaps that dead processes left half done in `folders` (and `depth` levels of sub-folders): every
+    file back as it was before the swap (`_undo`), then the journal removed. Returns one line per swap undone, for
+    the console. Call before `sweep_stale_partials`, which would remove the backups."""
+    said = []
+    for folder in folders:
+        for journal in [
+            path for level in range(depth + 1) for path in folder.glob("*/" * level + ".*/" + JOURNAL_NAME)
+        ]:
+            match = _STALE_NAME.match(journal.parent.name)
+            if not match or pid_alive(int(match["pid"])):
+                continue
+            raw = json.loads(journal.read_text())
+
+            def resolved(relative: str | None, base: Path = journal.parent) -> Path | None:
+                return None if relative is None else Path(os.path.normpath(base / relative))
+
+            moves = [
+                _Move(resolved(m["final"]) or Path(), resolved(m["staged"]), resolved(m["backup"]))
+                for m in raw["moves"]
+            ]
+            restored = _undo(moves)
+            journal.unlink()
+            if restored:
+                names = ", ".join(str(path) for path in restored[:6]) + (" ..." if len(restored) > 6 else "")
+                said.append(
+                    f"a stage (pid {match['pid']}) was killed while it swapped its outputs in; put the previous set "
+                    f"back, {len(restored)} file(s): {names}"
+                )
+    return said
 
 
 def sweep_stale_partials(folder: Path, depth: int = 1) -> list[Path]:

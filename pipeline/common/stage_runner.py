@@ -15,12 +15,18 @@ from pipeline.common.interrupts import (
     deferred_signal,
     exit_at_further_signal,
     install_handlers,
+    note_moment,
     past_commit_point,
     pause_at,
     raise_swallowed,
     shielded,
 )
-from pipeline.common.outputs import check_output_folder, sweep_stale_partials, write_error_message
+from pipeline.common.outputs import (
+    check_output_folder,
+    sweep_stale_partials,
+    undo_interrupted_swaps,
+    write_error_message,
+)
 from pipeline.common.paths import ALL_OUTPUT_FOLDERS, NESTED_OUTPUT_FOLDERS, STAGE_OUTPUT_FOLDERS
 
 EXIT_USER_ERROR = 2
@@ -49,6 +55,7 @@ def run_stage(name: str, main: Callable[[], None]) -> None:
         pause_at("imported")
         prepare_output_folders(name)
         main()
+        note_moment("main-returned")
         raise_swallowed()  # a stop whose exception a finalizer or callback dropped still ends the stage
     except PipelineError as error:
         print(redact(f"\nerror in stage '{name}': {error}"), file=sys.stderr)
@@ -107,7 +114,8 @@ def prepare_output_folders(stage: str, root: Path = Path(".")) -> None:
 
 
 def sweep_killed_runs(root: Path = Path(".")) -> list[Path]:
-    """Remove the temp folders that dead processes left in any stage's output folders; return them.
+    """Undo the output swaps that dead processes left half done (saying so), then remove the temp folders that dead
+    processes left in any stage's output folders; return them.
 
     Every stage sweeps every stage's folders, not only its own: a stage killed while writing leaves its outputs as
     they were, so the next `dvc repro` may well not rerun it (a killed download left data/MNIST complete and
@@ -118,7 +126,11 @@ def sweep_killed_runs(root: Path = Path(".")) -> list[Path]:
     it stays cheap: a listing of each folder and of each of its sub-folders (sweep_stale_partials), no deeper
     (under a millisecond for a full project).
     """
+    folders = [(root / folder, 2 if folder in NESTED_OUTPUT_FOLDERS else 1) for folder in ALL_OUTPUT_FOLDERS]
+    for folder, depth in folders:  # first: a killed swap's backups may hold the only copy of an output
+        for line in undo_interrupted_swaps([folder], depth):
+            print(f"{line}.", file=sys.stderr)
     removed: list[Path] = []
-    for folder in ALL_OUTPUT_FOLDERS:
-        removed += sweep_stale_partials(root / folder, depth=2 if folder in NESTED_OUTPUT_FOLDERS else 1)
+    for folder, depth in folders:
+        removed += sweep_stale_partials(folder, depth)
     return removed

@@ -36,12 +36,34 @@ def figure_font(catalogue: Catalogue, records: Sequence[ProfileRecord] = ()) -> 
     return _font_for(frozenset(ch for ch in words if not ch.isspace()))
 
 
+def bundled_cjk_font() -> str | None:
+    """The Noto Sans CJK collection that requirements.txt installs (package `noto-cjk-sans-otc`, SIL Open Font
+    License), so that the Chinese figures carry words on a machine with no CJK font of its own, as fresh Linux
+    machines have none; None where the package is missing."""
+    try:
+        from noto_cjk_sans_otc import FONT_PATH
+    except ImportError:
+        return None
+    path = Path(str(FONT_PATH))
+    return str(path) if path.is_file() else None
+
+
+# Of the collection's faces, the one whose glyph shapes follow the mainland standard the hand-in is written in.
+SIMPLIFIED_CHINESE_FACE = "Noto Sans CJK SC"
+
+
 @functools.cache
 def _font_for(characters: frozenset[str]) -> str | None:
     default = font_manager.findfont(font_manager.FontProperties())
     known = {entry.fname for entry in font_manager.fontManager.ttflist}
+    bundled = bundled_cjk_font()
     # matplotlib's font list is cached from when it was first built: fonts installed since are only on the system.
-    candidates = [default, *sorted(known), *sorted(set(font_manager.findSystemFonts()) - known)]
+    candidates = [
+        default,
+        *([bundled] if bundled else []),
+        *sorted(known),
+        *sorted(set(font_manager.findSystemFonts()) - known),
+    ]
     for path in candidates:
         if "LastResort" in Path(path).name:  # matplotlib's fallback: a box for every character it "covers"
             continue
@@ -51,7 +73,10 @@ def _font_for(characters: frozenset[str]) -> str | None:
             continue
         if all(ord(ch) in covered for ch in characters):
             if path not in known:
-                font_manager.fontManager.addfont(path)
+                font_manager.fontManager.addfont(path)  # a collection: each of its faces
+            faces = {entry.name for entry in font_manager.fontManager.ttflist if entry.fname == path}
+            if SIMPLIFIED_CHINESE_FACE in faces:
+                return SIMPLIFIED_CHINESE_FACE
             return str(font_manager.FontProperties(fname=path).get_name())
     return None
 

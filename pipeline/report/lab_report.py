@@ -132,7 +132,10 @@ def drift_sentence(drift: dict[str, SpeedDrift], comparisons: Sequence[DeviceCom
     window of its span, predicted from its windows) is said apart from what it is used for (a rerun), and so is
     what it cannot tell: how the speed moves over spans longer than its own."""
     if not drift:
-        return "The machine's speed drift between runs was not measured (`profile.drift_probe_s: 0`).\n"
+        return (
+            "Every interval in this report is within this run: how far a rerun would move the rows was not measured "
+            "(`profile.drift_probe_s: 0`).\n"
+        )
     around = " of the windows' geometric mean"  # the prediction's centre (records.statistics.prediction_interval)
     sizes = ", ".join(
         f"±{rounded_up(probe.half_width_pct, 1):.1f} %{around if index == 0 else ''} on the {device} "

@@ -188,6 +188,32 @@ def open_tracker(
 ONE_TRY = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
 
 
+def _failed_before_start(uri: str, error: BaseException) -> PipelineError:
+    return PipelineError(
+        redact(
+            f"MLflow tracking store {uri} failed before the stage started: {_first_line(error)}. Check "
+            "$MLFLOW_TRACKING_URI (unset it to use the project's own mlflow.db) and `tracking.experiment` in "
+            "params.yaml. Nothing was run."
+        )
+    )
+
+
+def open_store_early(config: TrackingConfig) -> None:
+    """Import MLflow and open the tracking store (created, checked, the experiment found) now, where a stage waits on
+    other processes anyway (the profile stage's timing servers importing torch), so that its first run later opens
+    in a fraction of a second. A store that fails stops the stage here, before any work, as `open_tracker` would."""
+    import mlflow
+    from sqlalchemy.exc import SQLAlchemyError  # lazy: MLflow's
+
+    root = project_root()
+    uri = credentials_out_of_uri(tracking_uri(root))
+    check_tracking_server(uri)
+    try:
+        prepare_experiment(uri, config.experiment, root)
+    except (mlflow.exceptions.MlflowException, SQLAlchemyError) as error:
+        raise _failed_before_start(uri, error) from None
+
+
 @contextlib.contextmanager
 def one_try_each() -> Iterator[None]:
     """MLflow's HTTP calls inside get one try each (it reads these variables on every request)."""
@@ -273,13 +299,7 @@ def _start_run(
             log_system_metrics=system_metrics,
         )
     except (mlflow.exceptions.MlflowException, SQLAlchemyError) as error:
-        raise PipelineError(
-            redact(
-                f"MLflow tracking store {uri} failed before the stage started: {_first_line(error)}. Check "
-                "$MLFLOW_TRACKING_URI (unset it to use the project's own mlflow.db) and `tracking.experiment` in "
-                "params.yaml. Nothing was run."
-            )
-        ) from None
+        raise _failed_before_start(uri, error) from None
     return client, experiment_id, run.info.run_id, parent
 
 

@@ -8,7 +8,9 @@ import contextlib
 import dataclasses
 import fcntl
 import os
+import pwd
 import re
+import shutil
 import sqlite3
 import sys
 import urllib.error
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.common.credentials import basic_auth_header, redact, split_user_info
 from pipeline.common.errors import PipelineError
-from pipeline.common.outputs import check_output_folder
+from pipeline.common.outputs import check_output_folder, size_text
 from pipeline.common.processes import host_name, identity_alive, process_identity
 from pipeline.tracking.lineage import PARENT_RUN_TAG, reflect_children
 from pipeline.tracking.tags import NOTE_TAG
@@ -179,6 +181,53 @@ def check_sqlite_store(database: Path) -> None:
         raise PipelineError(f"MLflow store {database} is damaged (SQLite's check: {verdict}). {fix}")
 
 
+STORE_MIN_FREE_BYTES = 16 << 20  # a stage's runs add kilobytes to the store; SQLite's journal needs room beside it
+
+
+def check_store_writable(database: Path) -> None:
+    """A SQLite store this user can write, with room to grow, before any run starts in it: SQLite writes the file
+    and, beside it, its journal, and the stages their lock (`mlflow.db.lock`), so the file and its folder must both
+    take writes. Otherwise MLflow fails at its first INSERT, with its own tracebacks and the raw SQL."""
+    folder = database.parent
+    blocked = [
+        (what, path)
+        for what, path in (("the file", database), ("its folder", folder))
+        if path.exists() and not os.access(path, os.W_OK)
+    ]
+    if blocked:
+        user = _user_name()
+        owner = _owner_name(database if database.exists() else folder)
+        fix = " and ".join(f"`chmod u+w {path}`" for _, path in blocked)
+        named = " and ".join(f"{what} {path}" for what, path in blocked)
+        raise PipelineError(
+            f"MLflow store {database} cannot be written by this user ({user}): {named} "
+            f"{'is' if len(blocked) == 1 else 'are'} read-only for it (owner: {owner}). SQLite writes the store and, "
+            f"beside it, its journal, and the stages a lock, so both must take writes: {fix} as {owner}, run as "
+            "that user, or point $MLFLOW_TRACKING_URI at a store you can write. Nothing was run."
+        )
+    if folder.is_dir() and shutil.disk_usage(folder).free < STORE_MIN_FREE_BYTES:
+        raise PipelineError(
+            f"MLflow store {database}: its file system has only {size_text(shutil.disk_usage(folder).free)} free, "
+            f"and SQLite needs room beside the store for its journal. Free space on the file system holding {folder}/ "
+            "and run again. Nothing was run."
+        )
+
+
+def _user_name() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return f"uid {os.geteuid()}"
+
+
+def _owner_name(path: Path) -> str:
+    uid = path.stat().st_uid
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
 def check_artifact_folder(artifact_uri: str) -> None:
     """A local artifact store must accept files and have room before the work, not after it: a full
     mlartifacts/ would otherwise throw away a finished training when its model is logged."""
@@ -231,6 +280,8 @@ def prepare_experiment(uri: str, experiment: str, root: Path) -> str:
     from mlflow import MlflowClient
 
     database = _sqlite_path(uri)
+    if database is not None:
+        check_store_writable(database)
     lock_context: contextlib.AbstractContextManager[object] = (
         _file_lock(database.with_name(database.name + ".lock")) if database else contextlib.nullcontext()
     )

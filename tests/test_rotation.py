@@ -1,0 +1,34 @@
+"""The rotating tier (tests/helpers/rotation.py): which modules `make test` runs at a commit, and that three
+consecutive commits run them all."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.repo import REPO_ROOT
+from tests.helpers.rotation import ROTATING, SLOTS, chosen_slot, runs
+
+
+@pytest.mark.parametrize("first", [0, 1, 2, 379, 380, 1000])
+def test_any_three_consecutive_commits_run_every_rotating_module_once(first: int) -> None:
+    counts = {module: 0 for module in ROTATING}
+    for commits in range(first, first + SLOTS):
+        for module in ROTATING:
+            counts[module] += runs(module, chosen_slot(str(commits)))
+    assert counts == {module: 1 for module in ROTATING}
+
+
+def test_every_other_module_runs_at_every_commit_and_all_runs_everything() -> None:
+    assert all(runs("tests/test_params_reading.py", chosen_slot(str(commits))) for commits in range(SLOTS))
+    assert all(runs(module, chosen_slot("all")) and runs(module, chosen_slot("")) for module in ROTATING)
+
+
+def test_the_tier_names_real_modules_in_every_slot() -> None:
+    assert ROTATING, "the tier is empty: then LAB_ROTATION changes nothing"
+    assert all((REPO_ROOT / module).is_file() for module in ROTATING)
+    assert set(ROTATING.values()) == set(range(SLOTS))
+
+
+def test_a_rotation_that_is_no_commit_count_is_refused() -> None:
+    with pytest.raises(ValueError, match="LAB_ROTATION must be a commit count or 'all'"):
+        chosen_slot("HEAD")
