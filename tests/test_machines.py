@@ -340,8 +340,13 @@ def lab_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
     failed = log_profile_folder(client, experiment, one_combination, MODEL, started_ms=now, status="FAILED")
     other_model = log_profile_folder(client, experiment, one_combination, OTHER_MODEL, started_ms=now)
-    other_steps = log_profile_folder(
-        client, experiment, one_combination, MODEL, started_ms=now, settings_override={"profile.warmup_steps": "17"}
+    other_layout = log_profile_folder(
+        client,
+        experiment,
+        one_combination,
+        MODEL,
+        started_ms=now,
+        settings_override={"memory_format": "contiguous_format"},
     )
     legacy = project / "import" / "legacy"
     shutil.copytree(h100 / "1-cpu-inference", legacy / "1-cpu-inference")
@@ -369,7 +374,7 @@ def lab_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "older": older,
             "failed": failed,
             "other_model": other_model,
-            "other_steps": other_steps,
+            "other_layout": other_layout,
             "mean_timed": mean_timed,
         },
     }
@@ -439,15 +444,14 @@ def test_unlike_runs_are_reported_apart_and_named(lab_store: dict[str, Any], sto
     set_apart = lab_store["set_apart"]
     by_run = {row.run_id: row for row in store_report.rows}
     assert by_run[set_apart["other_model"]["64-cpu-train"]].group > 1
-    assert by_run[set_apart["other_steps"]["64-cpu-train"]].group > 1
+    assert by_run[set_apart["other_layout"]["64-cpu-train"]].group > 1
     assert by_run[set_apart["mean_timed"]["1-cpu-inference"]].statistic == "mean"
     assert by_run[set_apart["mean_timed"]["1-cpu-inference"]].group > 1
     assert set_apart["older"]["64-cpu-train"] not in by_run
     assert set_apart["failed"]["64-cpu-train"] not in by_run
     markdown = store_report.markdown
     assert "another checkpoint (`model.digest` bbbbbbbbbbbb vs aaaaaaaaaaaa)" in markdown
-    committed = json.loads((REPO_ROOT / "profiles" / "cpu" / "64-train" / "profile.json").read_text())
-    assert f"`profile.warmup_steps` 17 vs {committed['settings']['warmup_steps']}" in markdown
+    assert "`memory_format` contiguous_format vs channels_last" in markdown
     assert "step time: mean of timed steps (older runs) vs median of timed blocks with its 95 % CI" in markdown
     assert "- 1 run(s): no `batch_size`, `device`, `mode` param(s)." in markdown
     assert "(2 older ones superseded)" in markdown  # the oldest run and the one the bigger budget replaced

@@ -292,6 +292,10 @@ def prepare_experiment(uri: str, experiment: str, root: Path) -> str:
         client = MlflowClient(uri)
         found = client.get_experiment_by_name(experiment)
         if found is not None:
+            if database is not None and database.parent == root:
+                expected = (root / ARTIFACTS_DIR / _slug(experiment)).as_uri()
+                if found.artifact_location != expected:
+                    relocate_artifacts(database, found.artifact_location, expected)
             return found.experiment_id
         location = None
         if database is not None and database.parent == root:
@@ -302,6 +306,48 @@ def prepare_experiment(uri: str, experiment: str, root: Path) -> str:
             "(children of a `pipeline@<commit>-<params>` run per `dvc repro`). Written by this project's pipeline."
         )
         return client.create_experiment(experiment, artifact_location=location, tags={NOTE_TAG: description})
+
+
+# Where a SQLite MLflow store (3.17) holds its artifacts' absolute locations: each experiment's folder, each run's,
+# each logged model's and each registered version's.
+ARTIFACT_COLUMNS = (
+    ("experiments", "artifact_location"),
+    ("runs", "artifact_uri"),
+    ("logged_models", "artifact_location"),
+    ("model_versions", "storage_location"),
+)
+
+
+def relocate_artifacts(database: Path, found: str, expected: str) -> bool:
+    """Point a project's own store at its own `mlartifacts/` where it names another folder's: the store keeps each
+    location as an absolute path, so a project copied (`cp -r`) or moved would log every new run into the folder it
+    came from. Only a location of this pipeline's own layout (`<folder>/mlartifacts/<experiment>`) is moved, with
+    every run, logged model and registered version under it, in one transaction; the runs' history (their tags)
+    keeps what it says. Says so on stderr. False where the location is one a user chose (left as it is)."""
+    old_prefix, _, slug = found.rpartition("/")
+    new_prefix, _, expected_slug = expected.rpartition("/")
+    if slug != expected_slug or not old_prefix.endswith(f"/{ARTIFACTS_DIR}") or not found.startswith("file://"):
+        return False
+    old_path = urllib.request.url2pathname(old_prefix[len("file://") :])
+    new_path = urllib.request.url2pathname(new_prefix[len("file://") :])
+    changed = 0
+    with contextlib.closing(sqlite3.connect(database, timeout=60)) as connection, connection:
+        tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        for table, column in ARTIFACT_COLUMNS:
+            if table not in tables:
+                continue
+            for old, new in ((old_prefix + "/", new_prefix + "/"), (old_path + "/", new_path + "/")):
+                changed += connection.execute(
+                    f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE substr({column}, 1, ?) = ?",
+                    (new, len(old) + 1, len(old), old),
+                ).rowcount
+    print(
+        f"MLflow store {database} kept its artifacts in {old_path}/ (the project it was copied or moved from): "
+        f"pointed it at this project's {new_path}/ instead ({changed} location(s)), so that nothing is logged "
+        "outside this project.",
+        file=sys.stderr,
+    )
+    return True
 
 
 _BUILDING_SUFFIX = ".building"  # `mlflow.db.building-<pid>`: a store being built or upgraded aside
