@@ -15,9 +15,9 @@ What is compared with what (never mixed silently):
   of profile settings and one kind of step-time estimate. The settings are every run param except the
   combination, the machine's `hardware.*` facts, its thread count, and the params that only say how
   long to warm up, to measure or to trace (`profile.warmup_steps`, `profile.ci_target_pct`,
-  `profile.time_budget_s`, `profile.active_steps`, `profile.top_k`): a machine that raises its time budget to beat noise, as
-  the profile stage advises, still compares. Groups are reported apart, and the report names what
-  separates them;
+  `profile.time_budget_s`, `profile.active_steps`, `profile.top_k`): a machine that raises its time
+  budget to beat noise, as the profile stage advises, still compares. Groups are reported apart, and the
+  report names what separates them;
 - in a group, the latest FINISHED run per machine and combination (batch size, device, mode) counts;
 - runs without a model digest (logged before the tag existed) or without the params of a profile
   run are left out and counted, with the reason.

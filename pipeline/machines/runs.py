@@ -28,8 +28,8 @@ COMBINATION_PARAMS = ("batch_size", "device", "mode")
 # gives 2 on a laptop, 16 on a server), how many untimed steps warm each step up first (every timed block follows a
 # probe of the same step, so it times the step warm however many there were), how long the timing may run, how tight
 # it aims and in how many processes (they set the width of the interval, which the report shows), how many steps are
-# traced for the operator table, and how long the allocator what-if runs (beside the measurement). The allocator itself is the
-# machine's environment, like its `hardware.*`: its description names each machine's glibc version.
+# traced for the operator table, and how long the allocator what-if runs (beside the measurement). The allocator
+# itself is the machine's environment, like its `hardware.*`: its description names each machine's glibc version.
 NOT_SETTINGS = frozenset(
     {
         "threads",
