@@ -412,3 +412,22 @@ def test_the_defaults_page_faults_are_given_as_the_processes_median_and_range() 
         and "the mean of the middle two" in table
         and "median process's" not in table
     )
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_busy_share_names_the_mean_step_it_is_a_share_of(device: str) -> None:
+    """The share of a traced pass inside operators (or GPU work) is its total busy time over its total span: a share
+    of the mean step. Where the median step differs from the mean, the sentence names the mean beside the median, and
+    share x mean gives back the busy time per step."""
+    anatomy = StepAnatomy(device, 30, 0.606, 0.5156, 82.9, 17.1, 20, 3.0, 0.1, "operator-bound", "x")
+    facts = [dataclasses.replace(reference_facts()[0], anatomy=anatomy)]
+    line = next(line for line in anatomy_markdown(facts).splitlines() if line.startswith("- "))
+    share, mean, median = (
+        float(value)
+        for value in re.search(
+            r"(\d+\.\d) % of the traced steps' time \(a mean of (\d+\.\d+) ms a step; the median step (\d+\.\d+) ms\)",
+            line,
+        ).groups()  # type: ignore[union-attr]
+    )
+    assert share * mean / 100 == pytest.approx(anatomy.busy_ms, abs=5e-4) and median == 0.606
+    assert "of the 0.606 ms traced step" not in line

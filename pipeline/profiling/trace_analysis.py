@@ -36,6 +36,7 @@ whose output or scratch it is.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import gzip
 import json
 import re
@@ -48,7 +49,6 @@ from pathlib import Path
 from pipeline.common.errors import PipelineError
 from pipeline.devices.registry import device_kind, device_kinds
 from pipeline.records.quantities import (
-    HOST_BOUND_BELOW_PCT,
     KernelStats,
     RangeStats,
     StepAnatomy,
@@ -529,20 +529,7 @@ def _anatomy(
         sum(e.duration_us for e in host if e.category in LAUNCH_CATEGORIES and e.correlation in launched) / steps / 1000
     )
     verdict = anatomy_verdict(device, busy_pct)
-    if on_gpu:
-        reason = (
-            f"the GPU is busy {busy_pct:.1f} % of the {step_ms:.3f} ms traced step ({launches:.0f} kernels/copies of "
-            f"{mean_launch:.1f} µs mean) and idle {100 - busy_pct:.1f} % waiting for the host to launch work"
-            if busy_pct < HOST_BOUND_BELOW_PCT
-            else f"the GPU is busy {busy_pct:.1f} % of the {step_ms:.3f} ms traced step: its arithmetic sets the pace"
-        )
-    else:
-        reason = (
-            f"{busy_pct:.1f} % of the {step_ms:.3f} ms traced step is inside ATen operators, "
-            f"{100 - busy_pct:.1f} % outside them (Python and framework code between operators, and the profiler's "
-            "own hooks)"
-        )
-    return StepAnatomy(
+    anatomy = StepAnatomy(
         device=device,
         traced_steps=steps,
         step_ms=step_ms,
@@ -553,9 +540,10 @@ def _anatomy(
         mean_launch_us=mean_launch,
         launch_call_ms=launch_calls if on_gpu else 0.0,
         verdict=verdict,
-        reason=reason,
+        reason="",
         operator_calls_per_step=sum(is_operator) / steps,
     )
+    return dataclasses.replace(anatomy, reason=anatomy.explained(not on_gpu))
 
 
 # The layer group an operator serves, from the name of its outermost operator in the forward pass or of its autograd

@@ -241,6 +241,30 @@ class StepAnatomy:
         """The verdict in this version's words, whatever words the record was written with."""
         return anatomy_verdict(self.device, self.busy_pct)
 
+    @property
+    def mean_step_ms(self) -> float:
+        """The traced steps' mean: what `busy_pct` is a share of (their total busy time over their total span)."""
+        return 100.0 * self.busy_ms / self.busy_pct if self.busy_pct > 0 else self.step_ms
+
+    def explained(self, on_host: bool) -> str:
+        """The numbers behind the verdict, each share named with the step time it is of (the traced steps' mean;
+        the median traced step beside it, as the tables give it)."""
+        of = (
+            f"of the traced steps' time (a mean of {self.mean_step_ms:.3f} ms a step; the median step "
+            f"{self.step_ms:.3f} ms)"
+        )
+        if on_host:
+            return (
+                f"{self.busy_pct:.1f} % {of} is inside ATen operators, {self.idle_pct:.1f} % outside them (Python and "
+                "framework code between operators, and the profiler's own hooks)"
+            )
+        if self.host_bound:
+            return (
+                f"the GPU is busy {self.busy_pct:.1f} % {of} ({self.launches_per_step:.0f} kernels/copies of "
+                f"{self.mean_launch_us:.1f} µs mean) and idle {self.idle_pct:.1f} % waiting for the host to launch work"
+            )
+        return f"the GPU is busy {self.busy_pct:.1f} % {of}: its arithmetic sets the pace"
+
 
 def anatomy_verdict(device: str, busy_pct: float) -> str:
     """On a GPU: `host-bound` (the GPU is idle most of the step, waiting for launches) or `GPU-bound`. On a CPU

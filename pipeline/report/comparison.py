@@ -258,8 +258,8 @@ def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
     notes = [
         "Step time: each of `profile.processes` fresh processes times every combination of the device interleaved, "
         "one block of consecutive steps per combination per round, in random order, each after about "
-        f"{1000 * SWITCH_WARMUP_S:g} ms of the same step untimed (none for a step over {2000 * SWITCH_WARMUP_S:g} ms, "
-        "which starts warm); a row's step time is the "
+        f"{1000 * SWITCH_WARMUP_S:g} ms of the same step untimed, rounded to whole steps (none for a step over "
+        f"{2000 * SWITCH_WARMUP_S:g} ms); a row's step time is the "
         "median over the processes of their medians, its 95 % CI the spread between processes within this run. "
         "IQR is the spread of "
         "all blocks. Convolution share: the rows of the operator table whose name holds `conv` (wrappers such as "

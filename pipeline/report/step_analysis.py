@@ -331,12 +331,6 @@ def _device_pairs(facts: Sequence[StepFacts]) -> list[tuple[StepFacts, StepFacts
 
 
 def _anatomy_reason(anatomy: StepAnatomy) -> str:
-    """The numbers behind the verdict; on the CPU, what the time outside operators holds (records state it without
-    the profiler's own hooks, which it holds too)."""
-    if not device_kind(anatomy.device).on_host:
-        return anatomy.reason
-    return (
-        f"{anatomy.busy_pct:.1f} % of the {anatomy.step_ms:.3f} ms traced step is inside ATen operators, "
-        f"{anatomy.idle_pct:.1f} % outside them (Python and framework code between operators, and the profiler's own "
-        "hooks)"
-    )
+    """The numbers behind the verdict, in this version's words whatever the record says (older records named the
+    median step beside a share of the mean one)."""
+    return anatomy.explained(device_kind(anatomy.device).on_host)
