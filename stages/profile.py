@@ -23,7 +23,7 @@ from pipeline.profiling.processes import forked_worker_server, worker_server
 from pipeline.profiling.run import prepare_profiles, run_description, run_device_profile, timing_spec
 from pipeline.records.profile import profile_matrix
 from pipeline.records.wording import disagreement_said, stage_warnings
-from pipeline.tracking.lifecycle import open_store_early, settled_after_commit
+from pipeline.tracking.lifecycle import open_store_early, runs_started_early, settled_after_commit
 
 
 def main() -> None:
@@ -43,6 +43,9 @@ def main() -> None:
         pause_at("server-forked")
         setups = prepare_profiles(wanted, config, MODEL_CHECKPOINT, DATA_ROOT, HARDWARE_ROOFS)
         open_store_early(params.tracking)  # after the fork: MLflow may start threads, which a fork must not copy
+        # Each combination's run exists from here on, so that a stop during the timing ends it (and the pipeline's
+        # run) KILLED; it is logged into once its combination is measured.
+        run_ids = stack.enter_context(runs_started_early("profile", params.tracking, [c.name for c in wanted]))
         pause_at("prepared")
         spec = timing_spec(setups, config, MODEL_CHECKPOINT, DATA_ROOT)
         paths = [c.outputs for c in wanted]
@@ -76,7 +79,10 @@ def main() -> None:
                 matters = record.combination.name in disagreement_matters
                 texts = write_profile_outputs(outputs, path, record, said_for_all, matters)
                 description = run_description(setup, config.top_k)
-                ended.append(log_profile(params.tracking, description, outputs, path, record, texts, comparison_text))
+                run_id = run_ids[record.combination.name]
+                ended.append(
+                    log_profile(params.tracking, description, outputs, path, record, texts, comparison_text, run_id)
+                )
                 pause_at("logging")  # after the first combination's run has ended
             pause_at("logged")
     print(comparison_text)

@@ -9,6 +9,7 @@ import gzip
 import json
 import re
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -675,3 +676,15 @@ def test_a_signal_while_timing_processes_run_leaves_no_worker_behind(
     # The stage's earlier output (the tiny params' 1 s budget) is still the one in place.
     kept = json.loads((project / "profiles/cpu/16-train/profile.json").read_text())
     assert kept["settings"]["time_budget_s"] == 1.0
+    # Every combination's run existed before the timing, and each ended KILLED, and so did the pipeline's run.
+    combinations = len(params["profile"]["batch_sizes"]) * len(params["profile"]["modes"])
+    with contextlib.closing(sqlite3.connect(project / "mlflow.db")) as store:
+        newest = store.execute(
+            "SELECT runs.name, runs.status, tags.value FROM runs JOIN tags ON tags.run_uuid = runs.run_uuid "
+            "AND tags.key = 'mlflow.parentRunId' WHERE runs.name LIKE 'profile@%' ORDER BY runs.start_time DESC "
+            f"LIMIT {combinations}"
+        ).fetchall()
+        parents = {parent for _, _, parent in newest}
+        (parent_status,) = store.execute("SELECT status FROM runs WHERE run_uuid = ?", (*parents,)).fetchone()
+    assert len({name for name, _, _ in newest}) == combinations and {status for _, status, _ in newest} == {"KILLED"}
+    assert len(parents) == 1 and parent_status == "KILLED", newest

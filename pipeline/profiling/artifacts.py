@@ -132,11 +132,13 @@ def log_profile(
     record: ProfileRecord,
     texts: ProfileTexts,
     comparisons: str,
+    run_id: str | None = None,
 ) -> tuple[Tracker, str]:
     """One MLflow run (and TensorBoard folder) per combination, `profile@<batch>-<device>-<mode>`, ended before the
-    device's outputs are committed: returned with its name (tracking.lifecycle.settled_after_commit)."""
+    device's outputs are committed: returned with its name (tracking.lifecycle.settled_after_commit). `run_id`: the
+    run the stage created for it before measuring (tracking.lifecycle.runs_started_early)."""
     combination, timing = record.combination, record.timing
-    with open_tracker("profile", tracking, variant=combination.name, current=False) as tracker:
+    with open_tracker("profile", tracking, variant=combination.name, current=False, run_id=run_id) as tracker:
         tracker.log_params(run.params)
         tracker.set_tags(run.tags)
         tracker.link_training(run.model_digest)

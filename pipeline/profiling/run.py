@@ -186,6 +186,7 @@ def trace_until_timed(
         around = untraced_steps_ms(step, sync, (steps + 1) // 2)
         trace_steps(step, sync, on_gpu, steps, candidate)
         around += untraced_steps_ms(step, sync, steps // 2 + 1)
+        around = [float(f"{ms:.5g}") for ms in around]  # as the record keeps them: its check reads the same values
         speed = statistics.median(around)
         trace = read_trace(candidate)
         # How far outside, on the log scale; an interval whose low end is 0 (too few blocks) bounds only above.
@@ -206,7 +207,7 @@ def trace_until_timed(
     assert best is not None
     _, around, trace = best
     traced = tuple(float(f"{event.duration_us / 1000:.5g}") for event in trace.steps)
-    untraced = tuple(float(f"{ms:.5g}") for ms in around)
+    untraced = tuple(around)
     check = TraceCheck(trace.median_step_ms(), low, high, attempt, untraced, traced, *(expected or (0.0, 0.0)))
     return check, trace
 

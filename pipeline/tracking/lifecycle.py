@@ -19,7 +19,13 @@ from pipeline.common.errors import PipelineError
 from pipeline.common.interrupts import raise_swallowed, shielded
 from pipeline.common.outputs import flushed_before_commit
 from pipeline.params.schema import TrackingConfig
-from pipeline.tracking.lineage import current_pipeline_run, mark_current, parent_run_id, reflect_children
+from pipeline.tracking.lineage import (
+    PARENT_RUN_TAG,
+    current_pipeline_run,
+    mark_current,
+    parent_run_id,
+    reflect_children,
+)
 from pipeline.tracking.mlflow_run import MlflowRun
 from pipeline.tracking.store import (
     check_artifact_folder,
@@ -102,6 +108,7 @@ def open_tracker(
     root: Path | None = None,
     system_metrics: bool = False,
     current: bool = True,
+    run_id: str | None = None,
 ) -> Iterator[Tracker]:
     """Start the stage's MLflow run and TensorBoard writer; end the run FINISHED, FAILED or KILLED.
 
@@ -118,6 +125,8 @@ def open_tracker(
 
     `current=False`: a run that ends before its stage's outputs are committed (one per combination) does not yet
     become the workspace's current one; the stage settles it after the commit (`settle_runs`).
+
+    `run_id`: a run this stage created before its work (`runs_started_early`), resumed instead of a new one.
     """
     import mlflow
 
@@ -136,7 +145,7 @@ def open_tracker(
     # project the copy came from, whose store it logs to).
     workspace = str((root if explicit_root else Path.cwd()).resolve())
     client, experiment_id, run_id, parent_id = _start_run(
-        uri, config.experiment, root, stage, run_name, machine, system_metrics, workspace
+        uri, config.experiment, root, stage, run_name, machine, system_metrics, workspace, run_id
     )
     folder = f"{variant + '-' if variant else ''}{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:8]}"
     tensorboard_dir = Path(config.tensorboard_dir)
@@ -186,6 +195,67 @@ def open_tracker(
 # timeout: a dead server would otherwise cost the budget again per call (flush, end the run, the parent), minutes
 # before the stage exits. A run it cannot end stays RUNNING until the next stage on this machine marks it FAILED.
 ONE_TRY = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+
+
+def _run_tags(
+    uri: str, experiment: str, root: Path, stage: str, machine: dict[str, str], workspace: str
+) -> tuple[MlflowClient, str, dict[str, str], str]:
+    """What a stage's run is created with: (client, experiment id, its tags, its pipeline parent's run id). Opens
+    the store (created, checked, stale runs of dead processes marked FAILED) on the way."""
+    from mlflow import MlflowClient
+
+    experiment_id = prepare_experiment(uri, experiment, root)
+    client = MlflowClient(uri)
+    check_artifact_folder(client.get_experiment(experiment_id).artifact_location)
+    mark_stale_runs(client, experiment_id)
+    pipeline = current_pipeline_run(root, machine)
+    tags = {
+        STAGE_TAG: stage,
+        **pipeline.tags(),
+        **process_tags(),
+        **_dvc_experiment_tags(),
+        WORKSPACE_TAG: workspace,
+    }
+    if stage in STAGE_DESCRIPTIONS:
+        tags[NOTE_TAG] = STAGE_DESCRIPTIONS[stage]
+    return client, experiment_id, tags, parent_run_id(client, experiment_id, pipeline, _dvc_experiment_tags())
+
+
+@contextlib.contextmanager
+def runs_started_early(stage: str, config: TrackingConfig, variants: list[str]) -> Iterator[dict[str, str]]:
+    """One run per variant (`stage@variant`) created now, RUNNING under the pipeline parent with the tags
+    `open_tracker` gives a run, before the stage's long work: {variant: run id}, each for `open_tracker(...,
+    run_id=...)` to resume when the stage logs it. A stop or failure before then (Ctrl-C, SIGTERM, `dvc queue
+    kill`) ends every run still RUNNING KILLED (FAILED for an error), and the pipeline parent takes their status,
+    where runs created only after the work would not exist and the parent would read FINISHED. (A SIGKILL leaves
+    them RUNNING until the next stage marks them FAILED, as any run.)"""
+    import mlflow
+    from sqlalchemy.exc import SQLAlchemyError  # lazy: MLflow's
+
+    root = project_root()
+    uri = credentials_out_of_uri(tracking_uri(root))
+    try:
+        client, experiment_id, tags, parent = _run_tags(
+            uri, config.experiment, root, stage, machine_tags(), str(Path.cwd().resolve())
+        )
+        runs = {
+            variant: client.create_run(
+                experiment_id, run_name=f"{stage}@{variant}", tags={**tags, PARENT_RUN_TAG: parent}
+            ).info.run_id
+            for variant in variants
+        }
+    except (mlflow.exceptions.MlflowException, SQLAlchemyError) as error:
+        raise _failed_before_start(uri, error) from None
+    try:
+        yield runs
+    except BaseException as error:
+        status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+        with shielded(), contextlib.suppress(mlflow.exceptions.MlflowException, SQLAlchemyError):
+            for run_id in runs.values():
+                if client.get_run(run_id).info.status == "RUNNING":
+                    client.set_terminated(run_id, status)
+            reflect_children(client, experiment_id, parent)
+        raise
 
 
 def _failed_before_start(uri: str, error: BaseException) -> PipelineError:
@@ -260,44 +330,33 @@ def _start_run(
     machine: dict[str, str],
     system_metrics: bool,
     workspace: str,
+    existing: str | None = None,
 ) -> tuple[MlflowClient, str, str, str]:
     """The stage's run started (the active fluent run) under its pipeline parent: (client, experiment id, run id,
-    parent run id).
+    parent run id); `existing`: that run, created earlier by this stage (`runs_started_early`), resumed.
     A store that fails here stops the stage before any work."""
     import mlflow
-    from mlflow import MlflowClient
     from sqlalchemy.exc import SQLAlchemyError  # lazy: MLflow's
 
     try:
-        experiment_id = prepare_experiment(uri, experiment, root)
-        client = MlflowClient(uri)
-        check_artifact_folder(client.get_experiment(experiment_id).artifact_location)
-        mark_stale_runs(client, experiment_id)
+        client, experiment_id, tags, parent = _run_tags(uri, experiment, root, stage, machine, workspace)
         mlflow.set_tracking_uri(uri)
-        pipeline = current_pipeline_run(root, machine)
-        tags = {
-            STAGE_TAG: stage,
-            **pipeline.tags(),
-            **process_tags(),
-            **_dvc_experiment_tags(),
-            WORKSPACE_TAG: workspace,
-        }
-        if stage in STAGE_DESCRIPTIONS:
-            tags[NOTE_TAG] = STAGE_DESCRIPTIONS[stage]
-        parent = parent_run_id(client, experiment_id, pipeline, _dvc_experiment_tags())
         if system_metrics:
             # Its start/stop/"skip GPU" INFO lines would join every training's console output; failures
             # are warnings and still show.
             logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
             if not os.environ.get("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"):
                 mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)  # type: ignore[no-untyped-call]
-        run = mlflow.start_run(
-            experiment_id=experiment_id,
-            run_name=run_name,
-            tags=tags,
-            parent_run_id=parent,
-            log_system_metrics=system_metrics,
-        )
+        if existing is not None:
+            run = mlflow.start_run(run_id=existing, log_system_metrics=system_metrics)
+        else:
+            run = mlflow.start_run(
+                experiment_id=experiment_id,
+                run_name=run_name,
+                tags=tags,
+                parent_run_id=parent,
+                log_system_metrics=system_metrics,
+            )
     except (mlflow.exceptions.MlflowException, SQLAlchemyError) as error:
         raise _failed_before_start(uri, error) from None
     return client, experiment_id, run.info.run_id, parent
