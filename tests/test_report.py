@@ -67,7 +67,7 @@ def test_analysis_states_dominant_operators_and_gpu_speedup() -> None:
     speedup = "At batch 64 train cuda is 10.0x faster than cpu (95 % CI 9.61-10.41x; 3.840 vs 38.400 ms per step)."
     assert speedup in step_sentences(step_facts(records))
     assert not any(s.startswith("No GPU was profiled") for s in step_sentences(step_facts(records)))
-    assert "On cuda train at batch 64 the GPU is busy 14 % of the traced step: host-bound." in step_sentences(
+    assert "On cuda train at batch 64 the GPU is busy 14 % of the traced steps' time: host-bound." in step_sentences(
         step_facts(records)
     )
 

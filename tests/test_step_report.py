@@ -109,7 +109,8 @@ def test_cpu_vs_gpu_section_gives_ratios_and_explains_the_slow_gpu_at_batch_1() 
     sentences = step_sentences(facts)
     assert f"At batch 1 inference cuda is {speed_up.value:.1f}x faster than cpu" in " ".join(sentences)
     assert any(
-        s == "On cuda inference at batch 1 the GPU is busy 5 % of the traced step: host-bound; at 64, 25 %: host-bound."
+        s == "On cuda inference at batch 1 the GPU is busy 5 % of the traced steps' time: host-bound; at 64, 25 %: "
+        "host-bound."
         for s in sentences
     ), sentences
     # Where the GPU is slower (an older driver, a faster host), the sentence says why: the GPU waits for launches.

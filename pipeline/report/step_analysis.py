@@ -237,7 +237,7 @@ def step_sentences(facts: Sequence[StepFacts]) -> list[str]:
             )
             sentences.append(
                 f"On {device} {mode} at batch {first_traced.batch_size} {what} {first_traced.anatomy.busy_pct:.0f} % "
-                f"of the traced step: {first_traced.anatomy.words}{tail}."
+                f"of the traced steps' time: {first_traced.anatomy.words}{tail}."
             )
         if first.rate and last.rate:
             sentences.append(_flop_rate_sentence(device, mode, first, last))
@@ -258,8 +258,8 @@ def step_sentences(facts: Sequence[StepFacts]) -> list[str]:
             )
         elif speed.value < 1:
             why = (
-                f": the GPU idles {gpu.anatomy.idle_pct:.0f} % of the traced step waiting for launches, so the host's "
-                "per-operator cost, not arithmetic, sets the pace"
+                f": the GPU idles {gpu.anatomy.idle_pct:.0f} % of the traced steps' time waiting for launches, so the "
+                "host's per-operator cost, not arithmetic, sets the pace"
                 if gpu.anatomy and gpu.traced_like_timed
                 else ""
             )
