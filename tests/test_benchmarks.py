@@ -4,8 +4,12 @@ they check that each one runs to its table and that the table holds what it says
 
 from __future__ import annotations
 
+import json
+import math
+import random
 import re
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 
@@ -289,3 +293,38 @@ def test_switch_cost_counts_the_cold_start_until_a_step_is_warm() -> None:
     assert steady == pytest.approx(1e-3) and ratios[:3] == pytest.approx([2.2, 1.3, 1.005]) and noise == 0.0
     assert cold_start(ratios, steady, 0.02) == (2, pytest.approx(3.5e-3))  # two cold steps: 2.2 + 1.3 ms
     assert cold_start([1.0, 1.0], steady, 0.02) == (0, 0.0)
+
+
+def test_stopping_rule_replays_the_rule_on_saved_blocks_and_keeps_fewer_rounds_where_processes_differ(
+    tmp_path: Path,
+) -> None:
+    """`benchmarks.stopping_rule` on blocks as `profile_stability --save` writes them: processes far apart (30 %)
+    whose rounds agree within 2 % let the rule stop early; the table says how many rounds it kept against all."""
+    from benchmarks.stopping_rule import replay
+
+    rng = random.Random(2)
+    items = [[1, "inference"], [4, "inference"]]
+
+    def process(speed: float, twist: float) -> list[list[float]]:
+        """One process: its speed shared by both items, and the second item's own factor (its ratio moves too)."""
+        return [[base * speed * math.exp(rng.gauss(0.0, 0.02)) for _ in range(40)] for base in (2.0, 6.0 * twist)]
+
+    repeats = [
+        [process(math.exp(rng.gauss(0.0, 0.3)), math.exp(rng.gauss(0.0, 0.3))) for _ in range(6)] for _ in range(2)
+    ]
+    saved = tmp_path / "runs.json"
+    saved.write_text(json.dumps({"items": items, "machine": {}, "repeats": repeats}))
+    kept, ratio_half, step_half, inside = replay(repeats, [(1, "inference"), (4, "inference")], 2.0, 1 / 3, 12)
+    everything = replay(repeats, [(1, "inference"), (4, "inference")], 2.0, None, 12)
+    assert everything[0] == 1.0 and kept < 0.5
+    assert ratio_half > 0 and step_half > 0 and 0 <= inside <= 1
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.stopping_rule", str(saved), "--min-rounds", "12", "--shares", "0.33"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "| - | all | 100% |" in result.stdout and "| 12 | 0.33 |" in result.stdout
