@@ -46,7 +46,13 @@ from pipeline.profiling.processes import time_in_processes
 from pipeline.profiling.worker import WorkerSpec
 from pipeline.records.profile import profile_matrix
 from pipeline.records.quantities import StepEstimate
-from pipeline.records.statistics import PairedRatio, available_cores, between_process_interval, paired_ratio
+from pipeline.records.statistics import (
+    PairedRatio,
+    available_cores,
+    between_process_interval,
+    comparison_pairs,
+    paired_ratio,
+)
 
 INSIDE_GOAL = 0.90  # share of a rerun's ratios that must lie inside the first run's intervals
 
@@ -129,10 +135,10 @@ def main() -> None:
     if config.threads:
         torch.set_num_threads(config.threads)
     spec = WorkerSpec.for_device(config, args.device, MODEL_CHECKPOINT, DATA_ROOT)
-    pairs = [(a, b) for a in range(len(items)) for b in range(len(items)) if _compared(items[a], items[b])]
+    pairs = comparison_pairs(items)
     started = time.perf_counter()
     estimates: dict[str, list[StepEstimate]] = {name: [] for name in names}
-    ratios: dict[tuple[int, int], list[PairedRatio]] = {pair: [] for pair in pairs}
+    ratios: dict[tuple[int, int], list[PairedRatio]] = {(a, b): [] for a, b, _ in pairs}
     saved: list[list[list[list[float]]]] = []  # [repeat][process][combination]: per-step ms of each block
     for repeat in range(args.repeats):
         try:
@@ -152,10 +158,9 @@ def main() -> None:
                 f"{' BUSY' if step.conditions.busy else ''}",
                 flush=True,
             )
-        for a, b in pairs:
+        for a, b, scale in pairs:
             blocks_a = [process[a] for process in timing.process_blocks]
             blocks_b = [process[b] for process in timing.process_blocks]
-            scale = items[b][0] / items[a][0]  # per sample between batch sizes; 1 between modes
             measured = paired_ratio(blocks_a, blocks_b, scale)
             ratios[(a, b)].append(measured)
             print(
@@ -204,12 +209,6 @@ def main() -> None:
         + "."
     )
     sys.exit(1 if misses or share < INSIDE_GOAL else 0)
-
-
-def _compared(first: tuple[int, str], second: tuple[int, str]) -> bool:
-    """The ratios the report states: a larger batch over a smaller one of the same mode; train over inference."""
-    (batch_a, mode_a), (batch_b, mode_b) = first, second
-    return (mode_a == mode_b and batch_a > batch_b) or (batch_a == batch_b and mode_a == "train" != mode_b)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from pipeline.profiling.processes import forked_worker_server, worker_server
 from pipeline.profiling.run import prepare_profiles, run_description, run_device_profile, timing_spec
 from pipeline.records.profile import profile_matrix
 from pipeline.records.wording import disagreement_said, stage_warnings
-from pipeline.tracking.lifecycle import open_store_early, runs_started_early, settled_after_commit
+from pipeline.tracking.lifecycle import runs_started_early, settled_after_commit
 
 
 def main() -> None:
@@ -42,9 +42,9 @@ def main() -> None:
         server = stack.enter_context(forked_worker_server(training=training)) if config.processes > 1 else None
         pause_at("server-forked")
         setups = prepare_profiles(wanted, config, MODEL_CHECKPOINT, DATA_ROOT, HARDWARE_ROOFS)
-        open_store_early(params.tracking)  # after the fork: MLflow may start threads, which a fork must not copy
         # Each combination's run exists from here on, so that a stop during the timing ends it (and the pipeline's
-        # run) KILLED; it is logged into once its combination is measured.
+        # run) KILLED; it is logged into once its combination is measured. After the fork: MLflow may start threads,
+        # which a fork must not copy.
         run_ids = stack.enter_context(runs_started_early("profile", params.tracking, [c.name for c in wanted]))
         pause_at("prepared")
         spec = timing_spec(setups, config, MODEL_CHECKPOINT, DATA_ROOT)

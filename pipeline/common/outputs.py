@@ -261,30 +261,41 @@ def undo_interrupted_swaps(folders: Sequence[Path], depth: int = 1) -> list[str]
     the console. Call before `sweep_stale_partials`, which would remove the backups."""
     said = []
     for folder in folders:
-        for journal in [
-            path for level in range(depth + 1) for path in folder.glob("*/" * level + ".*/" + JOURNAL_NAME)
-        ]:
-            match = _STALE_NAME.match(journal.parent.name)
-            if not match or pid_alive(int(match["pid"])):
+        for partial, pid in _dead_partials(folder, depth):
+            journal = partial / JOURNAL_NAME
+            if not journal.is_file():
                 continue
-            raw = json.loads(journal.read_text())
 
-            def resolved(relative: str | None, base: Path = journal.parent) -> Path | None:
+            def resolved(relative: str | None, base: Path = partial) -> Path | None:
                 return None if relative is None else Path(os.path.normpath(base / relative))
 
             moves = [
-                _Move(resolved(m["final"]) or Path(), resolved(m["staged"]), resolved(m["backup"]))
-                for m in raw["moves"]
+                _Move(Path(os.path.normpath(partial / m["final"])), resolved(m["staged"]), resolved(m["backup"]))
+                for m in json.loads(journal.read_text())["moves"]
             ]
             restored = _undo(moves)
             journal.unlink()
             if restored:
                 names = ", ".join(str(path) for path in restored[:6]) + (" ..." if len(restored) > 6 else "")
                 said.append(
-                    f"a stage (pid {match['pid']}) was killed while it swapped its outputs in; put the previous set "
-                    f"back, {len(restored)} file(s): {names}"
+                    f"a stage (pid {pid}) was killed while it swapped its outputs in; put the previous set back, "
+                    f"{len(restored)} file(s): {names}"
                 )
     return said
+
+
+def _dead_partials(folder: Path, depth: int) -> list[tuple[Path, int]]:
+    """The temp folders in `folder` and `depth` levels of its sub-folders whose process is gone, with its pid. A
+    listing of those folders, no deeper, so that it stays cheap however large the outputs are. A reused pid counts as
+    alive (pipeline.common.processes.pid_alive): its folder waits for a later stage."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for candidate in [path for level in range(depth + 1) for path in folder.glob("*/" * level + ".*")]:
+        match = _STALE_NAME.match(candidate.name)
+        if match and candidate.is_dir() and not candidate.is_symlink() and not pid_alive(int(match["pid"])):
+            found.append((candidate, int(match["pid"])))
+    return found
 
 
 def sweep_stale_partials(folder: Path, depth: int = 1) -> list[Path]:
@@ -295,14 +306,10 @@ def sweep_stale_partials(folder: Path, depth: int = 1) -> list[Path]:
     has the pid in the name; a reused pid counts as alive (pipeline.common.processes.pid_alive): the folder waits
     for a later sweep.
     """
-    if not folder.is_dir():
-        return []
     removed = []
-    for candidate in [path for level in range(depth + 1) for path in folder.glob("*/" * level + ".*")]:
-        match = _STALE_NAME.match(candidate.name)
-        if match and candidate.is_dir() and not candidate.is_symlink() and not pid_alive(int(match["pid"])):
-            shutil.rmtree(candidate, ignore_errors=True)
-            removed.append(candidate)
+    for candidate, _ in _dead_partials(folder, depth):
+        shutil.rmtree(candidate, ignore_errors=True)
+        removed.append(candidate)
     return removed
 
 

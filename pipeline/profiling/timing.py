@@ -260,11 +260,11 @@ def time_interleaved(
     `order`, so that a change of the machine's speed lands on all of them within one round.
 
     Each step's block is sized by its own probe to at least `min_block_s`, and follows about SWITCH_WARMUP_S of the
-    same step untimed (one step at least). Rounds go on, after at least MIN_ROUNDS, until every step's median and every
-    ratio of `pairs` (numerator, denominator, scale) is known well enough (`known_well_enough`: within
-    `ci_target_pct`, or within a share of the spread between the `earlier` processes' values), or the next round would
-    not fit in `time_budget_s`. Blocks run timeit's compiled loop on the device clock; the caller has set the thread
-    count."""
+    same step untimed (`warmup_steps`: none for a step over twice that). Rounds go on, after at least MIN_ROUNDS,
+    until every step's median and every ratio of `pairs` (numerator, denominator, scale) is known well enough
+    (`known_well_enough`: within `ci_target_pct`, or within a share of the spread between the `earlier` processes'
+    values), or the next round would not fit in `time_budget_s`. Blocks run timeit's compiled loop on the device
+    clock; the caller has set the thread count."""
     threads = torch.get_num_threads()
     load_before = load_average()
     started = time.perf_counter()

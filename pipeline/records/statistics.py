@@ -359,11 +359,14 @@ def process_values(rounds: Sequence[Sequence[float]], pairs: Sequence[tuple[int,
     """What one timing process contributes to the stage's estimates: each item's median per-step time over its
     rounds (`rounds[item][round]`, ms), then each pair's median over rounds of the rounds' ratios (`paired_ratio`)."""
     medians = [statistics.median(item) for item in rounds]
-    ratios = [
-        scale * statistics.median(a / b for a, b in zip(rounds[numerator], rounds[denominator], strict=True))
-        for numerator, denominator, scale in pairs
-    ]
+    ratios = [statistics.median(round_ratios(rounds, pair)) for pair in pairs]
     return (*medians, *ratios)
+
+
+def round_ratios(rounds: Sequence[Sequence[float]], pair: tuple[int, int, float]) -> list[float]:
+    """A pair's ratio in each round: scale x numerator's per-step time / denominator's (`rounds[item][round]`)."""
+    numerator, denominator, scale = pair
+    return [scale * a / b for a, b in zip(rounds[numerator], rounds[denominator], strict=True)]
 
 
 def _log_half_width(values: Sequence[float]) -> float:
@@ -398,10 +401,7 @@ def known_well_enough(
     if len(earlier) >= MIN_SPREAD_PROCESSES:
         columns = zip(*earlier, strict=True)
         spreads = [NORMAL_975 * statistics.stdev(math.log(value) for value in column) for column in columns]
-    ratios = [
-        [scale * a / b for a, b in zip(rounds[numerator], rounds[denominator], strict=True)]
-        for numerator, denominator, scale in pairs
-    ]
+    ratios = [round_ratios(rounds, pair) for pair in pairs]
     for index, values in enumerate([*rounds, *ratios]):
         allowed = max(target, share * spreads[index]) if spreads else target
         if _log_half_width(values) > allowed:

@@ -224,16 +224,18 @@ def _run_tags(
 @contextlib.contextmanager
 def runs_started_early(stage: str, config: TrackingConfig, variants: list[str]) -> Iterator[dict[str, str]]:
     """One run per variant (`stage@variant`) created now, RUNNING under the pipeline parent with the tags
-    `open_tracker` gives a run, before the stage's long work: {variant: run id}, each for `open_tracker(...,
-    run_id=...)` to resume when the stage logs it. A stop or failure before then (Ctrl-C, SIGTERM, `dvc queue
-    kill`) ends every run still RUNNING KILLED (FAILED for an error), and the pipeline parent takes their status,
-    where runs created only after the work would not exist and the parent would read FINISHED. (A SIGKILL leaves
-    them RUNNING until the next stage marks them FAILED, as any run.)"""
+    `open_tracker` gives a run, before the stage's long work (MLflow imported and the store opened here, where the
+    profile stage waits on its timing servers' imports anyway; a store that fails stops the stage before any work):
+    {variant: run id}, each for `open_tracker(..., run_id=...)` to resume when the stage logs it. A stop or failure
+    before then (Ctrl-C, SIGTERM, `dvc queue kill`) ends every run still RUNNING KILLED (FAILED for an error), and
+    the pipeline parent takes their status, where runs created only after the work would not exist and the parent
+    would read FINISHED. (A SIGKILL leaves them RUNNING until the next stage marks them FAILED, as any run.)"""
     import mlflow
     from sqlalchemy.exc import SQLAlchemyError  # lazy: MLflow's
 
     root = project_root()
     uri = credentials_out_of_uri(tracking_uri(root))
+    check_tracking_server(uri)
     try:
         client, experiment_id, tags, parent = _run_tags(
             uri, config.experiment, root, stage, machine_tags(), str(Path.cwd().resolve())
@@ -266,22 +268,6 @@ def _failed_before_start(uri: str, error: BaseException) -> PipelineError:
             "params.yaml. Nothing was run."
         )
     )
-
-
-def open_store_early(config: TrackingConfig) -> None:
-    """Import MLflow and open the tracking store (created, checked, the experiment found) now, where a stage waits on
-    other processes anyway (the profile stage's timing servers importing torch), so that its first run later opens
-    in a fraction of a second. A store that fails stops the stage here, before any work, as `open_tracker` would."""
-    import mlflow
-    from sqlalchemy.exc import SQLAlchemyError  # lazy: MLflow's
-
-    root = project_root()
-    uri = credentials_out_of_uri(tracking_uri(root))
-    check_tracking_server(uri)
-    try:
-        prepare_experiment(uri, config.experiment, root)
-    except (mlflow.exceptions.MlflowException, SQLAlchemyError) as error:
-        raise _failed_before_start(uri, error) from None
 
 
 @contextlib.contextmanager
