@@ -60,7 +60,7 @@ def test_every_language_has_a_catalogue_with_the_same_keys_and_placeholders() ->
 def test_every_message_is_said_somewhere() -> None:
     """Each key is named in the code that says it, or (a finding's words) built from a name that code holds: a device,
     mode, layer group, phase or memory part."""
-    modules = ("handin.py", "handin_figures.py", "findings.py", "lab_report.py")
+    modules = ("handin.py", "handin_figures.py", "findings.py", "conclusion.py", "lab_report.py")
     source = "".join((REPO_ROOT / "pipeline/report" / name).read_text() for name in modules)
     source += (REPO_ROOT / "stages/report.py").read_text()
     built = {f"device_{d}" for d in device_names()} | {f"mode_{m}" for m in typing.get_args(ProfileMode)}

@@ -239,7 +239,7 @@ def test_intervals_give_ratios_with_bounds_or_no_measurable_difference(tmp_path:
     assert ratios[64].with_interval() == "4.00x (3.53-4.53x)"
     assert ratios[1].interval is not None
     assert not ratios[1].interval.measurable
-    assert ratios[1].with_interval() == "1.05x, no measurable difference (0.88-1.25x)"
+    assert ratios[1].with_interval() == "1.05x; the data cannot tell them apart (0.88-1.25x)"
     assert "Per-sample speed-up over **slow · cpu**" in report.markdown
     assert "| inference | 64 | 4.00x (3.53-4.53x) |" in report.markdown
     assert "16 (15-17)" in report.markdown  # the step time with its interval
@@ -255,7 +255,7 @@ def test_noisy_busy_and_unbounded_rows_are_flagged(tmp_path: Path) -> None:
     assert "| median, 95 % CI ⚠ noisy ⚠ busy | 5 (unbounded) | 5 (unbounded) | 200 |" in report.markdown
     assert "⚠ busy: the load average exceeded the cores" in report.markdown
     (ratio,) = report.speedups
-    assert ratio.with_interval() == "no measurable difference (too few timed blocks to bound the ratio)"
+    assert ratio.with_interval() == "the data cannot tell them apart (too few timed blocks to bound the ratio)"
 
 
 def test_means_compare_without_bounds_and_never_with_medians(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
-"""The report's "Memory and energy per step" and the profile's memory.md: each sentence from the records' numbers,
-energy said once per device where there is none, and a figure whose texts name the parts."""
+"""The report's "Memory and energy per step" and the profile's memory.md: each row and sentence from the records'
+numbers, energy said once per device where there is none, and a figure whose texts name the parts."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from pipeline.profiling.processes import energy_over_processes
 from pipeline.records.profile import ProfileRecord
 from pipeline.records.quantities import MEMORY_PARTS, MemoryPart, StepEnergy, StepMemory
 from pipeline.records.wording import memory_markdown
-from pipeline.report.memory import memory_section, memory_sentences
+from pipeline.report.catalogue import load_catalogue
+from pipeline.report.findings import AnalysisData, memory_by_batch
+from pipeline.report.memory import memory_section
 from tests.helpers.records import make_record
 
 MB = 1_000_000
@@ -58,19 +60,11 @@ def test_the_section_states_each_combination_and_says_a_missing_counter_once(tmp
     picture = Image.open(tmp_path / "memory.png")
     description = picture.info["Description"]
     assert "activations" in description and "weights" in description and "cpu, inference" in description
-    [sentence] = memory_sentences(records)
-    assert sentence == (
-        "Memory, inference on the cpu: the step's peak grows from 5.3 MB at batch 1 (peak in the forward pass) to "
-        "24.4 MB at batch 64 (peak in the forward pass); the part that grows most is activations (+18.9 MB); weights "
-        "5.0 MB at every batch size."
-    )
-
-
-def test_a_peak_that_does_not_grow_is_not_called_growing(tmp_path: Path) -> None:
-    records = [with_memory(1, "train", 2 * MB), with_memory(64, "train", MB)]
-    records[1] = dataclasses.replace(records[1], memory=records[0].memory)
-    [sentence] = memory_sentences(records)
-    assert "does not grow" in sentence
+    # The analysis (the memory_by_batch finding): the peak from the smallest batch to the largest, what grew, what not.
+    [finding] = memory_by_batch(AnalysisData.of(records, []))
+    sentence = finding.render(load_catalogue("en"))
+    assert "the step's peak grew from 5.3 MB at batch 1 to 24.4 MB at batch 64" in sentence
+    assert "activations 0.3 → 19.2 MB" in sentence and "parts the same at both: weights 5 MB" in sentence
 
 
 def test_energy_is_stated_with_its_interval_where_measured() -> None:
@@ -139,17 +133,3 @@ def test_energy_over_processes_is_their_median_with_their_spread_or_the_reason_t
     assert (found.processes, found.windows, found.update_period_ms) == (6, 6, 20.0)
     missing = [*answers[:3], {"unavailable": "this GPU or driver has no total-energy counter (NVML: Not Supported)"}]
     assert energy_over_processes(missing) == "this GPU or driver has no total-energy counter (NVML: Not Supported)"
-
-
-def test_the_train_sentence_says_where_each_peak_falls() -> None:
-    small, large = with_memory(1, "train", 0), with_memory(64, "train", 15 * MB)
-    assert small.memory is not None and large.memory is not None
-    small_parts = {p.name: p.bytes for p in small.memory.parts} | {"optimizer temporaries": 9 * MB}
-    large_parts = {p.name: p.bytes for p in large.memory.parts} | {"activation gradients": 19 * MB}
-    small = dataclasses.replace(small, memory=memory(small_parts, small.memory.start_bytes))
-    large = dataclasses.replace(large, memory=memory(large_parts, large.memory.start_bytes))
-    [sentence] = memory_sentences([small, large])
-    assert "at batch 1 (peak in the optimizer's step)" in sentence
-    assert "at batch 64 (peak in the backward pass)" in sentence
-    assert "the part that grows most is activation gradients (+19.0 MB)" in sentence
-    assert sentence.endswith("weights and optimizer state 15.0 MB at every batch size.")

@@ -19,12 +19,7 @@ from PIL import Image
 from pipeline.common.tables import rows_csv
 from pipeline.params.parsing import params_from_mapping
 from pipeline.records.roofs import SpeedDrift
-from pipeline.report.comparison import (
-    COMPARISON_PLOT_FIELDS,
-    comparison_markdown,
-    comparison_rows,
-    comparison_sentences,
-)
+from pipeline.report.comparison import COMPARISON_PLOT_FIELDS, comparison_markdown, comparison_rows
 from pipeline.report.figures import (
     ErrorBars,
     batch_size_plot,
@@ -60,10 +55,8 @@ def test_analysis_states_dominant_operators_and_gpu_speedup() -> None:
     ]
     rows = comparison_rows(records)
     assert rows[1].convolution_share_pct == 40.0  # both conv rows of the top-k
-    sentences = comparison_sentences(rows, [])
-    assert any(
-        s.startswith("**cpu train**: at batch 64 the top operator is `aten::convolution_backward`") for s in sentences
-    )
+    table = comparison_markdown(rows).splitlines()
+    assert "| 64 | cpu | train |" in table[3] and "| `aten::convolution_backward` (30.0 %) | 40.0 % |" in table[3]
     speedup = "At batch 64 train cuda is 10.0x faster than cpu (95 % CI 9.61-10.41x; 3.840 vs 38.400 ms per step)."
     assert speedup in step_sentences(step_facts(records))
     assert not any(s.startswith("No GPU was profiled") for s in step_sentences(step_facts(records)))
@@ -78,7 +71,8 @@ def test_overlapping_device_intervals_read_no_measurable_difference() -> None:
         make_record(1, "cuda", "inference", 0.49, (("aten::addmm", 20.0),), ci_pct=2.0),
     ]
     same = (
-        "At batch 1 inference cuda vs cpu: 1.02x, no measurable difference (0.97-1.07x) (0.490 vs 0.500 ms per step)."
+        "At batch 1 inference cuda vs cpu: 1.02x; the data cannot tell them apart (0.97-1.07x) (0.490 vs 0.500 ms "
+        "per step)."
     )
     assert same in step_sentences(step_facts(records))
 

@@ -204,7 +204,7 @@ def test_ratio_interval_and_no_measurable_difference_wording() -> None:
     assert speedup.measurable and speedup.with_interval() == "5.00x (4.52-5.53x)"
     close = Interval(10.0, 9.6, 10.4) / Interval(10.2, 10.0, 10.5)
     assert not close.measurable
-    assert close.with_interval() == "0.98x, no measurable difference (0.91-1.04x)"
+    assert close.with_interval() == "0.98x; the data cannot tell them apart (0.91-1.04x)"
     unbounded = Interval(10.0, 0.0, 20.0) / gpu  # too few blocks on one side
     assert not unbounded.measurable and "too few timed blocks" in unbounded.with_interval()
 
@@ -314,7 +314,7 @@ def test_a_paired_ratio_cancels_the_machines_drift_that_unpaired_intervals_carry
     assert paired.low > 1.0 and paired.measurable and paired.every_process
     assert paired.half_width_pct < 3.0
     unpaired = estimate_over_processes(batch64, 64, 2.0).interval / estimate_over_processes(batch16, 64, 2.0).interval
-    assert not unpaired.measurable  # the same data, read as two unpaired rows: "no measurable difference"
+    assert not unpaired.measurable  # the same data, read as two unpaired rows: "the data cannot tell them apart"
 
 
 def test_paired_ratio_per_sample_scale_and_its_refusals() -> None:

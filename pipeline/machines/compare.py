@@ -135,7 +135,7 @@ class Speedup:
     """How many times faster per sample than the baseline (baseline time ÷ this time).
 
     With medians, `interval` is the ratio's 95 % interval (pipeline.records.statistics.ratio: it contains 1
-    exactly when the two confidence intervals overlap, and then reads "no measurable difference").
+    exactly when the two confidence intervals overlap, and then reads "the data cannot tell them apart").
     Means of older runs have no interval: the ratio of the two means, marked †.
     """
 

@@ -90,7 +90,7 @@ class Ratio:
     [low_a / high_b, high_a / low_b] covers the true ratio whenever both intervals cover their true
     values (at least 0.95² ≈ 90 % for two independent 95 % intervals; more in practice, as both
     would have to miss on opposite sides). It contains 1 exactly when the two intervals overlap, so
-    "no measurable difference" and the printed interval can never disagree.
+    "the data cannot tell them apart" and the printed interval can never disagree.
     """
 
     value: float
@@ -114,13 +114,13 @@ class Ratio:
         return f"{_format_ratio(self.low)}-{_format_ratio(self.high)}x"
 
     def with_interval(self) -> str:
-        """`3.12x (2.95-3.30x)`, or `1.01x, no measurable difference (0.97-1.04x)` when the interval contains 1 (the
-        median still shown: a wide interval around a large median says the data cannot tell, not that there is no
-        effect)."""
+        """`3.12x (2.95-3.30x)`, or `1.01x; the data cannot tell them apart (0.97-1.04x)` when the interval contains
+        1 (the median still shown: a wide interval around a large median says the data cannot tell, not that there is
+        no effect)."""
         if not self.measurable:
             if not math.isfinite(self.high):
-                return f"no measurable difference ({self.bounds()})"
-            return f"{_format_ratio(self.value)}x, no measurable difference ({self.bounds()})"
+                return f"the data cannot tell them apart ({self.bounds()})"
+            return f"{_format_ratio(self.value)}x; the data cannot tell them apart ({self.bounds()})"
         return f"{_format_ratio(self.value)}x ({self.bounds()})"
 
 

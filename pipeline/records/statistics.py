@@ -128,7 +128,7 @@ def estimate_step_time(
     else:
         iqr = 0.0
     # Too few blocks for any interval at this confidence: record [0, 2 x median], i.e. +-100 %. It bounds
-    # nothing, flags the row noisy and makes every ratio with it "no measurable difference", while every
+    # nothing, flags the row noisy and makes every ratio with it "the data cannot tell them apart", while every
     # number stays finite for JSON, MLflow and `dvc metrics diff`.
     low, high = median_interval(per_step, confidence) or (0.0, 2.0 * median)
     return StepEstimate(

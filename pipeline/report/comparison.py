@@ -1,12 +1,10 @@
 """The report's comparison of the profiled combinations: one row per combination, its table, the notes on
-measurement quality, and the sentences on batch sizes and modes, each read from a paired ratio
-(pipeline.records.profile.DeviceComparisons).
+measurement quality, and the table of paired ratios (pipeline.records.profile.DeviceComparisons).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -14,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from pipeline.devices.registry import device_kind, host_kind
-from pipeline.records.profile import Combination, DeviceComparisons, PairedComparison, ProfileRecord
+from pipeline.records.profile import Combination, DeviceComparisons, ProfileRecord
 from pipeline.records.quantities import Interval
 from pipeline.records.statistics import (
     MIN_ORDER_STATISTIC_PROCESSES,
@@ -22,7 +20,7 @@ from pipeline.records.statistics import (
     SWITCH_WARMUP_S,
     processes_disagree,
 )
-from pipeline.records.wording import every_process_words, ratio_numbers, ratio_table
+from pipeline.records.wording import ratio_table
 
 CONVOLUTION = re.compile(r"conv", re.IGNORECASE)
 
@@ -313,124 +311,6 @@ def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
             "shares describe another step, and the analysis does not quote them."
         )
     return notes
-
-
-def comparison_sentences(rows: Sequence[ComparisonRow], comparisons: Sequence[DeviceComparisons]) -> list[str]:
-    """Plain sentences, each read from a paired ratio and its 95 % interval: how per-sample time moves with the batch
-    size in each device/mode series, and what a training step costs against an inference step."""
-    sentences: list[str] = []
-    by_device = {found.device: found for found in comparisons}
-    by_series: dict[tuple[str, str], list[ComparisonRow]] = {}
-    for row in rows:
-        by_series.setdefault((row.device, row.mode), []).append(row)
-    for (device, mode), series in sorted(by_series.items()):
-        series.sort(key=lambda row: row.batch_size)
-        largest = series[-1]
-        if largest.trace_inside and not largest.top_operator_ranked:
-            sentences.append(
-                f"**{device} {mode}**: at batch {largest.batch_size} the first two operators, `{largest.top_operator}` "
-                f"({largest.top_operator_share_pct:.1f} % of the traced step's operator time) and "
-                f"`{largest.second_operator}` ({largest.second_operator_share_pct:.1f} %), lie closer than the "
-                "profiler's hooks could move them: the trace cannot rank them. Convolution operators together take "
-                f"{largest.convolution_share_pct:.1f} % of it."
-            )
-        elif largest.trace_inside:
-            sentences.append(
-                f"**{device} {mode}**: at batch {largest.batch_size} the top operator is `{largest.top_operator}` "
-                f"({largest.top_operator_share_pct:.1f} % of the traced step's operator time) and convolution "
-                f"operators together take {largest.convolution_share_pct:.1f} % of it."
-            )
-        found = by_device.get(device)
-        if len(series) > 1 and found is not None:
-            sentences.append(batch_scaling_sentence(series, mode, found))
-    for found in comparisons:
-        sentence = mode_sentence(found)
-        if sentence:
-            sentences.append(sentence)
-    return sentences
-
-
-def _direction(comparison: PairedComparison) -> int:
-    """1: measurably above 1, -1: measurably below, 0: the interval holds 1 (the data cannot decide)."""
-    if comparison.low > 1:
-        return 1
-    if comparison.high < 1:
-        return -1
-    return 0
-
-
-def _ratio_words(comparison: PairedComparison) -> str:
-    value, low, high = ratio_numbers(comparison)
-    return f"{value}x (95 % CI {low}-{high}x; {every_process_words(comparison)})"
-
-
-def batch_scaling_sentence(series: Sequence[ComparisonRow], mode: str, comparisons: DeviceComparisons) -> str:
-    """How per-sample time moves from each batch size to the next in one device/mode series, each step read from
-    its paired ratio (larger batch's per-sample time over the smaller's), and which batch is cheapest where the data
-    decide it."""
-    ordered = sorted(series, key=lambda row: row.batch_size)
-    device = ordered[0].device
-    steps = []
-    for smaller, larger in itertools.pairwise(ordered):
-        found = comparisons.by_pair.get((larger.combination.name, smaller.combination.name))
-        if found is None:
-            continue
-        direction = _direction(found)
-        value, low, high = ratio_numbers(found)
-        change = (
-            f"falls to {value}x"
-            if direction < 0
-            else f"rises {value}x"
-            if direction > 0
-            else "shows no measurable difference"
-        )
-        steps.append(
-            f"from batch {smaller.batch_size} to {larger.batch_size} it {change} "
-            f"(95 % CI {low}-{high}x; {every_process_words(found)})"
-        )
-    opening = (
-        f"**{device} {mode}, per-sample time, paired**: "
-        + "; ".join(steps)
-        + f" ({', '.join(f'{row.per_sample_ms:.4f} ms at batch {row.batch_size}' for row in ordered)})."
-    )
-    return opening + _cheapest_sentence(ordered, comparisons)
-
-
-def _cheapest_sentence(ordered: Sequence[ComparisonRow], comparisons: DeviceComparisons) -> str:
-    """The batch measurably cheaper per sample than every other, or what the data leave tied."""
-    cheapest = min(ordered, key=lambda row: row.per_sample_ms)
-    tied = []
-    for row in ordered:
-        if row is cheapest:
-            continue
-        small, large = sorted((row, cheapest), key=lambda r: r.batch_size)
-        found = comparisons.by_pair.get((large.combination.name, small.combination.name))
-        if found is None or _direction(found) == 0:
-            tied.append(row.batch_size)
-    if not tied:
-        return f" Batch {cheapest.batch_size} is measurably the cheapest per sample."
-    listed = ", ".join(str(batch) for batch in sorted([cheapest.batch_size, *tied]))
-    return f" The data cannot tell batches {listed} apart per sample: none of them is measurably the cheapest."
-
-
-def mode_sentence(comparisons: DeviceComparisons) -> str:
-    """What a training step costs against an inference step at each batch size (paired, per step)."""
-    per_step = [found for found in comparisons.comparisons if found.per == "step"]
-    if not per_step:
-        return ""
-    parts = []
-    for found in sorted(per_step, key=lambda c: int(c.numerator.split("-", 1)[0])):
-        batch = found.numerator.split("-", 1)[0]
-        _, low, high = ratio_numbers(found)
-        parts.append(
-            f"at batch {batch} {_ratio_words(found)}"
-            if _direction(found)
-            else f"at batch {batch} no measurable difference (95 % CI {low}-{high}x)"
-        )
-    return (
-        f"**{comparisons.device}, training step against inference step, paired** (forward, backward and the "
-        f"Adadelta update against a forward in eval mode): " + "; ".join(parts) + "."
-    )
 
 
 def comparisons_table(comparisons: Sequence[DeviceComparisons]) -> str:

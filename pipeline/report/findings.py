@@ -569,6 +569,7 @@ def per_step_or_per_sample(data: AnalysisData) -> list[Finding]:
                                     "small": small,
                                     "large": large,
                                     "ms": ms,
+                                    "share": 100 * ms / a.total(),  # of the smaller batch's mean traced step
                                     "value": m.value,
                                     "low": m.low,
                                     "high": m.high,

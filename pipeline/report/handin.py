@@ -2,7 +2,7 @@
 filled from the pipeline's outputs, in one language per message catalogue (pipeline/report/catalogue.py).
 
 It states what the main report states, by the same rules: a per-sample direction only where the paired ratio's
-interval excludes 1, "no measurable difference" where it does not, and a cell names the command that fills it
+interval excludes 1, "the data cannot tell them apart" where it does not, and a cell names the command that fills it
 where its input is missing. Torch-free.
 """
 

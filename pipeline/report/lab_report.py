@@ -43,6 +43,7 @@ from pipeline.report.comparison import (
     comparison_rows,
     comparisons_table,
 )
+from pipeline.report.conclusion import conclusion
 from pipeline.report.figures import batch_size_plot, cpu_vs_gpu_figure, read_csv, roofline_figure, training_curves
 from pipeline.report.findings import AnalysisData, Finding, findings
 from pipeline.report.memory import memory_section
@@ -310,7 +311,9 @@ def build_report(params: Params, figures: Path) -> Report:
     """Write the figures into `figures` (a folder) and return the markdown report and the comparison rows."""
     inputs = read_inputs(params.profile)
     rows = comparison_rows(inputs.profiles)
-    found = findings(AnalysisData.of(inputs.profiles, inputs.comparisons, inputs.train_speed, params.train.batch_size))
+    data = AnalysisData.of(inputs.profiles, inputs.comparisons, inputs.train_speed, params.train.batch_size)
+    found = findings(data)
+    found = [*conclusion(data, found), *found]  # the opening first: the analysis says it first
     context = ReportContext(params, inputs, rows, step_facts(inputs.profiles), found, figures)
     blocks = [
         f"# {TITLE}\n",
@@ -416,10 +419,12 @@ def analysis_markdown(
 ) -> str:
     """The findings as a list in `catalogue`'s language, after the conditions they hold under (and, in a hand-in, the
     one line saying where the full report is)."""
-    lines = [line for line in (conditions_line(inputs, params, catalogue),) if line]
+    opening = [each.render(catalogue) for each in found if each.kind == "conclusion"]
+    lines = [catalogue("conclusion_lead") + catalogue("sentence_joiner").join(opening)] if opening else []
+    lines += [line for line in (conditions_line(inputs, params, catalogue),) if line]
     if full_report:
         lines.append(catalogue("full_report_line"))
-    body = "".join(f"- {finding.render(catalogue)}\n" for finding in found)
+    body = "".join(f"- {finding.render(catalogue)}\n" for finding in found if finding.kind != "conclusion")
     return "\n\n".join(lines) + "\n\n" + body
 
 
