@@ -23,6 +23,7 @@ from mlflow import MlflowClient
 from PIL import Image
 
 from pipeline.common.errors import PipelineError
+from pipeline.common.paths import GRAPH_SVG, TRAIN_METRICS
 from pipeline.devices.registry import device_names
 from pipeline.params.parsing import params_from_mapping
 from pipeline.params.schema import Language, ProfileMode
@@ -40,6 +41,8 @@ from pipeline.report.handin_figures import (
     figure_font,
 )
 from pipeline.report.lab_report import ReportInputs
+from pipeline.report.tensorboard_views import GRAPH_VIEW, RECORD, SCALARS_VIEW, SHOWS_OUTPUTS, VIEWS, current_views
+from pipeline.tracking.lineage import file_md5
 from tests.helpers.handin import TEMPLATE_HEADINGS, TEMPLATE_LABELS, UNFILLED, headings, numbers, tables
 from tests.helpers.projects import run_report_stage
 from tests.helpers.records import gpu_run, gpu_run_file, make_comparisons, make_record, record_metrics
@@ -359,3 +362,22 @@ def test_a_handin_from_the_h100_reference_compares_cpu_and_gpu_with_its_numbers(
     assert load_catalogue("zh")("gpu_note") in markdown and load_catalogue("zh")("gpu_missing") not in markdown
     assert "没有与批大小 1 的配对比值：运行 `dvc repro profile@cuda`。" in markdown  # it predates paired timing
     assert gpu_section(comparison_rows(records[:2]), load_catalogue("en")).startswith("No GPU was profiled.")
+
+
+def test_tensorboard_views_are_used_only_while_they_go_with_the_current_training_and_graph(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert current_views() is None  # none taken
+    for path, text in ((TRAIN_METRICS, '{"test_accuracy": 0.99}'), (GRAPH_SVG, "<svg/>")):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    VIEWS.mkdir()
+    for view in (GRAPH_VIEW, SCALARS_VIEW):
+        view.write_bytes(b"png")
+    RECORD.write_text(json.dumps({key: file_md5(path) for key, path in SHOWS_OUTPUTS.items()}))
+    assert current_views() == (GRAPH_VIEW, SCALARS_VIEW)
+    GRAPH_SVG.write_text("<svg>another graph</svg>")
+    assert current_views() == str(GRAPH_SVG)  # the output that changed since, for the hand-in to name
+    GRAPH_VIEW.unlink()
+    assert current_views() is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from pipeline.report.lab_report import (
     wider_than_the_probe,
 )
 from pipeline.report.rendering import GRAPH_FIGURE, markdown_to_html, with_figures_named
+from pipeline.report.tensorboard_views import GRAPH_VIEW, SCALARS_VIEW, current_views
 
 FULL_REPORT = "report.md"  # the hand-in's link to the full report; report.html in the HTML page
 TEMPLATE_BATCHES = (1, 16, 64)  # the rows of the template's batch-size table
@@ -61,12 +63,15 @@ class HandinFigures:
     curves: bool
     operators: bool
     languages: tuple[str, ...] = ()  # each language's figures are drawn apart, in its words
+    views: bool = False  # TensorBoard's views (pipeline.report.tensorboard_views) copied beside them
+    views_stale: str = ""  # why views/ was not used: it shows an earlier training
 
     @property
     def files(self) -> set[str]:
         """The file names this module drew (the graph is the main report's)."""
         drawn = [(curves_path, self.curves), (operators_path, self.operators)]
-        return {Path(path(language)).name for language in self.languages for path, made in drawn if made}
+        views = {path.name for path in (GRAPH_VIEW, SCALARS_VIEW)} if self.views else set()
+        return {Path(path(language)).name for language in self.languages for path, made in drawn if made} | views
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,14 @@ def draw_figures(inputs: ReportInputs, figures: Path, languages: Sequence[str]) 
             curves_figure(epochs, steps, figures / Path(curves_path(language)).name, catalogue)
         if inputs.profiles:
             operators_figure(inputs.profiles, figures / Path(operators_path(language)).name, catalogue)
-    return HandinFigures(GRAPH_SVG.exists(), curves, bool(inputs.profiles), tuple(languages))
+    views = current_views()
+    if isinstance(views, tuple):
+        for path in views:
+            shutil.copyfile(path, figures / path.name)
+    stale = views if isinstance(views, str) else ""
+    return HandinFigures(
+        GRAPH_SVG.exists(), curves, bool(inputs.profiles), tuple(languages), isinstance(views, tuple), stale
+    )
 
 
 def handin_markdown(
@@ -195,6 +207,10 @@ def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigur
         parameters = inputs.graph_metrics.get("total_parameters") if inputs.graph_metrics else None
         caption = f"<br>{catalogue('graph_caption', parameters=f'{parameters:,}')}" if parameters else ""
         graph = f"![{catalogue('graph_label')}]({GRAPH_FIGURE}){caption}"
+        if drawn.views:
+            graph += f"<br>![{catalogue('view_graph_label')}](figures/{GRAPH_VIEW.name})<br>" + catalogue(
+                "view_graph_caption"
+            )
     curves = catalogue("missing", stage="train")
     if drawn.curves and inputs.train_metrics:
         metrics = inputs.train_metrics
@@ -207,6 +223,10 @@ def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigur
         )
         layout = catalogue("sentence_joiner") + catalogue("curves_layout")
         curves = f"![{catalogue('curves_label')}]({curves_path(catalogue.language)})<br>{caption}{layout}"
+        if drawn.views:
+            curves += f"<br>![{catalogue('view_scalars_label')}](figures/{SCALARS_VIEW.name})<br>" + catalogue(
+                "view_scalars_caption"
+            )
     operators = catalogue("missing", stage=" ".join(f"profile@{device}" for device in params.profile.devices))
     if drawn.operators:
         batches = sorted({r.combination.batch_size for r in inputs.profiles})
@@ -266,7 +286,13 @@ def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigur
             2,
         )
         + "\n"
-        + catalogue("tensorboard_line")
+        + (
+            catalogue("tensorboard_line")
+            if drawn.views
+            else catalogue("views_stale", path=drawn.views_stale)
+            if drawn.views_stale
+            else catalogue("views_missing")
+        )
         + "\n"
     )
 

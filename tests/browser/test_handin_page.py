@@ -23,9 +23,9 @@ from matplotlib import font_manager
 from matplotlib.ft2font import FT2Font
 from PIL import Image
 
+from pipeline.common.browser import CHROMIUM, NO_CHROMIUM
 from pipeline.report.catalogue import load_catalogue
 from pipeline.report.handin_figures import figure_font
-from tests.helpers.browser import CHROMIUM, NO_CHROMIUM
 from tests.helpers.projects import run_report_stage
 
 pytestmark = pytest.mark.browser

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.helpers.browser import CHROMIUM, NO_CHROMIUM
+from pipeline.common.browser import CHROMIUM, NO_CHROMIUM
 from tests.helpers.guide import SHOTS
 from tests.helpers.repo import REPO_ROOT
 

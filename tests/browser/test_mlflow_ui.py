@@ -18,11 +18,11 @@ from typing import NamedTuple
 import pytest
 from mlflow import MlflowClient
 
+from pipeline.common.browser import CHROMIUM, NO_CHROMIUM
 from pipeline.common.outputs import AtomicOutputs
 from pipeline.params.schema import TrackingConfig
 from pipeline.tracking.lifecycle import open_tracker
 from pipeline.tracking.store import ui_url
-from tests.helpers.browser import CHROMIUM, NO_CHROMIUM
 from tests.helpers.servers import running_mlflow_server
 
 pytestmark = pytest.mark.browser

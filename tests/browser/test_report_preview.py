@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from tests.helpers.browser import CHROMIUM, NO_CHROMIUM
+from pipeline.common.browser import CHROMIUM, NO_CHROMIUM
 from tests.helpers.projects import run_report_stage
 from tests.helpers.servers import running_mlflow_server
 

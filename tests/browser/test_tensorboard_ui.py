@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.common.browser import CHROMIUM, DEEP_TEXT, NO_CHROMIUM, Page, chromium_page
 from pipeline.params.schema import TrackingConfig
 from pipeline.tracking.hparams import SHOWN, train_columns
 from pipeline.tracking.lifecycle import open_tracker
-from tests.helpers.browser import CHROMIUM, DEEP_TEXT, NO_CHROMIUM, Page, chromium_page
 from tests.helpers.servers import running_tensorboard
 
 pytestmark = pytest.mark.browser

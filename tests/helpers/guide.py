@@ -23,21 +23,12 @@ from pathlib import Path
 import yaml
 from mlflow import MlflowClient
 
-from tests.helpers.browser import Page, chromium_page
+from pipeline.common.browser import Page, chromium_page
+from pipeline.report.tensorboard_views import open_labnet
 from tests.helpers.servers import running_mlflow_server, running_tensorboard
 
 IMAGES = Path("docs/images")
 CURRENT = "tags.`dvc.outputs` = 'current'"  # the runs whose outputs are the project's current ones
-# Any element, however deep in shadow roots (TensorBoard's graph is drawn there).
-FIND_DEEP = """(function find(node, selector) {
-  const hit = node.querySelector ? node.querySelector(selector) : null;
-  if (hit) return hit;
-  for (const child of [node.shadowRoot, ...(node.children || [])]) {
-    const found = child ? find(child, selector) : null;
-    if (found) return found;
-  }
-  return null;
-})"""
 
 
 @dataclass(frozen=True)
@@ -59,26 +50,6 @@ class Shot:
     shows: tuple[str, ...]  # texts the page shows, as the guide says
     loaded: tuple[str, ...] = ()  # texts that say the page has loaded, before `then`
     then: Callable[[Page], None] = lambda page: None  # what a student does before looking (a click, a scroll)
-
-
-def _open_labnet(page: Page, timeout_s: float = 60) -> None:
-    """Double-click the model's node, as the guide tells the student to, so the graph shows its layers.
-
-    The graph zooms to fit after it is drawn, so a node found while it moves can be missed: the double-click is
-    repeated, at the node's place then, until the layers show or `timeout_s` runs out."""
-    where = (
-        f"(() => {{ const node = {FIND_DEEP}(document, 'g.node[data-name=\"LabNet\"]');"
-        " if (!node) return null; const r = node.getBoundingClientRect();"
-        " return [r.x + r.width / 2, r.y + r.height / 2]; })()"
-    )
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        box = page.evaluate(where)
-        if box:
-            for kind in ("mousePressed", "mouseReleased"):
-                page.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=2)
-        if not page.wait_for(("Subgraph",), timeout_s=10)[1]:
-            return
 
 
 def _runs_expanded(page: Page) -> None:
@@ -116,7 +87,7 @@ SHOTS = (
         lambda at: f"{at.tensorboard}/#graphs",
         ("LabNet", "Subgraph"),
         ("Main Graph", "LabNet"),
-        _open_labnet,
+        open_labnet,
     ),
     Shot(
         "tensorboard-curves",

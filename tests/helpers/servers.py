@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -14,14 +13,8 @@ from pathlib import Path
 
 import psutil
 
+from pipeline.common.browser import closed_port
 from tests.helpers.repo import VENV_BIN
-
-
-def closed_port() -> int:
-    """A localhost port nothing listens on: connections to it are refused at once."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]  # closed again on exit
 
 
 def _listens(leader: int, port: int) -> bool:

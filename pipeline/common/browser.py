@@ -1,11 +1,14 @@
 """Headless Chromium driven over its DevTools protocol (websocket-client): a page's text with its shadow roots (which
-`--dump-dom` leaves out, and where TensorBoard draws), waiting for what a page should show, and screenshots."""
+`--dump-dom` leaves out, and where TensorBoard draws), waiting for what a page should show, and screenshots. The
+hand-in's TensorBoard views are taken with it (pipeline.report.tensorboard_views), and the browser tests read pages
+with it."""
 
 from __future__ import annotations
 
 import base64
 import json
 import shutil
+import socket
 import subprocess
 import time
 import urllib.request
@@ -16,7 +19,14 @@ from typing import Any
 
 import websocket
 
-from tests.helpers.servers import closed_port
+
+def closed_port() -> int:
+    """A localhost port nothing listens on: connections to it are refused at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port  # closed again on exit
+
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 NO_CHROMIUM = "no Chromium on PATH: install Debian's `chromium` package to run the browser tests"
@@ -43,7 +53,8 @@ class Page:
         while True:
             answer: dict[str, Any] = json.loads(self.socket.recv())
             if answer.get("id") == self.calls:
-                return answer.get("result", {})
+                result: dict[str, Any] = answer.get("result", {})
+                return result
 
     def evaluate(self, expression: str) -> Any:
         return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
