@@ -52,8 +52,10 @@ test-fast: install
 	python -m pytest -m "not slow and not browser"
 
 # SIGINT and SIGTERM at ten moments of a training stage, alone, through `dvc repro` and `dvc queue kill`, and the
-# class server's outages: three modules, one per worker. They mostly wait (on celery, on retries, on a stopped
-# server), so three workers on two cores finish sooner than two (docs/measurements.md); each stop's 10 s limit holds.
+# class server's outages; a SIGKILL at the steps of the report's, profile@cpu's and train's output swaps
+# (test_swap_stress, about 24 minutes, scheduled first) and a queue kill during profile@cpu's timing and the report,
+# with every MLflow run's status checked. They mostly wait (on celery, on retries, on a stopped server), so three
+# workers on two cores finish sooner than two (docs/measurements.md); each stop's 10 s limit holds.
 test-stress: install
 	python -m pytest -m stress -n 3
 

@@ -90,6 +90,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # The longest modules, longest first (`make test` on two workers, each module's seconds on its worker:
 # docs/measurements.md): the first that needs the shared reproduced project builds it.
 LONG_MODULES = (
+    "tests/test_swap_stress.py",  # `make test-stress` only: about 24 minutes
     "tests/test_benchmarks.py",
     "tests/test_profile.py",
     "tests/test_report_inputs.py",

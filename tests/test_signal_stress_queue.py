@@ -1,7 +1,9 @@
 """Ctrl-C and SIGTERM's third path (tests/test_signal_stress.py has the other two): `dvc queue kill` of a queued
 experiment paused at each of the ten moments of its train stage. Every time: its stage gone within 10 s, the
-experiment Failed in `dvc queue status`, its MLflow run KILLED where one had been started, no result left for it,
-and the workspace's outputs as they were.
+experiment Failed in `dvc queue status`, every MLflow record of it true (where its run had been started, that run and
+the experiment's `pipeline@...` parent KILLED, else no run at all; no run of the store left RUNNING), no result left
+for it, and the workspace's outputs as they were. The same records after a kill during profile@cpu's timing or the
+report: tests/test_queue_kill_records.py.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from mlflow import MlflowClient
 
-from pipeline.tracking.tags import EXPERIMENT_TAG
+from pipeline.tracking.tags import EXPERIMENT_TAG, STAGE_TAG
 from tests.helpers.projects import kill_processes_in, processes_running, run_command, stage_environment
 from tests.helpers.stress import (
     EXIT_LIMIT_S,
@@ -23,7 +26,6 @@ from tests.helpers.stress import (
     PAUSE_LIMIT_S,
     WITH_RUN,
     stress_project,
-    train_runs,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.stress]  # `make test-stress`: minutes of stage start-ups
@@ -85,8 +87,15 @@ def _kill_and_check(project: Path, environment: dict[str, str], name: str, momen
             f"{name} not marked Failed {STATUS_LIMIT_S} s after the kill:\n{status}"
         )
         time.sleep(0.3)
-    runs = [run for run in train_runs(project) if run.data.tags.get(EXPERIMENT_TAG) == name]
-    assert [run.info.status for run in runs] == (["KILLED"] if moment in WITH_RUN else []), (moment, runs)
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    experiments = [experiment.experiment_id for experiment in client.search_experiments()]
+    records: dict[str, list[str]] = {}
+    for run in client.search_runs(experiments, filter_string=f"tags.`{EXPERIMENT_TAG}` = '{name}'"):
+        records.setdefault(run.data.tags.get(STAGE_TAG, ""), []).append(run.info.status)
+    # The run and its pipeline parent exist from the run's start on; the parent takes its children's status.
+    assert records == ({"train": ["KILLED"], "pipeline": ["KILLED"]} if moment in WITH_RUN else {}), (moment, records)
+    running = client.search_runs(experiments, "attributes.status = 'RUNNING'")
+    assert [run.info.run_name for run in running] == [], moment
     return gone_s
 
 
