@@ -118,8 +118,8 @@ def allocator_sentences(records: Sequence[ProfileRecord]) -> list[str]:
     )
     if not slower:
         sentence = (
-            "Memory allocation: no CPU step measurably slower with glibc malloc's defaults than with the tuned "
-            "allocator" + (f"; faster with the defaults: {', '.join(faster)}" if faster else "") + "." + undecided
+            "Memory allocation: slower with glibc malloc's defaults than with the tuned allocator at no CPU step that "
+            "the data decide" + (f"; faster with the defaults: {', '.join(faster)}" if faster else "") + "." + undecided
         )
         return [sentence]
     listed = ", ".join(

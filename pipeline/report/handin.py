@@ -221,7 +221,7 @@ def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigur
             epochs=int(metrics.get("epochs", params.train.epochs)),
             batch=params.train.batch_size,
         )
-        layout = catalogue("sentence_joiner") + catalogue("curves_layout")
+        layout = catalogue("sentence_joiner") + catalogue("curves_layout", steps=params.train.log_every_steps)
         curves = f"![{catalogue('curves_label')}]({curves_path(catalogue.language)})<br>{caption}{layout}"
         if drawn.views:
             curves += f"<br>![{catalogue('view_scalars_label')}](figures/{SCALARS_VIEW.name})<br>" + catalogue(

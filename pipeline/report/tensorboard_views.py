@@ -66,11 +66,12 @@ class View:
     then: Callable[[Page], None] = lambda page: None
 
 
-def open_labnet(page: Page, timeout_s: float = 60) -> None:
-    """Double-click the model's node so that the graph shows its layers. The graph zooms to fit after it is drawn,
-    so a node found while it moves can be missed: the double-click is repeated until the layers show."""
+def open_node(page: Page, name: str, until: str, timeout_s: float = 60) -> None:
+    """Double-click the graph's node `name` (its full name: `LabNet/Sequential[features]`) until the page shows
+    `until`. The graph zooms to fit after each change, so a node found while it moves can be missed: the
+    double-click is repeated at the node's place then."""
     where = (
-        f"(() => {{ const node = {FIND_DEEP}(document, 'g.node[data-name=\"LabNet\"]');"
+        f"(() => {{ const node = {FIND_DEEP}(document, 'g.node[data-name={json.dumps(name)}]');"
         " if (!node) return null; const r = node.getBoundingClientRect();"
         " return [r.x + r.width / 2, r.y + r.height / 2]; })()"
     )
@@ -80,12 +81,30 @@ def open_labnet(page: Page, timeout_s: float = 60) -> None:
         if box:
             for kind in ("mousePressed", "mouseReleased"):
                 page.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=2)
-        if not page.wait_for(("Subgraph",), timeout_s=10)[1]:
+        if not page.wait_for((until,), timeout_s=10)[1]:
             return
 
 
+def open_labnet(page: Page) -> None:
+    """The model's node opened, as the lab guide tells the student: its two blocks show."""
+    open_node(page, "LabNet", "Subgraph")
+
+
+def open_layers(page: Page) -> None:
+    """The model's node and both its blocks opened: every layer shows, convolutions to the last linear layer."""
+    open_labnet(page)
+    open_node(page, "LabNet/Sequential[features]", "Conv2d[conv1]")
+    open_node(page, "LabNet/Sequential[classifier]", "Linear[fc1]")
+
+
 SHOWN = (
-    View(GRAPH_VIEW, "#graphs", ("Main Graph", "LabNet"), ("LabNet", "Subgraph"), open_labnet),
+    View(
+        GRAPH_VIEW,
+        "#graphs",
+        ("Main Graph", "LabNet"),
+        ("Conv2d[conv1]", "MaxPool2d[pool]", "Linear[fc1]"),
+        open_layers,
+    ),
     # The scalars dashboard, its tag filter on the loss and accuracy of training and test.
     View(
         SCALARS_VIEW,
