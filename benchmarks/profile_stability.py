@@ -112,6 +112,14 @@ def main() -> None:
         "--servers", type=int, default=1, choices=range(1, 13), metavar="1-12", help="fresh program starts per repeat"
     )
     parser.add_argument(
+        "--at-once",
+        type=int,
+        default=1,
+        choices=range(1, 9),
+        metavar="1-8",
+        help="timing processes run at once, each from another program start (at most --servers)",
+    )
+    parser.add_argument(
         "--save",
         type=Path,
         help="write every repeat's blocks (per process, per combination, in round order) to this JSON file, to replay "
@@ -142,7 +150,7 @@ def main() -> None:
     saved: list[list[list[list[float]]]] = []  # [repeat][process][combination]: per-step ms of each block
     for repeat in range(args.repeats):
         try:
-            timing = time_in_processes(spec, config.processes, servers=args.servers)
+            timing = time_in_processes(spec, config.processes, servers=args.servers, at_once=args.at_once)
         except PipelineError as error:
             raise SystemExit(f"repeat {repeat + 1}: {error}") from None
         saved.append([[[block.step_ms for block in item] for item in process] for process in timing.process_blocks])

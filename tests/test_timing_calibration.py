@@ -29,7 +29,16 @@ from pipeline.data.mnist import fetch_mnist, write_dataset
 from pipeline.model.checkpoint import checkpoint_payload, save_checkpoint
 from pipeline.model.network import LabNet
 from pipeline.params.parsing import params_from_mapping
-from pipeline.profiling.processes import WorkerResult, ask, combine, worker_server
+from pipeline.profiling.processes import (
+    MOST_AT_ONCE,
+    WorkerResult,
+    ask,
+    combine,
+    physical_cores,
+    processes_at_once,
+    time_in_processes,
+    worker_server,
+)
 from pipeline.profiling.worker import WorkerSpec
 from tests.helpers.data import LAB_MODEL
 from tests.helpers.projects import REPO_PARAMS
@@ -157,3 +166,31 @@ def test_a_forked_server_keeps_the_nvidia_drivers_descriptors_and_no_other(spec:
     assert targets.get(report["driver"]) == f"{driver}ctl", report
     assert sorted(targets) == [0, 1, 2, report["driver"]] and str(held) not in targets.values(), report
     assert report["blocks"] > 0, report
+
+
+def test_processes_at_once_run_side_by_side_in_waves_and_one_at_a_time_otherwise(spec: WorkerSpec) -> None:
+    """`at_once` 2: the processes of a wave overlap, each forked from another program start, and the next wave starts
+    after both ended; `at_once` 1: none overlaps another."""
+    for at_once in (2, 1):
+        with contextlib.ExitStack() as stack:
+            servers = [stack.enter_context(worker_server(training=False)) for _ in range(2)]
+            paired = time_in_processes(spec, 4, server=servers[0], starting=servers[1:], servers=2, at_once=at_once)
+        windows = paired.windows
+        overlaps = {
+            (a, b)
+            for a in range(4)
+            for b in range(a + 1, 4)
+            if windows[a][0] < windows[b][1] and windows[b][0] < windows[a][1]
+        }
+        assert overlaps == ({(0, 1), (2, 3)} if at_once == 2 else set()), (at_once, windows)
+        assert len(paired.timings[0].process_medians_ms) == 4
+
+
+def test_auto_runs_two_processes_at_once_only_on_free_cores_and_never_beside_an_energy_counter() -> None:
+    cores = physical_cores()
+    assert processes_at_once(0, True, 1, False, 3) == max(1, min(MOST_AT_ONCE, cores))
+    assert processes_at_once(0, True, cores, False, 3) == 1  # each process takes every core
+    assert processes_at_once(0, True, 1, True, 3) == 1  # a package counter would count the neighbour too
+    assert processes_at_once(0, False, 1, False, 3) == 1  # one GPU, shared
+    assert processes_at_once(4, True, 1, False, 3) == 3  # asked: as many as there are program starts
+    assert processes_at_once(1, True, 1, False, 3) == 1

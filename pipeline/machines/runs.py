@@ -41,6 +41,7 @@ NOT_SETTINGS = frozenset(
         "profile.time_budget_s",
         "profile.processes",
         "profile.program_starts",
+        "profile.processes_at_once",
         "profile.allocator_whatif_s",
         "allocator",
     }

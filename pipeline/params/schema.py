@@ -178,6 +178,10 @@ class ProfileConfig:
     # Program starts the timing processes are forked from, in turn (at most `processes`): each start has its own
     # address-space layout and hash seed, which all processes forked from it share (docs/timing.md).
     program_starts: int = _rule(ge=1, le=64)
+    # Timing processes run side by side, each on cores of its own (at most `program_starts`: each forked from
+    # another); 0 = auto (pipeline.profiling.processes.processes_at_once: up to 2 on a CPU, 1 on a GPU or while an
+    # energy counter is read).
+    processes_at_once: int = _rule(ge=0, le=64)
     # Seconds the `roofs` stage times a fixed workload to measure how far this machine's speed drifts between runs
     # (pipeline.records.roofs.SpeedDrift); the report states it once. 0 = not measured.
     drift_probe_s: float = _rule(ge=0, le=3600)

@@ -1,11 +1,12 @@
-"""Time a device's combinations in K fresh worker processes, one after the other (pipeline.profiling.worker).
+"""Time a device's combinations in K fresh worker processes, in waves (pipeline.profiling.worker).
 
 The process is the unit of repetition (as pyperf's worker processes, and Kalibera & Jones's top level):
 each worker is a new process, forked from a clean server that paid the imports once, that times every
 combination interleaved for its share of the budget. A combination's estimate is the median of the workers'
 medians, its interval their spread; a ratio between two combinations is taken round by round inside each worker
-and its interval comes from the spread of the workers' ratios (pipeline.records.statistics). Workers run one at
-a time, never beside each other or the stage's own work, so no worker's steps share the cores.
+and its interval comes from the spread of the workers' ratios (pipeline.records.statistics). Workers run in waves
+of `processes_at_once`, each on cores of its own and beside workers doing the same, never beside the stage's own
+work: on a CPU two at once where the machine has two cores each (docs/timing.md says what that moves), else one.
 
 A worker that fails stops the stage with its own last lines. The server runs in a session of its own, and
 any way the stage stops (Ctrl-C, SIGTERM, an error) kills that session, workers included.
@@ -24,6 +25,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any, Protocol
 
 import torch
@@ -63,6 +65,7 @@ class WorkerResult:
     memory: tuple[StepMemory, ...]  # per item of the spec; empty where the spec measures none
     energy: tuple[dict[str, Any], ...]  # per item where the spec names a counter: its figures, or why none
     page_faults: tuple[float, ...] = ()  # per item where the spec counts them: minor page faults per step
+    window: tuple[float, float] = (0.0, 0.0)  # wall-clock seconds (epoch) from its start of work to its answer
 
 
 def _parse(answer: str, spec: WorkerSpec) -> WorkerResult:
@@ -84,6 +87,7 @@ def _parse(answer: str, spec: WorkerSpec) -> WorkerResult:
         ),
         energy=tuple(timing.get("energy", [])),
         page_faults=tuple(float(count) for count in timing.get("page_faults", [])),
+        window=(float(timing["window"][0]), float(timing["window"][1])),
     )
 
 
@@ -233,9 +237,20 @@ def _close_all_but(keep: set[int]) -> None:
 
 
 def ask(server: WorkerServer, spec: WorkerSpec) -> WorkerResult:
-    assert server.stdin is not None and server.stdout is not None
+    send(server, spec)
+    return receive(server, spec)
+
+
+def send(server: WorkerServer, spec: WorkerSpec) -> None:
+    """Hand `spec` to `server`, which forks a timing process for it; `receive` waits for its answer."""
+    assert server.stdin is not None
     server.stdin.write(spec.to_json() + "\n")
     server.stdin.flush()
+
+
+def receive(server: WorkerServer, spec: WorkerSpec) -> WorkerResult:
+    """The answer of the timing process `send` started on `server`."""
+    assert server.stdout is not None
     answer = server.stdout.readline()
     if answer.strip() == READY:  # a server nobody waited for (`worker_server(ready=False)`): its answer is next
         answer = server.stdout.readline()
@@ -258,6 +273,7 @@ class PairedTiming:
     memory: tuple[StepMemory, ...]  # per item: the median process's, with the range over processes; empty: not measured
     energy: tuple[StepEnergy | str | None, ...]  # per item: over the processes; why none (str); None: not measured
     page_faults: tuple[tuple[float, ...], ...] = ()  # per item: each process's page faults per step; empty: not counted
+    windows: tuple[tuple[float, float], ...] = ()  # per process: when it worked (WorkerResult.window)
     # The alternate spec's timing (glibc malloc's defaults): its process i ran next to process i of this one.
     alternate: PairedTiming | None = None
 
@@ -270,6 +286,7 @@ def time_in_processes(
     servers: int = 1,
     alternate: WorkerSpec | None = None,
     starting: Sequence[WorkerServer] = (),
+    at_once: int = 1,
 ) -> PairedTiming:
     """Time every item of `spec` in `processes` workers, each with `spec.budget_s` / `processes` of timing and its
     own round order, forked in turn from `servers` servers: `server` (a `forked_worker_server` or `worker_server`
@@ -277,10 +294,14 @@ def time_in_processes(
     imports overlap its own work; waited for here) and new `worker_server`s for the rest. Each new server is a new
     program start, with its own address-space layout and hash seed, which every worker forked from it shares.
 
-    `alternate`: the same items set up another way (glibc's defaults), timed in as many workers, each right beside
-    its partner of `spec` from the same server (first and second in turn, so that neither set-up always runs
-    first), so that a ratio between the two set-ups can be taken pair by pair. `progress(i)` is called after worker
-    i (1-based) of `spec`, and its partner, finished."""
+    `at_once`: workers of the same spec run this many at a time, each forked from another server (at most
+    `servers`), so that each shares the machine only with a worker doing the same (`concurrent_processes` says how
+    many a machine's cores hold). A worker's stopping rule reads the workers that finished before its wave began.
+
+    `alternate`: the same items set up another way (glibc's defaults), timed in as many workers, each wave of them
+    right beside the wave of `spec` with the same indices (first and second in turn, so that neither set-up always
+    runs first), so that a ratio between the two set-ups can be taken pair by pair. `progress(i)` is called after
+    worker i (1-based) of `spec`, and its partner, finished."""
     results: list[WorkerResult] = []
     partners: list[WorkerResult] = []
     training = any(mode != "inference" for _, mode in spec.items)
@@ -293,19 +314,54 @@ def time_in_processes(
         for each in new:  # their imports overlap one another, and no timing
             wait_until_ready(each)
         started += new
-        for index in range(processes):
+        width = max(1, min(at_once, len(started)))
+        for first in range(0, processes, width):
+            wave = range(first, min(first + width, processes))
             pair = ((results, spec), (partners, alternate))
-            for found, kind in pair if index % 2 == 0 else pair[::-1]:
-                if kind is not None:
-                    earlier = tuple(contributed(result, kind) for result in found)
+            for found, kind in pair if first // width % 2 == 0 else pair[::-1]:
+                if kind is None:
+                    continue
+                earlier = tuple(contributed(result, kind) for result in found)
+                asked = []
+                for index in wave:
                     share = dataclasses.replace(
                         kind, budget_s=kind.budget_s / processes, seed=kind.seed + index, earlier=earlier
                     )
-                    found.append(ask(started[index % len(started)], share))
+                    each = started[index % len(started)]  # a worker and its partner: one program start
+                    send(each, share)
+                    asked.append((each, share))
+                found.extend(receive(each, share) for each, share in asked)
             if progress is not None:
-                progress(index + 1)
+                for index in wave:
+                    progress(index + 1)
     paired = combine(results, spec)
     return dataclasses.replace(paired, alternate=combine(partners, alternate)) if alternate is not None else paired
+
+
+MOST_AT_ONCE = 2  # auto's most timing processes side by side: measured so on a 2-core VM (docs/timing.md)
+
+
+def physical_cores() -> int:
+    """Cores this process may run on, counting SMT siblings (hyperthreads of one core) once: two timing processes
+    on siblings would share one core's execution units, which two on cores of their own do not."""
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    groups = set()
+    for cpu in allowed:
+        try:
+            groups.add(Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip())
+        except OSError:  # no sysfs topology: count it as a core of its own
+            groups.add(str(cpu))
+    return len(groups)
+
+
+def processes_at_once(requested: int, on_host: bool, threads: int, reads_energy: bool, servers: int) -> int:
+    """How many timing processes run side by side: `requested`, or for 0 (auto) as many as the cores hold with
+    `threads` each, at most MOST_AT_ONCE, on a CPU only (a GPU's processes would share the one device), and one
+    while an energy counter is read (it counts the whole package or device: a neighbour's work too). Never more
+    than `servers`: each process of a wave is forked from another program start."""
+    if requested == 0:
+        requested = min(MOST_AT_ONCE, physical_cores() // max(threads, 1)) if on_host and not reads_energy else 1
+    return max(1, min(requested, servers))
 
 
 def contributed(result: WorkerResult, spec: WorkerSpec) -> tuple[float, ...]:
@@ -342,7 +398,10 @@ def combine(results: Sequence[WorkerResult], spec: WorkerSpec) -> PairedTiming:
         energy_over_processes([result.energy[index] for result in results]) if spec.energy else None for index in items
     )
     faults = tuple(tuple(result.page_faults[index] for result in results) for index in items if spec.page_faults)
-    return PairedTiming(tuple(timings), tuple(result.blocks for result in results), speeds, memory, energy, faults)
+    windows = tuple(result.window for result in results)
+    return PairedTiming(
+        tuple(timings), tuple(result.blocks for result in results), speeds, memory, energy, faults, windows=windows
+    )
 
 
 def energy_over_processes(found: Sequence[dict[str, Any]]) -> StepEnergy | str:

@@ -55,7 +55,7 @@ from pipeline.model.summary import summarize
 from pipeline.params.schema import ProfileConfig
 from pipeline.profiling.artifacts import RunDescription
 from pipeline.profiling.memory import BuiltStep, measure_step_memory
-from pipeline.profiling.processes import PairedTiming, WorkerServer, time_in_processes
+from pipeline.profiling.processes import PairedTiming, WorkerServer, processes_at_once, time_in_processes
 from pipeline.profiling.timing import StepTiming, page_faults_per_step, synchronizer, time_steps
 from pipeline.profiling.trace_analysis import (
     CountedCall,
@@ -349,6 +349,8 @@ def prepare_profiles(
     summary = summarize(checkpoint.model, checkpoint.model.input_shape)  # on the CPU, before the move
     test_images, test_labels = load_split(data_root, "test")
     lr = float(checkpoint.train_params["lr"])
+    kind = combinations[0].kind
+    program_starts = min(config.program_starts, config.processes)
     settings = ProfileSettings(
         threads=torch.get_num_threads(),
         precision=PROFILE_PRECISION,
@@ -360,7 +362,14 @@ def prepare_profiles(
         time_budget_s=config.time_budget_s,
         allocator=plan_allocator().description,  # what the timing runs with: run_device_profile sets it up
         processes=config.processes,
-        program_starts=min(config.program_starts, config.processes),
+        program_starts=program_starts,
+        processes_at_once=processes_at_once(
+            config.processes_at_once,
+            kind.on_host,
+            torch.get_num_threads(),
+            config.energy and bool(kind.energy_source(device.index or 0)[0]),
+            program_starts,
+        ),
     )
     hardware = hardware_description(device)
     model_digest = checkpoint_digest(checkpoint_path)
@@ -490,7 +499,8 @@ def timing_spec(setups: Sequence[ProfileSetup], config: ProfileConfig, checkpoin
         warmup_steps=config.warmup_steps,
         ci_target_pct=config.ci_target_pct,
         budget_s=config.time_budget_s * len(setups),
-        energy=energy_source(setups[0])[0] if config.energy else "",
+        # A counter counts the whole package or device: with processes side by side, each would count the others.
+        energy=energy_source(setups[0])[0] if config.energy and setups[0].settings.processes_at_once == 1 else "",
     )
 
 
@@ -502,7 +512,14 @@ def energy_source(setup: ProfileSetup) -> tuple[str, str]:
 
 def no_energy_reason(setup: ProfileSetup, spec: WorkerSpec) -> str:
     """Why the timing processes of `spec` read no energy counter, in words for the report."""
-    return energy_source(setup)[1] or "not measured (`profile.energy: false`)"
+    source, missing = energy_source(setup)
+    at_once = setup.settings.processes_at_once
+    if source and at_once > 1:
+        return (
+            f"not measured: {at_once} timing processes ran side by side (`profile.processes_at_once`), and the "
+            "counter counts them all"
+        )
+    return missing or "not measured (`profile.energy: false`)"
 
 
 def run_device_profile(
@@ -541,6 +558,7 @@ def run_device_profile(
         servers=min(program_starts, processes),
         alternate=alternate,
         starting=starting,
+        at_once=setups[0].settings.processes_at_once,
     )
     pause_at("timed")
     default_runs = default_allocator_runs(setups, paired, defaults.description if defaults else "")

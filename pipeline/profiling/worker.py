@@ -32,6 +32,7 @@ import random
 import signal
 import statistics
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -165,6 +166,7 @@ def build_items(spec: WorkerSpec) -> list[BuiltStep]:
 def measure(spec: WorkerSpec) -> dict[str, Any]:
     """Build the step of every item of `spec` in this process and time them interleaved: the blocks of each item, in
     round order, as plain JSON values."""
+    started = time.time()
     device = torch.device(spec.device)
     poller = Poller(spec.energy) if spec.energy else None  # started first: its start overlaps the steps' building
     built = build_items(spec)
@@ -195,6 +197,7 @@ def measure(spec: WorkerSpec) -> dict[str, Any]:
         "memory": [dataclasses.asdict(found) for found in memory],
         "page_faults": faults,
         "energy": energy,
+        "window": [started, time.time()],  # wall clock: which processes ran side by side
     }
 
 

@@ -221,6 +221,7 @@ class ProfileSettings:
     allocator: str = "not recorded"
     processes: int = 1  # fresh processes the step was timed in
     program_starts: int = 1  # program starts those processes were forked from
+    processes_at_once: int = 1  # of those processes, how many ran side by side
 
 
 @dataclass(frozen=True)
@@ -553,6 +554,7 @@ def run_params(combination: Combination, settings: ProfileSettings, top_k: int) 
         "profile.time_budget_s": settings.time_budget_s,
         "profile.processes": settings.processes,
         "profile.program_starts": settings.program_starts,
+        "profile.processes_at_once": settings.processes_at_once,
         "profile.top_k": top_k,
         "allocator": settings.allocator,
     }
