@@ -57,6 +57,16 @@ FIND_DEEP = """(function find(node, selector) {
 })"""
 
 
+# The innermost element whose own text is `text`, however deep in shadow roots (TensorBoard's controls sit there).
+FIND_TEXT = """(function find(node, text) {
+  for (const child of [node.shadowRoot, ...(node.children || [])]) {
+    const found = child ? find(child, text) : null;
+    if (found) return found;
+  }
+  return node.textContent && node.textContent.trim() === text && node.click ? node : null;
+})"""
+
+
 @dataclass(frozen=True)
 class View:
     path: Path
@@ -95,6 +105,9 @@ def open_layers(page: Page) -> None:
     open_labnet(page)
     open_node(page, "LabNet/Sequential[features]", "Conv2d[conv1]")
     open_node(page, "LabNet/Sequential[classifier]", "Linear[fc1]")
+    # The whole graph in the picture (opening a node zooms to it), nothing left selected.
+    page.evaluate(f"(() => {{ const fit = {FIND_TEXT}(document, 'Fit to screen'); if (fit) fit.click(); }})()")
+    page.evaluate("window.getSelection().removeAllRanges()")
 
 
 SHOWN = (
