@@ -248,6 +248,7 @@ def _stage_with_a_run(folder: Path, body: str, clean_up: str = "") -> subprocess
     )
 
 
+@pytest.mark.slow  # a process that imports MLflow and opens a store: `make test` only
 def test_a_run_whose_stop_a_finalizer_dropped_ends_killed_not_finished(tmp_path: Path) -> None:
     body = "weakref.finalize(type('K', (), {})(), lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(0.05)))"
     result = _stage_with_a_run(tmp_path, f"{body}; gc.collect()")
@@ -256,6 +257,7 @@ def test_a_run_whose_stop_a_finalizer_dropped_ends_killed_not_finished(tmp_path:
     assert result.stdout.splitlines()[-1] == "status ['KILLED']", result.stdout + result.stderr
 
 
+@pytest.mark.slow  # a process that imports MLflow and opens a store: `make test` only
 def test_a_second_sigterm_during_the_cleanup_is_not_lost_and_the_run_still_ends_killed(tmp_path: Path) -> None:
     result = _stage_with_a_run(
         tmp_path,

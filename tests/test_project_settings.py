@@ -25,6 +25,7 @@ def test_probe(request):
 """
 
 
+@pytest.mark.slow  # a pytest process of its own, which imports the suite (torch, MLflow): `make test` only
 @pytest.mark.parametrize(("options", "expected"), [(["-p", "no:cacheprovider"], "none"), ([], "reproduced")])
 def test_the_published_projects_cache_is_none_without_pytests_cache_plugin(
     tmp_path: Path, options: list[str], expected: str
