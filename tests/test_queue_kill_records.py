@@ -30,12 +30,11 @@ from tests.helpers.projects import (
     run_command,
     stage_environment,
 )
-from tests.helpers.stress import EXIT_LIMIT_S, PAUSE_LIMIT_S
+from tests.helpers.stress import EXIT_LIMIT_S, PAUSE_LIMIT_S, keep_one_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.stress]  # `make test-stress`: a pipeline reproduced, two experiments
 
 STATUS_LIMIT_S = 30.0  # until `dvc queue status` says Failed: each status call is a `dvc` start
-WORKER_START_S = 5.0  # a worker `dvc queue start` spawned shows in /proc when it returns; this covers its first seconds
 
 
 @pytest.fixture(scope="module")
@@ -68,16 +67,6 @@ def running_anywhere(project: Path) -> list[str]:
     client = MlflowClient(f"sqlite:///{project / STORE_FILE}")
     experiments = [experiment.experiment_id for experiment in client.search_experiments()]
     return [run.info.run_name for run in client.search_runs(experiments, "attributes.status = 'RUNNING'")]
-
-
-def keep_a_worker(project: Path, environment: dict[str, str], starts: list[float]) -> None:
-    """A queue worker, started again where none is left, never twice within its start-up."""
-    if starts and time.monotonic() - starts[-1] < WORKER_START_S:
-        return
-    if not processes_running(project, b"queue-worker"):  # DVC's `dvc exp queue-worker`
-        starts.append(time.monotonic())
-        started = run_command(["dvc", "queue", "start", "-j", "1"], project, environment, limit_s=60)
-        assert started.returncode == 0, started.stderr[-2000:]
 
 
 def worker_logs(project: Path) -> str:
@@ -121,7 +110,7 @@ def test_a_queue_kill_during_profile_timing_and_report_leaves_every_record_of_th
         assert queued.returncode == 0, queued.stderr[-2000:]
         deadline = time.monotonic() + PAUSE_LIMIT_S
         while moment not in timeline.read_text() + worker_logs(project):
-            keep_a_worker(project, environment, starts)
+            keep_one_worker(project, environment, starts)
             assert time.monotonic() < deadline, f"{name} never reached {moment!r}:\n{worker_logs(project)[-3000:]}"
             time.sleep(0.2)
         queue_kill(project, environment, name, f"stages.{stage}".encode())

@@ -25,6 +25,7 @@ from tests.helpers.stress import (
     OUTPUTS,
     PAUSE_LIMIT_S,
     WITH_RUN,
+    keep_one_worker,
     stress_project,
 )
 
@@ -49,18 +50,6 @@ def queued(mnist_mirror: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 STATUS_LIMIT_S = 30.0  # until `dvc queue status` says Failed: dvc starts included
-WORKER_START_S = 5.0  # a worker `dvc queue start` spawned is in /proc when it returns; this guards its first seconds
-
-
-def _keep_one_worker(project: Path, environment: dict[str, str], last_start: list[float]) -> None:
-    """One queue worker, so that the experiments run one after the other: a worker may leave once the experiment
-    it ran was killed (DVC 3.x), and a user starts one again for the rest. Not again while one is starting."""
-    if last_start and time.monotonic() - last_start[-1] < WORKER_START_S:
-        return
-    if not processes_running(project, b"queue-worker"):  # DVC's `dvc exp queue-worker`
-        last_start.append(time.monotonic())
-        started = run_command(["dvc", "queue", "start", "-j", "1"], project, environment, limit_s=60)
-        assert started.returncode == 0, started.stderr[-2000:]
 
 
 def _kill_and_check(project: Path, environment: dict[str, str], name: str, moment: str) -> float:
@@ -119,7 +108,7 @@ def test_dvc_queue_kill_stops_each_queued_experiment_cleanly_at_every_moment(
         while not any(
             f"[paused at train:{moment}]" in path.read_text(errors="replace") for path in logs.rglob("*.out")
         ):
-            _keep_one_worker(queued, environment, worker_starts)
+            keep_one_worker(queued, environment, worker_starts)
             assert time.monotonic() < deadline, f"{name} did not pause at {moment}"
             time.sleep(1.0)
         record_property(EXIT_PROPERTY, _kill_and_check(queued, environment, name, moment))

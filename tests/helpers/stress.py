@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 from mlflow import MlflowClient
 
-from tests.helpers.projects import processes_in, read_params, reproduced_copy, write_params
+from tests.helpers.projects import (
+    processes_in,
+    processes_running,
+    read_params,
+    reproduced_copy,
+    run_command,
+    write_params,
+)
 
 # In the order a run of the train stage reaches them (stages/__init__.py, stage_runner.py, stages/train.py,
 # pipeline/training/loop.py, pipeline/common/outputs.py).
@@ -185,3 +192,18 @@ def exit_summary(reports: list[Any]) -> list[str]:
         for name, values in sorted(seconds.items())
         if values
     ]
+
+
+# A worker `dvc queue start` spawned shows in /proc once the command returns; this covers its first seconds.
+WORKER_START_S = 5.0
+
+
+def keep_one_worker(project: Path, environment: dict[str, str], starts: list[float]) -> None:
+    """One queue worker, so that queued experiments run one after the other: `dvc queue kill` may end the worker
+    too (treeverse/dvc#10562), and a user starts one again for the rest. Not again while one is starting."""
+    if starts and time.monotonic() - starts[-1] < WORKER_START_S:
+        return
+    if not processes_running(project, b"queue-worker"):  # DVC's `dvc exp queue-worker`
+        starts.append(time.monotonic())
+        started = run_command(["dvc", "queue", "start", "-j", "1"], project, environment, limit_s=60)
+        assert started.returncode == 0, started.stderr[-2000:]
