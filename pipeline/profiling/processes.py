@@ -295,7 +295,7 @@ def time_in_processes(
     program start, with its own address-space layout and hash seed, which every worker forked from it shares.
 
     `at_once`: workers of the same spec run this many at a time, each forked from another server (at most
-    `servers`), so that each shares the machine only with a worker doing the same (`concurrent_processes` says how
+    `servers`), so that each shares the machine only with a worker doing the same (`processes_at_once` says how
     many a machine's cores hold). A worker's stopping rule reads the workers that finished before its wave began.
 
     `alternate`: the same items set up another way (glibc's defaults), timed in as many workers, each wave of them

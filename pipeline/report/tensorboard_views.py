@@ -155,11 +155,10 @@ def running_tensorboard(logdir: Path, timeout_s: float = 90) -> Iterator[str]:
         server.wait(timeout=30)
 
 
-def current_runs(root: Path) -> dict[str, str]:
+def current_runs(root: Path, experiment_name: str) -> dict[str, str]:
     """The run ids of the `train` and `export_graph` runs whose outputs are the project's checkpoint and graph."""
-    params = load_params()
     client = MlflowClient(tracking_uri(root))
-    experiment = client.get_experiment_by_name(params.tracking.experiment)
+    experiment = client.get_experiment_by_name(experiment_name)
     found = {}
     for stage, output in (("train", MODEL_CHECKPOINT), ("export_graph", GRAPH_DOT)):
         run = producer_run(client, experiment.experiment_id, stage, output, root) if experiment else None
@@ -193,8 +192,9 @@ def main() -> None:
             f"no Chromium on PATH: the views are photographed in headless Chromium; {INSTALL_CHROMIUM}."
         )
     root = project_root()
-    logs = root / load_params().tracking.tensorboard_dir
-    runs = current_runs(root)
+    tracking = load_params().tracking
+    logs = root / tracking.tensorboard_dir
+    runs = current_runs(root, tracking.experiment)
     with tempfile.TemporaryDirectory(prefix="tensorboard-views-") as scratch:
         current = Path(scratch) / "runs"
         for stage, run_id in runs.items():  # these two runs alone: older ones would crowd the pages
