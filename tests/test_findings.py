@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import re
+import statistics
 
 import pytest
 
@@ -114,11 +115,16 @@ def test_undecided_ratio_far_inside_its_interval_says_more_processes_would_not_s
 # --- why_per_sample_changes and per_step_or_per_sample --------------------------------------------------------------
 
 
-def batch_pair(optimizer_ms: float = 5.0, ratio: tuple[float, float, float] = (0.117, 0.11, 0.125)) -> AnalysisData:
-    """Batch 1 and 64 of training; the default paired ratio agrees with the traced steps' (43.6/64 over 5.8 ms)."""
+def batch_pair(
+    optimizer_ms: float = 5.0,
+    ratio: tuple[float, float, float] = (0.117, 0.11, 0.125),
+    processes: tuple[float, ...] | None = None,
+) -> AnalysisData:
+    """Batch 1 and 64 of training; the default paired ratio agrees with the traced steps' (43.6/64 over 5.8 ms).
+    `processes`: each timing process's ratio (by default six at the median, no spread)."""
     small = training(1, 6.0, optimizer_ms, 0.6)
     large = training(64, 45.0, optimizer_ms, 0.6)
-    comparisons = make_comparisons("cpu", {("64-cpu-train", "1-cpu-train"): (*ratio, (ratio[0],) * 6)})
+    comparisons = make_comparisons("cpu", {("64-cpu-train", "1-cpu-train"): (*ratio, processes or (ratio[0],) * 6)})
     return AnalysisData.of([small, large], [comparisons])
 
 
@@ -136,7 +142,9 @@ def test_the_per_sample_saving_is_attributed_to_the_groups_that_moved() -> None:
     assert f"在被分析步骤节省的时间中：Adadelta 优化器更新占 {optimizer.value:.1f}%" in rendered(finding)["zh"]
     # What the split is of, beside what the timed steps saved, and why the traced steps may stand for them.
     assert f"the timed steps saved {6.0 - 45.0 / 64:.4f} ms per sample" in english  # their medians, per sample
-    assert "overlaps the paired timing's" in english and "与配对计时的" in rendered(finding)["zh"]
+    assert "the traced steps ran like the timed steps (their per-sample ratio, 0.117× with 95 % CI" in english
+    assert "meets where one more timing process would fall, 95 %: 0.110–0.125; paired timing 0.117×" in english
+    assert "与再多一个计时进程时其比值的 95% 预测区间 0.110–0.125 有重叠" in rendered(finding)["zh"]
     # The named parts and the rest make up the whole traced saving.
     rest = 100 - finding.cites["optimizer"].value - finding.cites["outside"].value
     assert finding.values["rest"] == pytest.approx(rest)
@@ -157,11 +165,9 @@ def test_traced_passes_that_scaled_otherwise_than_the_timing_explain_nothing_and
     assert (item["small"], item["large"], item["paired_low"], item["paired_high"]) == (1, 64, 0.28, 0.32)
     assert item["traced_high"] < 0.28 and item["traced_low"] < item["traced"] < item["traced_high"]
     text = rendered(finding)
-    assert (
-        "batch 1 → 64: traced time per sample 0.11" in text["en"]
-        and "against 0.300× paired (0.280–0.320)" in (text["en"])
-    )
-    assert "配对计时为 0.300 倍（0.280–0.320）" in text["zh"]
+    assert "batch 1 → 64: traced time per sample 0.11" in text["en"]
+    assert "against 0.300× paired (95 % CI 0.280–0.320; where one more timing process would fall" in text["en"]
+    assert "配对计时为 0.300 倍（95% 置信区间 0.280–0.320；再多一个计时进程时" in text["zh"]
     # Where they agree, nothing is said and the attribution stands.
     assert traced_scaling_differs(batch_pair()) == [] and why_per_sample_changes(batch_pair())
 
@@ -228,12 +234,21 @@ def test_closer_to_the_roof_only_where_the_larger_batch_is_faster_beyond_both_in
 # --- train_against_inference ----------------------------------------------------------------------------------------
 
 
-def modes_at(batch: int, optimizer_ms: float, ratio: float, outside_ms: float = 0.2) -> AnalysisData:
+def modes_at(
+    batch: int,
+    optimizer_ms: float,
+    ratio: float,
+    outside_ms: float = 0.2,
+    processes: tuple[float, ...] | None = None,
+) -> AnalysisData:
+    """Training and inference at `batch`, paired `ratio` (±3 %, or the median and range of `processes`, each timing
+    process's ratio)."""
     records = [training(batch, 6.0, optimizer_ms, 0.3, outside_ms), inference(batch, 0.3, 0.1)]
-    paired = make_comparisons(
-        "cpu", {(f"{batch}-cpu-train", f"{batch}-cpu-inference"): (ratio, ratio * 0.97, ratio * 1.03, (ratio,) * 6)}
-    )
-    return AnalysisData.of(records, [paired])
+    paired = (ratio, ratio * 0.97, ratio * 1.03, (ratio,) * 6)
+    if processes is not None:
+        paired = (statistics.median(processes), min(processes), max(processes), processes)
+    name = f"{batch}-cpu-train", f"{batch}-cpu-inference"
+    return AnalysisData.of(records, [make_comparisons("cpu", {name: paired})])
 
 
 def test_the_update_is_named_as_why_training_costs_more_than_its_flops_only_where_it_is() -> None:
@@ -254,6 +269,131 @@ def test_the_update_is_named_as_why_training_costs_more_than_its_flops_only_wher
     [within] = train_against_inference(modes_at(1, 5.0, 2.9))
     assert within.message == "finding_train_against_flops"
     assert "more than" not in rendered(within)["en"] and "without it" not in rendered(within)["en"]
+
+
+# --- a traced pass against where one more timing process would fall -------------------------------------------------
+
+# Six timing processes' per-sample ratios, 1 -> 64: median 0.130, its 95 % interval their range 0.122-0.138, one more
+# process within 0.114-0.148 (prediction). The traced steps' ratio, 0.117 (0.116-0.119), lies below the median's
+# interval and inside the prediction.
+SPREAD_PROCESSES = (0.122, 0.125, 0.128, 0.132, 0.135, 0.138)
+# The same median, the processes within 0.128-0.132: one more within 0.126-0.134, which the traced ratio misses.
+TIGHT_PROCESSES = (0.128, 0.129, 0.130, 0.130, 0.131, 0.132)
+DECIDES_EN = "What would decide it: a traced pass that runs like the timed steps; rerun the profile stage on a quieter"
+DECIDES_ZH = "要判断这一点，需要一次与计时步骤运行情况一致的被分析执行：在更安静的机器上重新运行性能分析阶段"
+
+
+def test_a_traced_ratio_outside_the_medians_interval_but_where_one_more_process_would_fall_explains() -> None:
+    """One traced pass is one more process's worth of steps: it is held against where one more timing process's ratio
+    would fall, not against the narrower interval of the processes' median."""
+    data = batch_pair(ratio=(0.130, 0.122, 0.138), processes=SPREAD_PROCESSES)
+    assert traced_scaling_differs(data) == []
+    [finding] = why_per_sample_changes(data)
+    assert finding.cites["change"].excludes(0.0) and finding.values["traced_high"] < 0.122
+    assert (finding.values["one_more_low"], finding.values["one_more_high"]) == pytest.approx((0.114, 0.148), abs=1e-3)
+    english, chinese = rendered(finding)["en"], rendered(finding)["zh"]
+    # The traced ratio, where one more process would fall, and the paired median with its interval, each named.
+    assert "(their per-sample ratio, 0.117× with 95 % CI 0.116–0.119, meets where one more timing process" in english
+    assert "would fall, 95 %: 0.114–0.148; paired timing 0.130×, 95 % CI 0.122–0.138)" in english
+    assert "与再多一个计时进程时其比值的 95% 预测区间 0.114–0.148 有重叠；配对计时为 0.130 倍" in chinese
+    # The rules that read how the traced steps scaled read this pair too.
+    assert per_step_or_per_sample(data) and what_sets_the_cost(data)
+
+
+def test_a_traced_ratio_outside_where_one_more_process_would_fall_is_refused_with_what_would_decide_it() -> None:
+    data = batch_pair(ratio=(0.130, 0.128, 0.132), processes=TIGHT_PROCESSES)
+    assert why_per_sample_changes(data) == [] and per_step_or_per_sample(data) == []
+    [finding] = traced_scaling_differs(data)
+    text = rendered(finding)
+    said = "against 0.130× paired (95 % CI 0.128–0.132; where one more timing process would fall, 95 %: 0.126–0.134)"
+    assert said in text["en"]
+    assert "What would decide it: traced passes that run like the timed steps; rerun the profile stage" in text["en"]
+    assert "(`profile.active_steps`, 8 here)" in text["en"]  # the records' traced steps per pass
+    assert "需要与计时步骤运行情况一致的被分析执行" in text["zh"] and "`profile.active_steps`，本次为 8" in text["zh"]
+
+
+def test_training_against_inference_is_explained_where_the_traced_ratio_falls_where_one_more_process_would() -> None:
+    """The traced ratio, 36.7x (36.3-37.0), lies below the paired median's interval (37.5-43.5, six processes' range)
+    but inside where one more process would fall (34.2-47.0): the update is named as why."""
+    spread = (37.5, 38.0, 39.5, 40.5, 42.0, 43.5)
+    [finding] = train_against_inference(modes_at(1, 5.0, 40.0, processes=spread))
+    assert finding.message == "finding_train_update_explains"
+    assert finding.values["traced_high"] < 37.5
+    english = rendered(finding)["en"]
+    assert "a training step took 40.00× an inference step (95 % CI 37.50–43.50, paired timing)" in english
+    assert "The traced steps ran like the timed steps (36.67×, 95 % CI 36.27–37.05, meets where one more timing" in (
+        english
+    )
+    assert "process would fall, 95 %: 34.20–47.04;" in english
+    assert "the update is 99 % of the traced ratio's excess over it." in english
+    assert "与再多一个计时进程时其比值的 95% 预测区间 34.20–47.04 有重叠" in rendered(finding)["zh"]
+
+
+def test_training_against_inference_outside_where_one_more_process_would_fall_says_what_would_decide_it() -> None:
+    tight = (39.6, 39.8, 40.0, 40.0, 40.2, 40.4)  # one more process within 39.2-40.8: the traced 36.7x misses it
+    [finding] = train_against_inference(modes_at(1, 5.0, 40.0, processes=tight))
+    assert finding.message == "finding_train_above_flops"
+    text = rendered(finding)
+    assert "lies outside where one more timing process would fall (95 %: 39.22–40.79)" in text["en"]
+    assert "so the traced steps cannot say why" in text["en"]
+    assert DECIDES_EN in text["en"] and "(`profile.active_steps`, 8 here)" in text["en"]
+    assert DECIDES_ZH in text["zh"]
+
+
+def test_the_updates_part_of_the_excess_is_all_of_it_where_without_it_the_ratio_would_not_exceed_the_flops() -> None:
+    # traced: 0.3 + 5 + 0.01 ms against 0.15 ms, 35.4x; without the update 0.31 / 0.15 = 2.1x, below the FLOPs' 3x
+    [finding] = train_against_inference(modes_at(1, 5.0, 35.0, outside_ms=0.01))
+    assert finding.message == "finding_train_update_explains" and finding.values["without"] < 3.0
+    text = rendered(finding)
+    assert "so the update is all of its excess." in text["en"]
+    assert "of the traced ratio's excess over it" not in text["en"]
+    assert "超出部分全部来自优化器更新" in text["zh"]
+
+
+def saving_beyond_its_whole(large_conv_factor: float, spread: float) -> Finding:
+    """Batch 1 and 64 of training: a 5 ms update and convolutions of 0.6 ms per sample at batch 1, `large_conv_factor`
+    times that per sample at batch 64; the paired ratio agrees with the traced one."""
+    small = with_parts(
+        make_record(1, "cpu", "train", 6.0),
+        {("optimizer", "optimizer"): 5.0, ("forward", "convolution"): 0.6},
+        spread=spread,
+    )
+    large = with_parts(
+        make_record(64, "cpu", "train", 45.0),
+        {("optimizer", "optimizer"): 5.0, ("forward", "convolution"): 0.6 * 64 * large_conv_factor},
+        spread=spread,
+    )
+    traced = (5.0 / 64 + 0.6 * large_conv_factor) / 5.6
+    ratio = (traced, 0.97 * traced, 1.03 * traced, (traced,) * 6)
+    data = AnalysisData.of([small, large], [make_comparisons("cpu", {("64-cpu-train", "1-cpu-train"): ratio})])
+    [finding] = why_per_sample_changes(data)
+    return finding
+
+
+def test_a_share_of_a_saving_is_never_given_with_an_interval_past_100_percent() -> None:
+    # Convolutions cost 50 % more per sample at batch 64: the update saved more than the whole net saving (its share
+    # 106.3-106.7 %), which is said as such, never as a share past 100 %.
+    beyond = saving_beyond_its_whole(1.5, 0.03)
+    assert beyond.message == "finding_change_attributed_saved_against" and beyond.cites["optimizer"].low > 100
+    [update] = beyond.values["groups"].items
+    assert update["_message"] == "finding_share_item_all"
+    text = rendered(beyond)
+    assert "of the traced saving: the Adadelta update more than the whole change (its whole 95 % CI" in text["en"]
+    assert "Adadelta 优化器更新超过整个变化量" in text["zh"]
+    # Convolutions 8 % more per sample, steps spread ±30 %: the update's share 99.7-102.6 %, said as its lower end.
+    straddles = saving_beyond_its_whole(1.08, 0.3)
+    share = straddles.cites["optimizer"]
+    assert share.low < 100 < share.high
+    english = rendered(straddles)["en"]
+    assert f"the Adadelta update at least {math.floor(share.low * 10) / 10:.1f} % (the upper end of its 95 % CI" in (
+        english
+    )
+    # The parts not named (convolutions, under 2 % of the change) cost more per sample: a direction, not a share < 0.
+    assert straddles.values["rest"] < 0 and "together moved the other way, by 1.0 % of the change" in english
+    for finding in (beyond, straddles):
+        for language, sentence in rendered(finding).items():
+            shares = re.findall(r"(-?\d+\.\d) ?%", sentence)
+            assert all(0 <= float(value) <= 100 for value in shares), (language, shares)
 
 
 # --- memory_by_batch ------------------------------------------------------------------------------------------------
@@ -317,6 +457,8 @@ def test_training_speed_against_the_profile_names_the_differences_and_does_not_a
         and "threads" not in text.split("differ at least in")[1].split(",")[0]
     )
     assert "cannot say how much of the gap" in text
+    assert "What would decide it: train stage runs that set these one at a time as the profile has them" in text
+    assert "`train.threads`、`train.precision`、`train.execution`" in rendered(finding)["zh"]
     same = {"images_per_second": 1700.0, "runtime": {"device": "cpu", "threads": 2, "precision": "fp32"}}
     [finding] = training_against_profile(AnalysisData.of([record], [], same, 64))
     assert finding.message == "finding_training_same_settings"

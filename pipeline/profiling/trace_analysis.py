@@ -228,9 +228,9 @@ def analyse_trace(trace: Trace, device: str, step_flops: Sequence[CountedCall] =
     time); `step_flops` are the counted calls of one step, in call order (see the module's docstring).
     """
     steps = trace.step_count
-    window = _Steps(trace.steps)
+    window = StepSpans(trace.steps)
     host = [event for event in trace.host if window.index(event.start_us) is not None]
-    parents = _nest(host)
+    parents = nest_events(host)
     is_operator = [event.category == "cpu_op" and OPERATOR_NAME.match(event.name) is not None for event in host]
     owner = _launching_operators(host, parents, is_operator)  # launch index -> innermost operator index
     launches = {event.correlation: index for index, event in enumerate(host) if event.category in LAUNCH_CATEGORIES}
@@ -285,7 +285,7 @@ def analyse_trace(trace: Trace, device: str, step_flops: Sequence[CountedCall] =
     )
 
 
-class _Steps:
+class StepSpans:
     """Which ProfilerStep span a timestamp falls in."""
 
     def __init__(self, steps: Sequence[TraceEvent]) -> None:
@@ -299,7 +299,7 @@ class _Steps:
         return position
 
 
-def _nest(events: Sequence[TraceEvent]) -> list[int | None]:
+def nest_events(events: Sequence[TraceEvent]) -> list[int | None]:
     """Parent index of each event: the innermost event on the same thread that encloses it."""
     parents: list[int | None] = [None] * len(events)
     by_thread: dict[str, list[int]] = defaultdict(list)
@@ -321,7 +321,7 @@ def _allocated_bytes(
     host: Sequence[TraceEvent],
     parents: Sequence[int | None],
     is_operator: Sequence[bool],
-    window: _Steps,
+    window: StepSpans,
     device: str,
 ) -> dict[str, float]:
     """Operator name -> bytes allocated on `device` inside the traced steps while it was the innermost operator
@@ -380,7 +380,7 @@ def _attribute_flops(
     host: Sequence[TraceEvent],
     parents: Sequence[int | None],
     is_operator: Sequence[bool],
-    window: _Steps,
+    window: StepSpans,
     step_flops: Sequence[CountedCall],
 ) -> tuple[dict[str, tuple[float, float]], dict[int, float]]:
     """FLOPs and bytes over all traced steps per operator name, each call's on the operator that implements it;
@@ -511,7 +511,7 @@ def _anatomy(
     host: Sequence[TraceEvent],
     is_operator: Sequence[bool],
     device_events: Sequence[TraceEvent],
-    window: _Steps,
+    window: StepSpans,
     on_gpu: bool,
     device: str,
 ) -> StepAnatomy:
@@ -576,7 +576,7 @@ def _step_parts(
     is_operator: Sequence[bool],
     own_time: Sequence[float],
     flops: Mapping[int, float],
-    window: _Steps,
+    window: StepSpans,
 ) -> tuple[StepPart, ...]:
     """The traced steps split into phase x group (see measures.STEP_PHASES): each operator's own time (self CPU time
     on the CPU, its kernels' time on a GPU) goes to the part of its context; "outside" is the step's span less the
@@ -588,7 +588,7 @@ def _step_parts(
         step = window.index(event.start_us)
         if not is_operator[index] or step is None:
             continue
-        phase, group = _context(index, host, parents, is_operator)
+        phase, group = operator_context(index, host, parents, is_operator)
         times[(phase, group)][step] += own_time[index]
         work[(phase, group)] += flops.get(index, 0.0)
     inside = [sum(part[step] for part in times.values()) for step in range(steps)]
@@ -606,7 +606,7 @@ def _step_parts(
     return (*parts, StepPart(phase="outside", group="outside", step_ms=outside))
 
 
-def _context(
+def operator_context(
     index: int, host: Sequence[TraceEvent], parents: Sequence[int | None], is_operator: Sequence[bool]
 ) -> tuple[str, str]:
     """(phase, group) of operator `index`: inside an optimizer range -> optimizer; under an autograd node ->

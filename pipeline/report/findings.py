@@ -8,9 +8,11 @@ Where the numbers come from, and so what their intervals mean:
   95 % interval (between processes; the machine's speed that all combinations shared cancels);
 - *traced steps* (only of a combination whose traced pass ran like its timed steps: `TraceCheck.inside`): the parts
   of a traced step (`StepAnalysis.parts`: each ATen operator's own time, grouped by the
-  phase and the layer it serves). They come from one traced pass of ~30 steps in one process, not from the timing
-  processes: their 95 % intervals are a bootstrap over those steps (resampled 5,000 times with a fixed seed), so they
-  hold the step-to-step spread within that pass, not a rerun's;
+  phase and the layer it serves). They come from one traced pass of `profile.active_steps` steps in one process, not
+  from the timing processes: their 95 % intervals are a bootstrap over those steps (resampled 5,000 times with a fixed
+  seed), so they hold the step-to-step spread within that pass, not a rerun's. A ratio of two traced passes is one
+  more process's worth of steps, so it explains a paired ratio only where it meets where one more timing process's
+  ratio would fall (`one_more_process`), not the narrower interval of the processes' median;
 - *allocator*: what a step holds at its peak, from the allocator's record of one step in each timing process;
 - *FLOP count*: torch.utils.flop_counter's count of one step (exact for the operators it has formulas for).
 """
@@ -28,6 +30,7 @@ import numpy as np
 from pipeline.devices.registry import device_kind, host_kind
 from pipeline.records.profile import Combination, DeviceComparisons, PairedComparison, ProfileRecord
 from pipeline.records.quantities import StepPart, rounded_down, rounded_up
+from pipeline.records.statistics import prediction_interval
 from pipeline.report.catalogue import Catalogue
 from pipeline.report.comparison import rate_interval
 
@@ -235,18 +238,19 @@ class AnalysisData:
 
     def traced_pairs(self, *, consecutive: bool) -> Iterator[tuple[str, str, TracedSteps, TracedSteps]]:
         """batch_pairs where both batch sizes' traced steps can be read and scaled as the timed steps did (their
-        per-sample ratio's interval meets the paired one, where the pair was timed paired): (device, mode, smaller's,
-        larger's). A pair whose traced passes scaled otherwise explains nothing about the timed change."""
+        per-sample ratio ran like one more timing process, `ran_like_timed`, where the pair was timed paired): (device,
+        mode, smaller's, larger's). A pair whose traced passes scaled otherwise explains nothing about the timed
+        change."""
         for device, mode, a, b in self.readable_traced_pairs(consecutive=consecutive):
             if self.scaled_otherwise(a, b) is None:
                 yield device, mode, a, b
 
     def scaled_otherwise(self, a: TracedSteps, b: TracedSteps) -> tuple[Measured, PairedComparison] | None:
-        """The traced per-sample ratio and the paired one where their intervals miss each other; None where they
-        meet or the pair was not timed paired."""
+        """The traced per-sample ratio and the paired one where the traced pass did not run like the timed steps
+        (`ran_like_timed`); None where it did or the pair was not timed paired."""
         paired = self.paired(b.record.combination, a.record.combination)
         traced = traced_per_sample_ratio(a, b)
-        return None if paired is None or _overlap(traced, _ratio(paired)) else (traced, paired)
+        return None if paired is None or ran_like_timed(traced, paired) else (traced, paired)
 
     def readable_traced_pairs(self, *, consecutive: bool) -> Iterator[tuple[str, str, TracedSteps, TracedSteps]]:
         """batch_pairs where both batch sizes' traced steps can be read, however they scaled."""
@@ -285,6 +289,38 @@ def _modes(data: AnalysisData, device: str) -> list[str]:
 
 def _ratio(paired: PairedComparison) -> Measured:
     return Measured(paired.value, paired.low, paired.high, "paired timing")
+
+
+def one_more_process(paired: PairedComparison) -> Measured:
+    """Where one more timing process's ratio would fall, 95 %: the prediction interval from the processes' ratios
+    (`prediction_interval`), never narrower than the median's own interval (one more process scatters at least as
+    widely as their median is uncertain; on real data the prediction already holds it). The median's interval where
+    fewer than two processes give no prediction."""
+    predicted = prediction_interval(paired.process_values)
+    if predicted is None:
+        return _ratio(paired)
+    return Measured(paired.value, min(predicted[0], paired.low), max(predicted[1], paired.high), "paired timing")
+
+
+def ran_like_timed(traced: Measured, paired: PairedComparison) -> bool:
+    """A ratio of traced passes ran like the timed steps: its bootstrap interval meets where one more timing
+    process's ratio would fall (`one_more_process`). A traced pass is one more process's worth of steps, run at that
+    process's speed; the interval of the processes' median narrows as processes are added, and a single process,
+    traced or not, need not fall inside it."""
+    return _overlap(traced, one_more_process(paired))
+
+
+def _timed_against(paired: PairedComparison) -> dict[str, float]:
+    """The placeholders that say what a traced ratio was held against: the paired median with its 95 % interval and
+    where one more timing process would fall."""
+    one_more = one_more_process(paired)
+    return {
+        "paired": paired.value,
+        "paired_low": paired.low,
+        "paired_high": paired.high,
+        "one_more_low": one_more.low,
+        "one_more_high": one_more.high,
+    }
 
 
 def processes_to_decide(paired: PairedComparison, processes: int) -> int | None:
@@ -357,15 +393,42 @@ def _group_listing(
     )
 
 
+def _share_listing(rows: Iterable[tuple[str, Measured]]) -> Listing:
+    """Groups with their share (%) of a whole change, each share's interval within 0 to 100 %. A share whose interval
+    runs past 100 % is no share of the whole: it is said as its lower end ("at least", rounded down), or, where the
+    whole interval lies past 100 %, as more than the whole change (the other parts together moved the other way)."""
+    items = []
+    for group, share in rows:
+        item: dict[str, Any] = {"group": Label(f"group_{group}"), "value": share.value, "low": share.low}
+        if share.low >= 100:
+            item["_message"] = "finding_share_item_all"
+        elif share.high > 100:
+            item |= {"_message": "finding_share_item_at_least", "low": rounded_down(share.low, 1)}
+        else:
+            item["high"] = share.high
+        items.append(item)
+    return Listing("finding_share_item", tuple(items))
+
+
+def _rest_said(rest: float) -> Listing:
+    """What the parts a "why" finding does not name add up to, as a share (%) of the whole change: a share where it is
+    one, else the direction they moved in together."""
+    if round(rest, 1) < 0:  # a rest printed as 0.0 % is a share, whichever side of 0 its last digits lie
+        return Listing("finding_rest_against", ({"rest": -rest},))
+    if round(rest, 1) > 100:
+        return Listing("finding_rest_all", ({"rest": rest},))
+    return Listing("finding_rest_share", ({"rest": rest},))
+
+
 GROUP_ORDER = ("optimizer", "convolution", "pool_activation_dropout", "linear", "loss", "other", "outside")
 
 
 def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
     """Rule: the per-sample change between two batch sizes is attributed to the groups of the traced steps only where
     the paired ratio decided its direction, the traced steps moved the same way beyond their interval, and the traced
-    per-sample ratio's interval meets the paired one (the traced passes ran like the timed steps); a group is named
-    where it is at least 2 % of the whole change and its own change's interval lies clear of 0 by 1 % of it, with its
-    share of the whole change."""
+    per-sample ratio ran like the timed steps (`ran_like_timed`); a group is named where it is at least 2 % of the
+    whole change, its own change's interval lies clear of 0 by 1 % of it and its share's interval clear of 0, with its
+    share of the whole change (`_share_listing`: never an interval past 100 %)."""
     found = []
     for device, mode, a, b in data.traced_pairs(consecutive=True):
         small, large = a.batch, b.batch
@@ -390,6 +453,8 @@ def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
             if not measured(value, change).excludes(0.0, margin=UNDECIDED_MARGIN * abs(saved.value)):
                 continue
             share = measured(100 * value / saved.value, 100 * change / total)
+            if not share.excludes(0.0):
+                continue  # its share of the whole change is not clear of 0 in the draws that decide both
             rows.append((group, share))
         rows.sort(key=lambda row: -row[1].value)
         helped = [row for row in rows if row[1].value > 0]
@@ -397,20 +462,21 @@ def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
         if not helped:
             continue
         timed = abs(a.record.timing.per_sample_ms - b.record.timing.per_sample_ms)
+        rest = 100.0 - sum(share.value for _, share in rows)  # the parts this rule does not name
         values = {
             **_subject(device, mode, small, large),
             "traced_ratio": traced_ratio.value,
             "traced_low": traced_ratio.low,
             "traced_high": traced_ratio.high,
-            "paired_low": paired.low,
-            "paired_high": paired.high,
+            **_timed_against(paired),
             "timed_change": timed,
             "change": abs(saved.value),
             "change_low": min(abs(saved.low), abs(saved.high)),
             "change_high": max(abs(saved.low), abs(saved.high)),
-            "groups": _group_listing("finding_share_item", helped),
-            "rest": 100.0 - sum(share.value for _, share in rows),  # the parts this rule does not name
-            "against": _group_listing("finding_share_item", [(g, _negated(m)) for g, m in against]),
+            "groups": _share_listing(helped),
+            "rest": rest,
+            "rest_said": _rest_said(rest),
+            "against": _share_listing([(g, _negated(m)) for g, m in against]),
         }
         message = {
             (True, False): "finding_change_attributed_saved",
@@ -424,10 +490,12 @@ def why_per_sample_changes(data: AnalysisData) -> list[Finding]:
 
 def traced_scaling_differs(data: AnalysisData) -> list[Finding]:
     """Rule: where two batch sizes' traced passes (each with the next, and the smallest with the largest) scaled
-    otherwise than their paired timing (the traced per-sample ratio's interval misses the paired one), say so once,
-    with both: no finding explains that change from the traced steps, and the reader should not wonder why none
-    does."""
+    otherwise than their paired timing (the traced per-sample ratio's interval misses where one more timing process
+    would fall: `ran_like_timed`), say so once, with the traced ratio, the paired median with its interval and that
+    prediction, and with what would decide it: no finding explains that change from the traced steps, and the reader
+    should not wonder why none does."""
     items = []
+    active_steps: set[int] = set()  # the traced passes' steps (profile.active_steps), the fewest where they differ
     pairs = [*data.readable_traced_pairs(consecutive=True), *data.readable_traced_pairs(consecutive=False)]
     seen: set[tuple[Combination, Combination]] = set()
     for device, mode, a, b in pairs:
@@ -444,14 +512,14 @@ def traced_scaling_differs(data: AnalysisData) -> list[Finding]:
                 "traced": traced.value,
                 "traced_low": traced.low,
                 "traced_high": traced.high,
-                "paired": paired.value,
-                "paired_low": paired.low,
-                "paired_high": paired.high,
+                **_timed_against(paired),
             }
         )
+        active_steps.add(a.record.settings.active_steps)
+        active_steps.add(b.record.settings.active_steps)
     if not items:
         return []
-    values = {"pairs": Listing("finding_scaling_item", tuple(items))}
+    values = {"pairs": Listing("finding_scaling_item", tuple(items)), "active_steps": min(active_steps)}
     return [Finding("traced_scaling_differs", "finding_traced_scaling_differs", values, reason=False)]
 
 
@@ -645,10 +713,12 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
     """Rule: at each batch size with a paired train/inference ratio and both traced, the ratio is set against the
     FLOP count's, and the training step's phases (forward, backward, the optimizer's update, time outside operators)
     are given with their share of the traced step; "more than the FLOPs predict" only where the ratio's whole
-    interval lies above the FLOP ratio. A cause is said only where the traced ratio's interval meets the paired one
-    (the traced passes ran like the timed steps): the update is named as the reason where the paired ratio lies wholly
-    beyond 1.5x the FLOP ratio and the traced ratio without the update within it; "the update alone does not explain
-    it" where, without it, the whole interval stays beyond 1.5x."""
+    interval lies above the FLOP ratio. A cause is said only where the traced passes ran like the timed steps (the
+    traced ratio's interval meets where one more timing process would fall: `ran_like_timed`; else the finding says
+    what would decide it): the update is named as the reason where the paired ratio lies wholly beyond 1.5x the FLOP
+    ratio and the traced ratio without the update within it, with its part of the traced ratio's excess over the FLOP
+    ratio ("all of it" where without the update the ratio would not exceed the FLOP ratio); "the update alone does
+    not explain it" where, without it, the whole interval stays beyond 1.5x."""
     found = []
     for device in data.devices():
         for batch in data.batches(device, "train"):
@@ -679,7 +749,7 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
             ratio = _ratio(paired)
             above = ratio.low > flop_ratio
             traced = measured(a.total() / b.total(), total / b.draws_of(everything))
-            consistent = _overlap(traced, ratio)
+            consistent = ran_like_timed(traced, paired)
             explained = EXPLAINED_WITHIN * flop_ratio
             values = {
                 "device": Label(f"device_{device}"),
@@ -705,9 +775,9 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
                 "traced_ratio": traced.value,
                 "traced_low": traced.low,
                 "traced_high": traced.high,
-                "excess_share": 100 * (traced.value - without.value) / (traced.value - flop_ratio)
-                if traced.value > flop_ratio
-                else 0.0,
+                **_timed_against(paired),
+                "active_steps": min(a.record.settings.active_steps, b.record.settings.active_steps),
+                "excess": _excess_said(traced.value, without.value, flop_ratio),
             }
             cites = {"ratio": ratio, "traced_ratio": traced, "without_update": without, **{p: m for p, m, _ in phases}}
             if not above:
@@ -722,6 +792,17 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
                 message = "finding_train_above_flops_agree"
             found.append(Finding("train_against_inference", message, values, cites))
     return found
+
+
+def _excess_said(traced: float, without: float, flop_ratio: float) -> Listing:
+    """The update's part of the traced ratio's excess over the FLOP ratio, as a share (%) where it is one; "all of it"
+    where without the update the traced ratio would not exceed the FLOP ratio (a share past 100 % is none); no share
+    where the traced ratio has no excess."""
+    if traced <= flop_ratio:
+        return Listing("finding_excess_none", ({},))
+    if without <= flop_ratio:
+        return Listing("finding_excess_all", ({},))
+    return Listing("finding_excess_share", ({"share": 100 * (traced - without) / (traced - flop_ratio)},))
 
 
 def memory_by_batch(data: AnalysisData) -> list[Finding]:

@@ -19,28 +19,45 @@ from pathlib import Path
 from pipeline.common.machine import CPU_MODEL
 from pipeline.common.paths import GRAPH_SVG, TRAIN_EPOCHS_PLOT, TRAIN_STEPS_PLOT
 from pipeline.params.schema import Params
-from pipeline.records.profile import Combination, DeviceComparisons, PairedComparison
+from pipeline.records.profile import PROFILE_PRECISION, Combination, DeviceComparisons, PairedComparison
 from pipeline.records.quantities import rounded_up
 from pipeline.records.statistics import MIN_ORDER_STATISTIC_PROCESSES
 from pipeline.report.catalogue import HTML_LANGUAGE, Catalogue, load_catalogue
 from pipeline.report.comparison import ComparisonRow, host_and_gpu_pairs
 from pipeline.report.figures import read_csv
 from pipeline.report.findings import MOST_PROCESSES_ADVISED, Finding, processes_to_decide
+from pipeline.report.handin_analysis import handin_analysis
 from pipeline.report.handin_figures import curves_figure, curves_path, operators_figure, operators_path
 from pipeline.report.lab_report import (
     Report,
     ReportInputs,
-    analysis_markdown,
     cuda_runtime,
     gpu_names,
     probe_spans,
     wider_than_the_probe,
 )
+from pipeline.report.operator_layers import operator_groups
 from pipeline.report.rendering import GRAPH_FIGURE, markdown_to_html, with_figures_named
 from pipeline.report.tensorboard_views import GRAPH_VIEW, SCALARS_VIEW, current_views
 
 FULL_REPORT = "report.md"  # the hand-in's link to the full report; report.html in the HTML page
 TEMPLATE_BATCHES = (1, 16, 64)  # the rows of the template's batch-size table
+HANDOUT_TORCH = "1.5"  # the PyTorch the course's handout names (PyTorch==1.5.0)
+# Step 5's profiler call, as pipeline/profiling/run.py's trace_steps makes it (tests/test_handin.py checks each line
+# is there): the traced steps the operator tables are read from.
+PROFILER_CALL = """\
+with profile(
+    activities=activities,
+    schedule=schedule(wait=1, warmup=1, active=steps, repeat=1),
+    profile_memory=True,
+    acc_events=True,
+) as profiler:
+    for _ in range(2 + steps):
+        step()
+        sync()
+        profiler.step()
+profiler.export_chrome_trace(str(path))
+"""
 
 
 def linked_to_html(markdown: str) -> str:
@@ -129,24 +146,29 @@ def handin_markdown(
     catalogue: Catalogue,
     found: Sequence[Finding] = (),
 ) -> str:
+    groups = {record.combination.name: operator_groups(record) for record in inputs.profiles}
     sections = [
         f"# {catalogue('title')}\n",
         f"## {catalogue('environment_heading')}\n",
         environment_table(inputs, catalogue),
+        version_note(inputs, catalogue),
         f"## {catalogue('results_heading')}\n",
         f"### {catalogue('visualisation_heading')}\n",
         visualisation_table(inputs, params, drawn, catalogue),
+        commands(inputs, catalogue),
         f"### {catalogue('batches_heading')}\n",
+        batches_command(params, catalogue),
         batch_table(inputs, rows, params, catalogue),
+        modes_table(inputs, rows, params, catalogue),
+        batch_notes(inputs, rows, params, catalogue),
         paired_note(inputs, catalogue),
+        conditions_note(inputs, params, catalogue),
         f"### {catalogue('gpu_heading')}\n",
         gpu_section(rows, catalogue),
         f"### {catalogue('analysis_heading')}\n",
-        analysis_markdown(found, inputs, params, catalogue, full_report=True)
-        if found
-        else catalogue("analysis_none") + "\n",
+        handin_analysis(found, inputs, catalogue, groups) if found else catalogue("analysis_none") + "\n",
     ]
-    return "\n".join(sections)
+    return "\n".join(section for section in sections if section)
 
 
 def _table(rows: Sequence[Sequence[str]], columns: int) -> str:
@@ -191,6 +213,23 @@ def environment_table(inputs: ReportInputs, catalogue: Catalogue) -> str:
     return _table(
         [(catalogue(group), catalogue(label), value) for (group, label), value in zip(labels, values, strict=True)], 3
     )
+
+
+def version_note(inputs: ReportInputs, catalogue: Catalogue) -> str:
+    """Where the PyTorch that ran is not the handout's: which one ran, said once under the environment table."""
+    torch = (inputs.hardware or {}).get("torch", "")
+    if not torch or torch.startswith(HANDOUT_TORCH):
+        return ""
+    return catalogue("version_note", handout=HANDOUT_TORCH, torch=torch) + "\n"
+
+
+def commands(inputs: ReportInputs, catalogue: Catalogue) -> str:
+    """Steps 2-5 as commands, and step 5's profiler call as the profile stage makes it."""
+    blocks = [catalogue("handin_commands")]
+    if inputs.profiles:
+        steps = inputs.profiles[0].settings.active_steps
+        blocks.append(catalogue("handin_profiler_call", steps=steps) + f"\n\n```python\n{PROFILER_CALL}```")
+    return "\n\n".join(blocks) + "\n"
 
 
 def _family_model(recorded: str | None, catalogue: Catalogue) -> str:
@@ -307,84 +346,156 @@ def combination_words(combination: Combination, catalogue: Catalogue) -> str:
     )
 
 
+def batches_command(params: Params, catalogue: Catalogue) -> str:
+    """Step 6's command: the profile rerun at the batch sizes of `profile.batch_sizes`."""
+    batches = ",".join(str(batch) for batch in params.profile.batch_sizes)
+    return catalogue("handin_batches_command", batches=batches) + "\n"
+
+
 def batch_table(inputs: ReportInputs, rows: Sequence[ComparisonRow], params: Params, catalogue: Catalogue) -> str:
-    """One row per profiled batch size (`profile.batch_sizes`): each says every device and mode's timing, its
-    per-sample ratio to the next smaller profiled batch and the training step against the inference step. Below it,
-    which of the template's rows (batch 1, 16, 64) were not profiled, and how to fill them."""
+    """One row per profiled batch size (`profile.batch_sizes`) x device x mode, in the template's order (batch sizes
+    first): the timed step (median, 95 % interval), per sample, throughput, peak memory (and energy where measured),
+    and the per-sample paired ratio to the next smaller profiled batch, with a direction only where it is
+    measurable. A batch size with no profile gets one row naming the command that fills it."""
     by_name = {row.combination.name: row for row in rows}
     by_device = {found.device: found for found in inputs.comparisons}
     profiled = sorted(params.profile.batch_sizes)
-    body = [(catalogue("batch_label"), catalogue("comparison_label"))]
+    memory = any(row.peak_memory_mb is not None for row in rows)
+    energy = any(row.energy_mj_per_sample is not None for row in rows)
+    keys = ["col_batch", "col_combination", "col_step", "col_per_sample", "col_throughput"]
+    keys += ["col_memory"] * memory + ["col_energy"] * energy + ["col_ratio"]
+    lines = ["| " + " | ".join(catalogue(key) for key in keys) + " |"]
+    lines.append("| " + " | ".join("---:" if key != "col_combination" else "---" for key in keys) + " |")
     for batch in profiled:
         smaller = [size for size in profiled if size < batch]
-        lines: list[str] = []
+        found_any = False
         for device in params.profile.devices:
-            found = by_device.get(device)
             for mode in params.profile.modes:
                 row = by_name.get(f"{batch}-{device}-{mode}")
                 if row is None:
                     continue
-                lines.append(_row_line(row, catalogue))
-                if smaller:
-                    lines.append(_per_sample_line(found, row.combination, smaller[-1], catalogue))
-                lines += _flag_lines(row, catalogue)
-            paired = found.by_pair.get((f"{batch}-{device}-train", f"{batch}-{device}-inference")) if found else None
-            if paired is not None:
-                lines.append(_mode_line(paired, device, catalogue))
-        if not lines:
-            lines.append(catalogue("missing", stage=" ".join(f"profile@{device}" for device in params.profile.devices)))
-        body.append((str(batch), "<br>".join(lines)))
-    unprofiled = [batch for batch in TEMPLATE_BATCHES if batch not in profiled]
-    if not unprofiled:
-        return _table(body, 2)
-    missing = catalogue("template_not_profiled", batches=catalogue("list_joiner").join(map(str, unprofiled)))
-    return _table(body, 2) + "\n" + missing + "\n"
-
-
-def _row_line(row: ComparisonRow, catalogue: Catalogue) -> str:
-    line = catalogue(
-        "batch_line",
-        device=catalogue(f"device_{row.device}"),
-        mode=catalogue(f"mode_{row.mode}"),
-        step=row.step_time_ms,
-        low=row.step_time_ms_ci_low,
-        high=row.step_time_ms_ci_high,
-        per_sample=row.per_sample_ms,
-        throughput=row.throughput_samples_per_s,
-    )
-    if row.peak_memory_mb is not None:
-        line += catalogue("sentence_joiner") + catalogue("memory_line", peak=row.peak_memory_mb)
-    if row.energy_mj_per_sample is not None:
-        energy = row.energy_mj_per_sample
-        line += catalogue("sentence_joiner") + catalogue(
-            "energy_line", energy=energy.value, low=energy.low, high=energy.high
-        )
-    return line
+                found_any = True
+                cells = [
+                    str(batch),
+                    catalogue("fig_column", device=catalogue(f"device_{device}"), mode=catalogue(f"mode_{mode}")),
+                    catalogue(
+                        "step_cell", step=row.step_time_ms, low=row.step_time_ms_ci_low, high=row.step_time_ms_ci_high
+                    ),
+                    f"{row.per_sample_ms:.4f}",
+                    f"{row.throughput_samples_per_s:.0f}",
+                ]
+                if memory:
+                    cells.append(f"{row.peak_memory_mb:.1f}" if row.peak_memory_mb is not None else "–")
+                if energy:
+                    found_energy = row.energy_mj_per_sample
+                    cells.append(
+                        catalogue(
+                            "energy_cell", energy=found_energy.value, low=found_energy.low, high=found_energy.high
+                        )
+                        if found_energy is not None
+                        else "–"
+                    )
+                cells.append(
+                    _ratio_cell(by_device.get(device), row.combination, smaller[-1], catalogue) if smaller else "–"
+                )
+                lines.append("| " + " | ".join(cells) + " |")
+        if not found_any:
+            missing = catalogue("missing", stage=" ".join(f"profile@{device}" for device in params.profile.devices))
+            lines.append("| " + " | ".join([str(batch), missing] + ["–"] * (len(keys) - 2)) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _processes(found: PairedComparison, catalogue: Catalogue) -> str:
+    """Where the timing processes did not all put the ratio on one side of 1, how many did (said beside a decided
+    direction, which a split weakens); nothing where they all agree."""
     values = found.process_values
-    if values and all(value < 1 for value in values):
-        return catalogue("processes_all_below", count=len(values))
-    if values and all(value > 1 for value in values):
-        return catalogue("processes_all_above", count=len(values))
+    if not values or all(value < 1 for value in values) or all(value > 1 for value in values):
+        return ""
     return catalogue("processes_split", above=sum(value > 1 for value in values), count=len(values))
 
 
-def _per_sample_line(
+def _paired(comparisons: DeviceComparisons | None, combination: Combination, previous: int) -> PairedComparison | None:
+    smaller = dataclasses.replace(combination, batch_size=previous)
+    return comparisons.by_pair.get((combination.name, smaller.name)) if comparisons else None
+
+
+def _ratio_cell(
     comparisons: DeviceComparisons | None, combination: Combination, previous: int, catalogue: Catalogue
 ) -> str:
     """Per-sample time against the next smaller batch: its paired ratio, with a direction only where it is
-    measurable."""
-    smaller = dataclasses.replace(combination, batch_size=previous)
-    found = comparisons.by_pair.get((combination.name, smaller.name)) if comparisons else None
+    measurable (what would decide an undecided one is said under the table)."""
+    found = _paired(comparisons, combination, previous)
+    if found is None:
+        return "–"
+    values = {"ratio": found.value, "low": found.low, "high": found.high}
+    key = "ratio_lower" if found.high < 1 else "ratio_higher" if found.low > 1 else "ratio_same"
+    cell = catalogue(key, **values)
+    split = _processes(found, catalogue) if key != "ratio_same" else ""
+    return cell + (catalogue("cell_aside", aside=split) if split else "")
+
+
+def modes_table(inputs: ReportInputs, rows: Sequence[ComparisonRow], params: Params, catalogue: Catalogue) -> str:
+    """Training step over inference step at each batch size and device: the paired ratio (a direction only where its
+    interval excludes 1) beside what the FLOP count predicts."""
+    by_name = {row.combination.name: row for row in rows}
+    records = {record.combination.name: record for record in inputs.profiles}
+    lines = []
+    for batch in sorted(params.profile.batch_sizes):
+        for found in inputs.comparisons:
+            device = found.device
+            train, inference = f"{batch}-{device}-train", f"{batch}-{device}-inference"
+            paired = found.by_pair.get((train, inference))
+            if paired is None or train not in by_name or inference not in by_name:
+                continue
+            values = {"ratio": paired.value, "low": paired.low, "high": paired.high}
+            cell = catalogue("mode_cell" if paired.low > 1 or paired.high < 1 else "mode_cell_same", **values)
+            split = _processes(paired, catalogue)
+            flops = "–"
+            if train in records and inference in records:
+                train_flops = records[train].analysis.flop_rate.flops_per_step
+                inference_flops = records[inference].analysis.flop_rate.flops_per_step
+                if train_flops > 0 and inference_flops > 0:
+                    flops = catalogue("flop_ratio_cell", ratio=train_flops / inference_flops)
+            aside = catalogue("cell_aside", aside=split) if split else ""
+            lines.append(f"| {batch} | {catalogue(f'device_{device}')} | {cell}{aside} | {flops} |")
+    if not lines:
+        return ""
+    header = [catalogue(key) for key in ("col_batch", "col_device", "col_modes", "col_flop_ratio")]
+    return "\n".join(["| " + " | ".join(header) + " |", "| ---: | --- | ---: | ---: |", *lines]) + "\n"
+
+
+def batch_notes(inputs: ReportInputs, rows: Sequence[ComparisonRow], params: Params, catalogue: Catalogue) -> str:
+    """Under the tables, each said once: what peak memory is, what would decide each undecided ratio, the rows
+    flagged where their uncertainty could change a conclusion, and the template's rows not profiled."""
+    by_device = {found.device: found for found in inputs.comparisons}
+    profiled = sorted(params.profile.batch_sizes)
+    notes = []
+    if any(row.peak_memory_mb is not None for row in rows):
+        notes.append(catalogue("memory_note"))
+    for row in sorted(rows, key=lambda r: (r.batch_size, r.device, r.mode)):
+        words = combination_words(row.combination, catalogue)
+        smaller = [size for size in profiled if size < row.batch_size]
+        if smaller:
+            undecided = _undecided(by_device.get(row.device), row.combination, smaller[-1], catalogue)
+            if undecided:
+                notes.append(catalogue("row_note", combination=words, note=undecided))
+        notes += [catalogue("row_note", combination=words, note=flag) for flag in _flags(row, catalogue)]
+    unprofiled = [batch for batch in TEMPLATE_BATCHES if batch not in profiled]
+    if unprofiled:
+        notes.append(catalogue("template_not_profiled", batches=catalogue("list_joiner").join(map(str, unprofiled))))
+    return "\n\n".join(notes) + "\n" if notes else ""
+
+
+def _undecided(
+    comparisons: DeviceComparisons | None, combination: Combination, previous: int, catalogue: Catalogue
+) -> str:
+    """What would decide a per-sample ratio whose interval holds 1 (or that was not paired); "" where decided."""
+    found = _paired(comparisons, combination, previous)
     if found is None:
         return catalogue("per_sample_unpaired", previous=previous, device=combination.device)
+    if found.high < 1 or found.low > 1:
+        return ""
     values = {"ratio": found.value, "low": found.low, "high": found.high, "previous": previous}
-    if found.high < 1:
-        return catalogue("per_sample_lower", processes=_processes(found, catalogue), **values)
-    if found.low > 1:
-        return catalogue("per_sample_higher", processes=_processes(found, catalogue), **values)
     processes = len(found.process_values)
     needed = processes_to_decide(found, processes)
     if needed is None or needed > MOST_PROCESSES_ADVISED:
@@ -392,25 +503,10 @@ def _per_sample_line(
     return catalogue("per_sample_same_more", needed=needed, processes=processes, **values)
 
 
-def _mode_line(found: PairedComparison, device: str, catalogue: Catalogue) -> str:
-    if found.low > 1 or found.high < 1:
-        return catalogue(
-            "mode_ratio",
-            device=catalogue(f"device_{device}"),
-            ratio=found.value,
-            low=found.low,
-            high=found.high,
-            processes=_processes(found, catalogue),
-        )
-    return catalogue(
-        "mode_same", device=catalogue(f"device_{device}"), ratio=found.value, low=found.low, high=found.high
-    )
-
-
-def _flag_lines(row: ComparisonRow, catalogue: Catalogue) -> list[str]:
+def _flags(row: ComparisonRow, catalogue: Catalogue) -> list[str]:
     """Flags on what could change a conclusion drawn from this row: too few processes for an interval, a busy machine,
     an operator table from another step. A wide interval alone changes none: every direction is read from a paired
-    ratio, whose line says where the data cannot decide it and what would."""
+    ratio, whose cell says where the data cannot decide it and the note under the table what would."""
     flags = []
     if row.too_few_processes:
         flags.append(
@@ -428,19 +524,41 @@ def _flag_lines(row: ComparisonRow, catalogue: Catalogue) -> list[str]:
 def paired_note(inputs: ReportInputs, catalogue: Catalogue) -> str:
     if not inputs.comparisons:
         return ""
+    processes = max(found.processes for found in inputs.comparisons)
     if not inputs.drift:
-        return catalogue("paired_note_no_drift") + "\n"
+        return catalogue("paired_note_no_drift", processes=processes) + "\n"
     drift = catalogue("list_joiner").join(
         catalogue("drift_item", value=rounded_up(probe.half_width_pct, 1), device=catalogue(f"device_{device}"))
         for device, probe in sorted(inputs.drift.items())
     )
     spans = catalogue("list_joiner").join(f"{span:g}" for span in probe_spans(inputs.drift))
-    note = catalogue("paired_note", drift=drift, seconds=spans)
+    note = catalogue("paired_note", drift=drift, seconds=spans, processes=processes)
     wider = wider_than_the_probe(inputs.drift, inputs.comparisons)
     if wider:
         devices = catalogue("list_joiner").join(catalogue(f"device_{found.device}") for found in wider)
         note += catalogue("paired_note_wider", devices=devices)
     return note + "\n"
+
+
+def conditions_note(inputs: ReportInputs, params: Params, catalogue: Catalogue) -> str:
+    """The traced pass named (the analysis reads its layers from it), and the conditions of both measurements, each
+    with the reason the project gives for it (one thread: docs/timing.md; fp32: pipeline.records.profile's
+    PROFILE_PRECISION; training's defaults: params.yaml's `train` comments). "" without a profile."""
+    if not inputs.profiles:
+        return ""
+    settings = inputs.profiles[0].settings
+    sentences = [catalogue("handin_conditions", threads=settings.threads, precision=settings.precision)]
+    if settings.threads == 1:
+        sentences.append(catalogue("handin_conditions_one_thread"))
+    if settings.precision == PROFILE_PRECISION:
+        sentences.append(catalogue("handin_conditions_fp32"))
+    ran = inputs.train_speed.get("runtime", {}) if inputs.train_speed else {}
+    if ran:
+        threads, precision = ran.get("threads", params.train.threads), ran.get("precision", params.train.precision)
+        defaults = (params.train.threads, params.train.precision) == (0, "auto")
+        key = "handin_conditions_train_auto" if defaults else "handin_conditions_train"
+        sentences.append(catalogue(key, threads=threads, precision=precision))
+    return catalogue("sentence_joiner").join(sentences) + "\n"
 
 
 def gpu_section(rows: Sequence[ComparisonRow], catalogue: Catalogue) -> str:

@@ -17,13 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from pipeline.common.input_files import read_json_object, read_number_csv, read_text
+from pipeline.common.errors import PipelineError
+from pipeline.common.input_files import read_json_object, read_number_csv, read_text, rerun
 from pipeline.common.machine import CPU_MODEL
 from pipeline.common.paths import (
     GRAPH_METRICS,
     GRAPH_SVG,
     HARDWARE_FINGERPRINT,
     HARDWARE_ROOFS,
+    SUMMARY_JSON,
     SUMMARY_MARKDOWN,
     TRAIN_EPOCHS_PLOT,
     TRAIN_METRICS,
@@ -73,6 +75,7 @@ class ReportInputs:
     comparisons: list[DeviceComparisons] = field(default_factory=list)  # one per profiled device
     drift: dict[str, SpeedDrift] = field(default_factory=dict)  # per device: the roofs stage's measured drift probe
     missing: list[str] = field(default_factory=list)  # one sentence per absent input
+    model_layers: list[dict[str, Any]] | None = None  # graph/summary.json's layers: parameters, FLOPs per sample
 
 
 def read_json(
@@ -115,6 +118,7 @@ def read_inputs(config: ProfileConfig) -> ReportInputs:
     model_summary = read_text(SUMMARY_MARKDOWN, "export_graph") if SUMMARY_MARKDOWN.exists() else None
     if model_summary is None:
         missing.append(f"`{SUMMARY_MARKDOWN}` is missing: run `dvc repro export_graph`.")
+    model_layers = read_model_layers() if SUMMARY_JSON.exists() else None  # beside summary.md, named missing above
     return ReportInputs(
         hardware=read_json(HARDWARE_FINGERPRINT, "validate", missing, texts=HARDWARE_TEXTS),
         train_metrics=read_json(TRAIN_METRICS, "train", missing, numbers=TRAIN_METRIC_NUMBERS),
@@ -125,7 +129,21 @@ def read_inputs(config: ProfileConfig) -> ReportInputs:
         comparisons=profiles.comparisons,
         drift=drift,
         missing=missing,
+        model_layers=model_layers,
     )
+
+
+def read_model_layers() -> list[dict[str, Any]]:
+    """graph/summary.json's layers, each with its name, kind, parameters and forward FLOPs per sample (checked: a
+    damaged file stops the stage with the stage that rewrites it)."""
+    layers = read_json_object(SUMMARY_JSON, "export_graph").get("layers")
+    fields = {"layer": str, "kind": str, "parameters": int, "flops_per_sample": int}
+    if not isinstance(layers, list) or not all(
+        isinstance(layer, dict) and all(isinstance(layer.get(key), kind) for key, kind in fields.items())
+        for layer in layers
+    ):
+        raise PipelineError(f"{SUMMARY_JSON} has no list of layers with {', '.join(fields)}; {rerun('export_graph')}")
+    return [{key: layer[key] for key in fields} for layer in layers]
 
 
 def drift_sentence(drift: dict[str, SpeedDrift], comparisons: Sequence[DeviceComparisons] = ()) -> str:

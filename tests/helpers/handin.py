@@ -45,6 +45,17 @@ def tables(markdown: str) -> list[list[list[str]]]:
     return found
 
 
+def header(markdown: str, index: int) -> list[str]:
+    """The header row's cells of the markdown's `index`-th table (counted as `tables` counts them)."""
+    lines = markdown.splitlines()
+    found = [
+        i
+        for i in range(len(lines) - 1)
+        if lines[i].startswith("|") and set(lines[i + 1]) <= set("|-: ") and "-" in lines[i + 1]
+    ]
+    return [cell.strip() for cell in lines[found[index]].strip().strip("|").split(" | ")]
+
+
 def numbers(markdown: str) -> list[str]:
     """The decimal numbers a text states, in order (what two languages of one hand-in must share)."""
     return re.findall(r"\d[\d,]*\.\d+", markdown)

@@ -1,0 +1,327 @@
+"""The hand-in's 实验结果分析 laid out as a student's analysis (pipeline/report/handin_analysis.py): each mechanism's
+paragraph said where its data licenses it and left out where not, the intervals only in the evidence table, the
+memory caveat once, no empty list, no English words in the Chinese outside code, names and units; and the layer each
+top operator ran in (pipeline/report/operator_layers.py), on synthetic records and a hand-written trace."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.params.parsing import params_from_mapping
+from pipeline.profiling.trace_analysis import read_trace
+from pipeline.records.profile import OperatorRow, ProfileRecord, flop_rate
+from pipeline.records.quantities import MemoryPart, StepMemory
+from pipeline.report.catalogue import load_catalogue
+from pipeline.report.comparison import comparison_rows
+from pipeline.report.conclusion import conclusion
+from pipeline.report.findings import AnalysisData, findings
+from pipeline.report.handin import PROFILER_CALL, HandinFigures, handin_markdown
+from pipeline.report.lab_report import ReportInputs
+from pipeline.report.operator_layers import NO_GROUP, operator_groups
+from tests.helpers.records import make_comparisons, make_record
+from tests.helpers.repo import REPO_ROOT
+from tests.test_findings import ALLOWED_LATIN, with_parts
+
+# Words the Chinese hand-in's own sections may hold beside the analysis's (ALLOWED_LATIN): units and the names of
+# what was measured.
+HANDIN_LATIN = ALLOWED_LATIN | {"FLOP", "byte", "GB", "MFLOP", "DRAM", "vCPU", "NVIDIA"}
+PARAGRAPHS = {  # each mechanism's paragraph, by its title's catalogue key
+    "fixed": "handin_fixed_title",
+    "roof": "handin_roof_title",
+    "grows": "handin_grows_title",
+    "memory": "handin_memory_title",
+    "modes": "handin_modes_title",
+    "speed": "handin_speed_title",
+    "layers": "handin_layers_title",
+}
+ROOF_BANDWIDTH = 18.5  # GB/s: with the 100 GFLOP/s matmul roof, the ridge at 5.4 FLOP/byte
+
+
+def _operators(batch: int, mode: str) -> tuple[OperatorRow, ...]:
+    """Convolutions at 70 FLOP/byte; the fully connected layers' `aten::addmm` at 0.5 FLOP/byte at batch 1 (2.4 MB a
+    call, run at 24 GFLOP/s: above the memory roof's 9.25) and 21 at batch 64; Adadelta's `aten::sqrt_` in training."""
+    addmm = (2.4, 4.8) if batch == 1 else (151.0, 7.15)
+    rows = [
+        OperatorRow("aten::mkldnn_convolution", 2, 0.5, 0.5, None, None, 50.0, 21.0 * batch, 0.3 * batch),
+        OperatorRow("aten::addmm", 2, 0.1, 0.1, None, None, 20.0, addmm[0], addmm[1]),
+        OperatorRow("aten::clamp_min", 3, 0.05, 0.05, None, None, 5.0, None),
+    ]
+    if mode == "train":
+        rows.append(OperatorRow("aten::sqrt_", 16, 0.3, 0.3, None, None, 15.0, None))
+    return tuple(rows)
+
+
+def _record(batch: int, mode: str, step_ms: float, *, roofline: bool, operators: bool, memory: bool) -> ProfileRecord:
+    """A record with a FLOP rate (3 MFLOP a training sample, 1 an inference one; 10 FLOP/byte), the memory roof where
+    `roofline`, the operator table where `operators`, and what its step holds at its peak where `memory`."""
+    record = make_record(batch, "cpu", mode, step_ms)
+    flops = 3e6 if mode == "train" else 1e6
+    bandwidth = ROOF_BANDWIDTH if roofline else 0.0
+    rate = flop_rate(flops, batch, step_ms, 100.0, bytes_per_step=flops * batch / 10, bandwidth_gb_per_s=bandwidth)
+    record = dataclasses.replace(
+        record,
+        analysis=dataclasses.replace(record.analysis, flop_rate=rate),
+        top_operators=_operators(batch, mode) if operators else (),
+    )
+    if not memory:
+        return record
+    held = {"weights": 4_800_000, "optimizer state": 9_600_000 if mode == "train" else 0}
+    held |= {"inputs": 3_136 * batch, "activations": 300_000 * batch}
+    parts = tuple(MemoryPart(name, size) for name, size in held.items() if size)
+    peak = sum(part.bytes for part in parts)
+    return dataclasses.replace(record, memory=StepMemory(peak, peak // 2, parts, 0, peak, "", peak, peak, 6))
+
+
+def lab(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    repo_params: dict[str, Any],
+    *,
+    fixed: bool = True,
+    rates_rise: bool = True,
+    grows: bool = True,
+    memory: bool = True,
+    modes: bool = True,
+    speed: bool = True,
+    operators: bool = True,
+    traced_agrees: bool = True,
+    language: str = "zh",
+) -> str:
+    """The hand-in of batch 1 and 64 in both modes on the CPU, its data for each paragraph switched on or off.
+
+    Traced steps: training's update 5 ms and 0.2 ms outside operators per step, inference's 0.05 ms outside (`fixed`;
+    else they grow with the batch); convolutions 0.6 ms a training sample and 0.1 an inference one (`grows`; else as
+    much per step). The paired ratios are the traced steps' (train over inference too where `traced_agrees`; else
+    half of it). The timed steps' FLOP rate rises from batch 1 to 64, and the records carry the memory roof
+    (`rates_rise`; else the step time is in proportion to the batch and no roofline can be drawn)."""
+    monkeypatch.chdir(tmp_path)  # no traces here: each operator's layer is read from its name
+    per_step = {batch: 1 if fixed else batch for batch in (1, 64)}
+    per_sample = {batch: batch if grows else 1 for batch in (1, 64)}
+
+    def traced_parts(batch: int, mode: str) -> dict[tuple[str, str], float]:
+        if mode == "inference":
+            return {("forward", "convolution"): 0.1 * per_sample[batch], ("outside", "outside"): 0.05 * per_step[batch]}
+        convolution = 0.6 * per_sample[batch]
+        return {
+            ("forward", "convolution"): convolution / 3,
+            ("backward", "convolution"): 2 * convolution / 3,
+            ("optimizer", "optimizer"): 5.0 * per_step[batch],
+            ("outside", "outside"): 0.2 * per_step[batch],
+        }
+
+    timed = {("train", 1): 6.0, ("train", 64): 45.0, ("inference", 1): 0.3, ("inference", 64): 4.0}
+    if not rates_rise:
+        timed = {("train", 1): 6.0, ("train", 64): 6.0 * 64, ("inference", 1): 0.3, ("inference", 64): 0.3 * 64}
+    combinations = [(batch, mode) for batch in (1, 64) for mode in ("inference", "train")]
+    records = [
+        with_parts(
+            _record(batch, mode, timed[(mode, batch)], roofline=rates_rise, operators=operators, memory=memory),
+            traced_parts(batch, mode),
+        )
+        for batch, mode in combinations
+    ]
+    step = {(batch, mode): sum(traced_parts(batch, mode).values()) for batch, mode in combinations}
+
+    def paired(value: float) -> tuple[float, float, float, tuple[float, ...]]:
+        return (value, value * 0.97, value * 1.03, (value,) * 6)
+
+    ratios = {
+        (f"64-cpu-{mode}", f"1-cpu-{mode}"): paired(step[(64, mode)] / 64 / step[(1, mode)])
+        for mode in ("inference", "train")
+    }
+    if modes:
+        scale = 1.0 if traced_agrees else 0.5
+        for batch in (1, 64):
+            name = (f"{batch}-cpu-train", f"{batch}-cpu-inference")
+            ratios[name] = paired(scale * step[(batch, "train")] / step[(batch, "inference")])
+    comparisons = [make_comparisons("cpu", ratios)]
+    runtime = {"device": "cpu", "threads": 2, "precision": "bf16", "execution": "eager"}
+    train_speed = {"images_per_second": 1800.0, "runtime": runtime} if speed else None
+    data = AnalysisData.of(records, comparisons, train_speed, 64)
+    found = findings(data)
+    found = [*conclusion(data, found), *found]
+    layers = [
+        {"layer": "features.conv1", "kind": "Conv2d", "parameters": 320, "flops_per_sample": 389_376},
+        {"layer": "classifier.fc1", "kind": "Linear", "parameters": 1_179_776, "flops_per_sample": 2_359_296},
+    ]
+    inputs = ReportInputs(
+        hardware={"cpu": "Test CPU", "cpu_count": "2", "gpus": "none", "os": "Linux", "machine": "x86_64"},
+        train_metrics=None,
+        train_speed=train_speed,
+        graph_metrics=None,
+        model_summary=None,
+        profiles=records,
+        comparisons=comparisons,
+        model_layers=layers,
+    )
+    profile = {**repo_params["profile"], "batch_sizes": [1, 64], "devices": ["cpu"], "modes": ["inference", "train"]}
+    return handin_markdown(
+        inputs,
+        comparison_rows(records),
+        params_from_mapping({**repo_params, "profile": profile}),
+        HandinFigures(False, False, False),
+        load_catalogue(language),
+        found,
+    )
+
+
+def analysis(markdown: str) -> str:
+    return markdown.split("### 实验结果分析" if "### 实验结果分析" in markdown else "### Analysis of the results")[1]
+
+
+def evidence_table(markdown: str) -> tuple[str, str]:
+    """The analysis split into its evidence table and everything else."""
+    text = analysis(markdown)
+    heading = next(h for h in ("#### 依据", "#### Evidence") if h in text)
+    before, rest = text.split(heading)
+    table, _, after = rest.partition("\n#### ")
+    return table, before + after
+
+
+def titles(markdown: str, language: str = "zh") -> set[str]:
+    catalogue = load_catalogue(language)
+    text = analysis(markdown).split("#### ")[0]
+    return {name for name, key in PARAGRAPHS.items() if f"**{catalogue(key)}" in text}
+
+
+def test_every_mechanism_paragraph_is_said_where_its_data_licenses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_params: dict[str, Any]
+) -> None:
+    markdown = lab(tmp_path, monkeypatch, repo_params)
+    assert titles(markdown) == set(PARAGRAPHS)
+    text = analysis(markdown)
+    # Fixed costs: the update per parameter, and fc1's share of the parameters (1,179,776 of 1,180,096).
+    assert "Adadelta 每步把全部 1,180,096 个参数各更新一次，与批大小无关，其中 100% 是 `fc1` 的参数。" in text
+    # Closer to the roof: matrix-vector at batch 1, 0.5 FLOP/byte left of the 5.4 ridge; 21.1 at 64, right of it.
+    assert "批大小 1 时全连接层是矩阵–向量乘法" in text and "算术强度仅 0.5 FLOP/byte，在屋脊点 5.4 FLOP/byte" in text
+    assert "升到 21.1 FLOP/byte，在屋脊点右侧" in text
+    assert "`aten::addmm` 比内存带宽上限允许的还快（2.6 倍）" in text  # 24 GFLOP/s against 9.25
+    assert "卷积（`aten::mkldnn_convolution`）在各批大小下都有 70 FLOP/byte，属于计算受限。" in text
+    # The layers: each top operator by its name (no trace here), Adadelta's `aten::sqrt_` in no layer then.
+    assert "卷积 `aten::mkldnn_convolution`；全连接层 `aten::addmm`；池化、ReLU 与随机失活 `aten::clamp_min`" in text
+    assert "分布在多层或不属于任何层 `aten::sqrt_`" in text
+    assert "#### 总结" in text
+    english = lab(tmp_path, monkeypatch, repo_params, language="en")
+    assert titles(english, "en") == set(PARAGRAPHS)
+
+
+@pytest.mark.parametrize("missing", sorted(PARAGRAPHS))
+def test_each_mechanism_paragraph_is_left_out_where_its_data_does_not_license_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_params: dict[str, Any], missing: str
+) -> None:
+    """Each paragraph's data switched off alone: that paragraph, and only it, is left out."""
+    switch = {
+        "fixed": {"fixed": False},  # the update and the time outside operators grow with the batch
+        "roof": {"rates_rise": False},  # no rising FLOP rate, no roofline
+        "grows": {"grows": False},  # the convolutions cost the same per step
+        "memory": {"memory": False},
+        "modes": {"modes": False},  # no paired train/inference ratio
+        "speed": {"speed": False},  # no train stage record
+        "layers": {"operators": False},  # no operator table
+    }[missing]
+    markdown = lab(tmp_path, monkeypatch, repo_params, **switch)  # type: ignore[arg-type]
+    assert titles(markdown) == set(PARAGRAPHS) - {missing}
+
+
+def test_the_training_gap_says_the_update_s_part_where_the_traced_pass_agrees_and_what_decides_it_where_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_params: dict[str, Any]
+) -> None:
+    agrees = analysis(lab(tmp_path, monkeypatch, repo_params))
+    assert "按 FLOPs，训练一步（前向加反向）的计算量是推理一步的 3.0 倍" in agrees
+    assert "占训练一步的" in agrees and "`profile.active_steps`" not in agrees
+    refused = analysis(lab(tmp_path, monkeypatch, repo_params, traced_agrees=False))
+    assert "和交错计时对不上" in refused and "要判断，需要一次与计时进程运行情况一致的记录" in refused
+    assert "`profile.active_steps`，本次 8" in refused and "占训练一步的" not in refused
+
+
+def test_the_intervals_are_only_in_the_evidence_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_params: dict[str, Any]
+) -> None:
+    for language, marks in (("zh", ("95%", "置信区间")), ("en", ("95 %", "CI"))):
+        table, rest = evidence_table(lab(tmp_path, monkeypatch, repo_params, language=language))
+        assert marks[0] in table.splitlines()[2]  # the table's header: "数字（95% 区间）"
+        assert table.count("（" if language == "zh" else "(") > 10  # the numbers with their intervals
+        assert not any(mark in rest for mark in marks), [mark for mark in marks if mark in rest]
+
+
+def test_the_memory_caveat_is_said_once_and_no_list_is_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_params: dict[str, Any]
+) -> None:
+    markdown = lab(tmp_path, monkeypatch, repo_params)
+    assert markdown.count("不是整个进程占用的内存") == 1
+    assert markdown.count(load_catalogue("zh")("memory_note")) == 1
+    assert "：无" not in markdown and "无；" not in markdown
+    assert ": none" not in lab(tmp_path, monkeypatch, repo_params, language="en")
+    # Memory that grows (activations) and memory that does not (weights, optimizer state) are both said.
+    text = analysis(markdown)
+    assert "增长的是激活值（0.3 → 19.2 MB）" in text and "权重 4.8 MB、优化器状态 9.6 MB 不变" in text
+
+
+def test_the_chinese_handin_has_no_english_words_outside_code_names_and_units(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_params: dict[str, Any]
+) -> None:
+    """Section 2 and the analysis, the hand-in's own words: code blocks and spans, links' targets and the evidence
+    table's operator names set aside, only names and units are Latin."""
+    markdown = lab(tmp_path, monkeypatch, repo_params).split("### 2.")[1]
+    text = re.sub(r"```.*?```", "", markdown, flags=re.DOTALL)
+    text = re.sub(r"`[^`]*`|\]\([^)]*\)", "", text)
+    words = set(re.findall(r"[A-Za-z][A-Za-z0-9]*", text))
+    assert words <= HANDIN_LATIN, words - HANDIN_LATIN
+
+
+def test_the_handin_shows_the_steps_commands_and_the_profiler_call_the_profile_stage_makes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_params: dict[str, Any]
+) -> None:
+    markdown = lab(tmp_path, monkeypatch, repo_params)
+    for command in (
+        "dvc repro",
+        "tensorboard --logdir runs",
+        "make handin-views",
+        "dvc exp run -S 'profile.batch_sizes=[1,64]'",
+    ):
+        assert command in markdown, command
+    assert f"```python\n{PROFILER_CALL}```" in markdown
+    source = [line.strip() for line in (REPO_ROOT / "pipeline/profiling/run.py").read_text().splitlines()]
+    shown = [line.strip() for line in PROFILER_CALL.splitlines()]
+    start = source.index(shown[0])
+    assert source[start : start + len(shown)] == shown  # the call as trace_steps makes it, line for line
+
+
+def _event(name: str, cat: str, ts: float, dur: float) -> dict[str, Any]:
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 100, "tid": 1, "args": {}}
+
+
+def test_each_top_operator_is_in_the_layer_it_ran_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the trace: `aten::sqrt_` inside the optimizer's range is the update's; `aten::addmm` under
+    `aten::linear` a fully connected layer's; `aten::copy_`, called in a convolution and in the update, is in no
+    layer. Without the trace, names alone: the update's operators are in no layer."""
+    monkeypatch.chdir(tmp_path)
+    events = []
+    for step, base in enumerate((1000.0, 1100.0)):
+        events += [
+            _event(f"ProfilerStep#{step}", "user_annotation", base, 100),
+            _event("aten::conv2d", "cpu_op", base + 1, 10),
+            _event("aten::copy_", "cpu_op", base + 2, 2),
+            _event("aten::linear", "cpu_op", base + 20, 10),
+            _event("aten::addmm", "cpu_op", base + 21, 8),
+            _event("Optimizer.step#Adadelta.step", "user_annotation", base + 40, 30),
+            _event("aten::sqrt_", "cpu_op", base + 41, 5),
+            _event("aten::copy_", "cpu_op", base + 50, 5),
+        ]
+    record = make_record(1, "cpu", "train", 1.0, (("aten::sqrt_", 30.0), ("aten::addmm", 30.0), ("aten::copy_", 20.0)))
+    by_name = operator_groups(record)
+    assert by_name == {"aten::sqrt_": NO_GROUP, "aten::addmm": "linear", "aten::copy_": NO_GROUP}
+    trace = record.combination.outputs.trace
+    trace.parent.mkdir(parents=True)
+    trace.with_suffix("").write_text(json.dumps({"traceEvents": events}))
+    with gzip.open(trace, "wt") as handle:
+        handle.write(trace.with_suffix("").read_text())
+    assert read_trace(trace).step_count == 2
+    assert operator_groups(record) == {"aten::sqrt_": "optimizer", "aten::addmm": "linear", "aten::copy_": NO_GROUP}
