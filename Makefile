@@ -38,14 +38,16 @@ $(INSTALLED): requirements.txt
 repro: install
 	dvc repro
 
-# Everything but the stress and browser tests, with one slot of the rotating tier (its longest modules:
-# tests/helpers/rotation.py), picked by the commit count, so that any three consecutive commits run all of it;
-# ROTATION=<n> picks another. `make test-all` runs the whole tier.
+# Everything but the stress and browser tests, the slow ones of one slot of the rotating tier
+# (tests/helpers/rotation.py), picked by the commit count, so that any three consecutive commits run all of it;
+# ROTATION=<n> picks another. `make test-all` runs the whole tier, the browser tests included.
+ROTATION_NOW = $${ROTATION:-$$(git rev-list --count HEAD 2>/dev/null || echo all)}
 test: install
-	LAB_ROTATION="$${ROTATION:-$$(git rev-list --count HEAD 2>/dev/null || echo all)}" python -m pytest
+	LAB_ROTATION="$(ROTATION_NOW)" python -m pytest
 
 test-all: install
 	LAB_ROTATION=all python -m pytest
+	LAB_ROTATION=all python -m pytest -m browser tests/browser
 
 # Everything but the `slow` (and browser) tests (real dvc CLI, real training), on two workers.
 test-fast: install
@@ -71,11 +73,12 @@ test-stress-sample: install
 	python -m pytest -m stress -n 2 tests/test_signal_stress.py tests/test_signal_stress_queue.py \
 	tests/test_signal_stress_stages.py
 
-# MLflow's web UI rendered in headless Chromium (Debian package `chromium`): not part of `make test`. On two workers,
-# the lab guide's pages on one and the other modules on the other; the lab guide reads the reproduced project the
-# last `make test` of this same tree left in .pytest_cache (tests/browser/conftest.py), else builds one.
+# MLflow's, TensorBoard's and the hand-in's pages rendered in headless Chromium (Debian package `chromium`): not part
+# of `make test`. The browser modules of the slot `make test` picks (tests/helpers/rotation.py), on two workers; they
+# read the reproduced project the last `make test` of this same tree left in .pytest_cache
+# (tests/browser/conftest.py), else build one. ROTATION=all runs every one.
 test-browser: install
-	python -m pytest -m browser tests/browser
+	LAB_ROTATION="$(ROTATION_NOW)" python -m pytest -m browser tests/browser
 
 # TensorBoard's GRAPHS and SCALARS views of the current training, photographed in headless Chromium (Debian package
 # `chromium`) into views/, then the report stage puts them in the hand-ins' 截图 cells.

@@ -56,17 +56,21 @@ def reproduced_project(
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The rotating tier's modules that `$LAB_ROTATION` leaves out this time deselected (tests/helpers/rotation.py);
+    """The rotating tier's tests that `$LAB_ROTATION` leaves out this time deselected (tests/helpers/rotation.py);
     then the modules in the order that keeps the xdist workers (`--dist loadscope`: a module per worker at a time)
     busy: first the module whose worker builds the shared reproduced project (minutes) and has most to do after
     it, then every module that does not need that project (the other workers run them meanwhile), then the
     rest; within each group the long modules first, so that no worker is left with a long one at the end
     (LONG_MODULES, measured). Within a module the order is unchanged. Deterministic, as xdist requires."""
     slot = _rotation_slot(config)
-    left_out = [item for item in items if not runs(item.nodeid.split("::")[0], slot)]
+
+    def chosen(item: pytest.Item) -> bool:
+        return runs(item.nodeid.split("::")[0], slot, {mark.name for mark in item.iter_markers()})
+
+    left_out = [item for item in items if not chosen(item)]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
-        items[:] = [item for item in items if runs(item.nodeid.split("::")[0], slot)]
+        items[:] = [item for item in items if chosen(item)]
     modules: dict[str, list[pytest.Item]] = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
@@ -126,8 +130,9 @@ def pytest_report_header(config: pytest.Config) -> str | None:
         return None
     left = sorted(module for module, found in ROTATING.items() if found != slot)
     return (
-        f"rotating tier: slot {slot} of {SLOTS} ({ROTATION_VARIABLE}={os.environ[ROTATION_VARIABLE]}); left out this "
-        f"time, run by the next commits and by `make test-all`: {', '.join(left)}"
+        f"rotating tier: slot {slot} of {SLOTS} ({ROTATION_VARIABLE}={os.environ[ROTATION_VARIABLE]}); the slow and "
+        f"browser tests of these modules are left out this time, run by the next two commits and by `make test-all`: "
+        f"{', '.join(left)}"
     )
 
 

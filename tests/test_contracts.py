@@ -297,6 +297,7 @@ def _tiny_png() -> bytes:
 # --- one dvc repro is one tree of runs in MLflow ----------------------------------------------------
 
 
+@pytest.mark.slow  # stage runs logged to an MLflow store in process: seconds
 def test_stage_runs_of_one_pipeline_run_share_a_parent_and_the_latest_is_current(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -164,6 +164,7 @@ def test_graph_learning_rate_follows_the_scheduler_and_leaves_the_group_a_float(
 # --- the logged MLflow model loads and predicts where it was logged --------------------------------------
 
 
+@pytest.mark.slow  # an MLflow model logged and loaded in process: seconds
 def test_logged_model_loads_and_predicts_on_this_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_DEFAULT_PREDICTION_DEVICE", raising=False)

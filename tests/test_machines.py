@@ -386,6 +386,7 @@ def store_report(lab_store: dict[str, Any], tmp_path_factory: pytest.TempPathFac
     return build_machines_report(runs, left_out, "the test store", tmp_path_factory.mktemp("figures"))
 
 
+@pytest.mark.slow  # an MLflow store of two machines built in process: seconds
 def test_report_rows_are_the_latest_runs_and_match_their_metrics(
     lab_store: dict[str, Any], store_report: MachinesReport
 ) -> None:
@@ -422,6 +423,7 @@ def test_report_rows_are_the_latest_runs_and_match_their_metrics(
     assert h100_row.device_name == "NVIDIA H100 80GB HBM3"
 
 
+@pytest.mark.slow  # an MLflow store of two machines built in process: seconds
 def test_ratios_compare_every_other_machine_and_device_with_the_baseline(store_report: MachinesReport) -> None:
     rows = {(r.machine, r.device, r.mode, r.batch_size): r for r in store_report.rows if r.group == 1}
     ratios = [ratio for ratio in store_report.speedups if ratio.group == 1]
@@ -440,6 +442,7 @@ def test_ratios_compare_every_other_machine_and_device_with_the_baseline(store_r
         assert ratio.with_interval() in store_report.markdown
 
 
+@pytest.mark.slow  # an MLflow store of two machines built in process: seconds
 def test_unlike_runs_are_reported_apart_and_named(lab_store: dict[str, Any], store_report: MachinesReport) -> None:
     set_apart = lab_store["set_apart"]
     by_run = {row.run_id: row for row in store_report.rows}

@@ -87,6 +87,7 @@ def test_timing_record_is_the_median_estimate_of_the_blocks() -> None:
     assert timing.as_metrics()["noisy"] == 1.0 and timing.as_metrics()["steps_measured"] == 18.0
 
 
+@pytest.mark.slow  # a real model profiled in process: seconds
 @pytest.mark.parametrize("mode", ["inference", "train"])
 def test_profile_of_a_real_model_ranks_operators_and_writes_a_trace(mode: ProfileMode, tmp_path: Path) -> None:
     model = LabNet(LAB_MODEL)
@@ -174,6 +175,7 @@ def profiled_lab_model(batch: int, mode: ProfileMode, tmp_path: Path) -> tuple[P
     return result, summary
 
 
+@pytest.mark.slow  # a real model profiled in process: seconds
 @pytest.mark.parametrize("mode", ["inference", "train"])
 def test_flops_are_on_the_operators_that_run_them_and_add_up_to_the_model(mode: ProfileMode, tmp_path: Path) -> None:
     """The issue's table showed 0.0 MFLOPs on `aten::mkldnn_convolution` and `aten::convolution_backward` (the
@@ -225,6 +227,7 @@ def test_flops_are_on_the_operators_that_run_them_and_add_up_to_the_model(mode: 
     assert float(rows_csv["aten::mkldnn_convolution"]["mflops"]) == pytest.approx(conv_forward, rel=1e-5)
 
 
+@pytest.mark.slow  # a real model profiled in process: seconds
 def test_each_convolution_call_goes_to_the_kernel_that_ran_it(tmp_path: Path) -> None:
     """At batch 1 the two convolutions can take different kernels (`aten::_slow_conv2d_forward` and
     `aten::mkldnn_convolution` on the EPYC, measured): each row gets the FLOPs of the layers it ran, whatever

@@ -25,6 +25,7 @@ def reported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_report_stage(tmp_path_factory.mktemp("report-in-tools"), EXPERIMENT)
 
 
+@pytest.mark.slow  # the report stage and its MLflow store in process: seconds
 def test_the_report_file_keeps_its_relative_figures_and_they_exist(reported: Path) -> None:
     """report/report.md reads on the forge and in an editor: relative images, each file beside it."""
     markdown = (reported / "report" / "report.md").read_text()
@@ -33,6 +34,7 @@ def test_the_report_file_keeps_its_relative_figures_and_they_exist(reported: Pat
     assert all((reported / "report" / path).is_file() for path in paths)
 
 
+@pytest.mark.slow  # the report stage and its MLflow store in process: seconds
 def test_tensorboard_text_tab_shows_no_broken_image_and_names_each_figure_tag(reported: Path) -> None:
     (logdir,) = (reported / "runs" / "report").iterdir()
     events = EventAccumulator(str(logdir), size_guidance={"images": 0, "tensors": 0})
@@ -62,6 +64,7 @@ def test_tensorboard_sanitizer_drops_data_uris_so_figures_cannot_be_inlined() ->
     assert "data:" not in html and "<img" in html  # an image with no source: broken
 
 
+@pytest.mark.slow  # the report stage and its MLflow store in process: seconds
 def test_mlflow_report_md_names_figure_artifacts_and_report_html_inlines_them(reported: Path) -> None:
     client = MlflowClient(f"sqlite:///{reported / 'mlflow.db'}")
     experiment = client.get_experiment_by_name(EXPERIMENT)

@@ -3,6 +3,8 @@ consecutive commits run them all."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.helpers.repo import REPO_ROOT
@@ -32,3 +34,25 @@ def test_the_tier_names_real_modules_in_every_slot() -> None:
 def test_a_rotation_that_is_no_commit_count_is_refused() -> None:
     with pytest.raises(ValueError, match="LAB_ROTATION must be a commit count or 'all'"):
         chosen_slot("HEAD")
+
+
+def test_a_test_with_no_rotating_marker_runs_at_every_commit_even_in_a_rotating_module() -> None:
+    module = next(iter(ROTATING))
+    at_each = [runs(module, chosen_slot(str(commits)), set()) for commits in range(SLOTS)]
+    slow_at_each = [runs(module, chosen_slot(str(commits)), {"slow"}) for commits in range(SLOTS)]
+    assert at_each == [True] * SLOTS
+    assert sum(slow_at_each) == 1
+
+
+def test_every_module_with_slow_or_browser_tests_is_in_the_tier_and_stress_modules_are_not() -> None:
+    """A slow module missing from ROTATING would run at every commit and push `make test` past its budget; a
+    stress module there would be a slot that `make test` never runs (it deselects the stress marker)."""
+    marked = re.compile(r"pytest\.mark\.(slow|browser)\b")
+    found = set()
+    for path in sorted((REPO_ROOT / "tests").rglob("test_*.py")):
+        text = path.read_text(encoding="utf-8")
+        if marked.search(text) and "pytest.mark.stress" not in text:
+            found.add(path.relative_to(REPO_ROOT).as_posix())
+    assert found == set(ROTATING), (
+        f"not in the tier: {sorted(found - set(ROTATING))}; in it without such tests: {sorted(set(ROTATING) - found)}"
+    )

@@ -27,7 +27,7 @@ from pipeline.tracking.tags import OUTPUTS_TAG
 from tests.helpers.projects import (
     default_sigint,
     read_params,
-    reproduced_copy,
+    reproduced_or_published,
     run_command,
     stage_environment,
     write_params,
@@ -104,10 +104,13 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
-    """The tiny pipeline reproduced to its report, then set to profile batch 1 and 16 only and to train on 1,280
-    images: every late moment waits for the work before it, so it is kept short."""
-    project = reproduced_copy(tmp_path_factory.mktemp("stress-stages") / "project", mnist_mirror)
+def project(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
+    """The tiny pipeline reproduced to its report (the one `make test` published for this tree, where it did), then
+    set to profile batch 1 and 16 only and to train on 1,280 images: every late moment waits for the work before
+    it, so it is kept short."""
+    project = reproduced_or_published(
+        request.config, tmp_path_factory.mktemp("stress-stages") / "project", mnist_mirror
+    )
     params = read_params(project)
     params["train"].update(train_samples=1280, test_samples=1000)
     params["profile"].update(batch_sizes=[1, 16])

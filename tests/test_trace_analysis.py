@@ -234,6 +234,7 @@ def test_short_kernel_name_rules(full: str, short: str) -> None:
     assert short_kernel_name(full) == short
 
 
+@pytest.mark.slow  # a real training step profiled in process: seconds
 def test_cpu_trace_ranks_operators_and_measures_time_inside_them(tmp_path: Path) -> None:
     """A real CPU training step profiled here: the optimizer range is listed apart, busy = time inside ATen."""
     model = LabNet(LAB_MODEL)

@@ -132,6 +132,7 @@ def test_training_learns_and_averages_over_the_right_counts(tiny_train: TrainCon
     assert 0 < epoch.train_accuracy < 1 and epoch.lr == tiny_train.lr
 
 
+@pytest.mark.slow  # two trainings in process: seconds
 def test_same_params_and_data_give_bit_identical_weights(tiny_train: TrainConfig, mnist_root: Path) -> None:
     config = dataclasses.replace(tiny_train, train_samples=320)
     first, second = _train(config, mnist_root, 500), _train(config, mnist_root, 500)
@@ -147,6 +148,7 @@ def _weights_bytes(model: LabNet) -> bytes:
     return buffer.getvalue()
 
 
+@pytest.mark.slow  # a training and an MLflow run in process: seconds
 def test_checkpoint_rebuilds_the_model_from_the_file_alone(
     tiny_train: TrainConfig, mnist_root: Path, tmp_path: Path
 ) -> None:
@@ -175,6 +177,7 @@ def test_checkpoint_rebuilds_the_model_from_the_file_alone(
         load_checkpoint(tmp_path / "absent.pt")
 
 
+@pytest.mark.slow  # a training in process: seconds
 def test_records_csv_has_header_and_one_row_per_record(tiny_train: TrainConfig, mnist_root: Path) -> None:
     result = _train(dataclasses.replace(tiny_train, train_samples=640, log_every_steps=5), mnist_root, 500)
     lines = records_csv(StepRecord, result.steps).splitlines()
@@ -198,6 +201,7 @@ def test_atomic_outputs_write_all_or_nothing(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["a.json", "b.txt"]
 
 
+@pytest.mark.slow  # the train stage and its MLflow store in process: seconds
 @pytest.mark.parametrize(
     ("error", "status"), [(RuntimeError, "FAILED"), (KeyboardInterrupt, "KILLED"), (None, "FINISHED")]
 )

@@ -325,6 +325,18 @@ def reproduced_cache(config: pytest.Config) -> Path | None:
     return None if cache is None else Path(cache.mkdir("reproduced"))
 
 
+def reproduced_or_published(config: pytest.Config, target: Path, mnist_mirror: Path) -> Path:
+    """A project copy after a tiny `dvc repro` of the whole pipeline, for a test that changes it: a clone of the one an
+    earlier session of this same tree published (`make test` before the stress sample in CI), else one reproduced
+    here. A clone is seconds; reproducing is minutes, and the same pipeline on the same inputs gives the same
+    project (`tree_digest`)."""
+    cache = reproduced_cache(config)
+    published = published_reproduced(cache, tree_digest(mnist_mirror)) if cache is not None else None
+    if published is not None:
+        return clone_project(published, target)
+    return reproduced_copy(target, mnist_mirror)
+
+
 def build_reproduced(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory, mnist_mirror: Path) -> Path:
     """The session's reproduced project (`reproduced_project`), built by the first worker that needs it and then
     published in pytest's cache (`publish_reproduced`) under this tree's digest, unless the cache is off
