@@ -17,6 +17,7 @@ from tests.helpers.projects import (
     build_reproduced,
     copy_project,
     run_command,
+    session_digest,
     stage_environment,
     tiny_params,
 )
@@ -30,10 +31,20 @@ from tests.helpers.stress import exit_summary
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 
+def mirror_path() -> Path:
+    return Path(os.environ.get("MNIST_MIRROR") or REPO_ROOT.parent / "shared" / "mnist").resolve()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The tree's digest taken before any test runs, in every test process (the reproduced project is published
+    and found under it: tests/helpers/projects.py, `session_digest`)."""
+    session_digest(session.config, mirror_path())
+
+
 @pytest.fixture(scope="session")
 def mnist_mirror() -> Path:
     """The offline copy of the official MNIST files (`../shared/mnist`, or $MNIST_MIRROR)."""
-    path = Path(os.environ.get("MNIST_MIRROR") or REPO_ROOT.parent / "shared" / "mnist").resolve()
+    path = mirror_path()
     if not (path / "train-images-idx3-ubyte.gz").is_file():
         pytest.fail(f"offline MNIST mirror not found at {path}; set MNIST_MIRROR to the folder holding the IDX files")
     return path

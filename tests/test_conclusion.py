@@ -52,9 +52,9 @@ def test_the_opening_gives_the_direction_the_reason_and_the_gap_rounded_from_the
     )
     assert "训练的单样本耗时降到原来的 12%，推理的单样本耗时降到原来的 62%（交错计时）" in chinese
     # batch 1's traced step: the update 5 of 0.2 + 0.6 + 5 = 5.8 ms, 86 %
-    assert "the time per step of the Adadelta update (86 % of the step at batch 1)" in english
+    assert "hardly grows with the batch for the Adadelta update (86 % of the step at batch 1)" in english
     assert "One reason the time per sample falls in CPU training:" in english
-    assert "while that of convolutions grows with the batch, so its time per sample falls far less" in english
+    assert "while for convolutions it grows with the batch, so their time per sample falls far less" in english
     assert "CPU 训练的单样本耗时下降，一个原因是" in chinese
     assert "Adadelta 优化器更新（批大小 1 时占一步的 86%）" in chinese
     assert "costs 11.0× an inference step at batch 64 and 19.0× at batch 1: the smaller the batch, the larger" in (

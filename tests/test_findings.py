@@ -143,8 +143,8 @@ def test_the_per_sample_saving_is_attributed_to_the_groups_that_moved() -> None:
     # What the split is of, beside what the timed steps saved, and why the traced steps may stand for them.
     assert f"the timed steps saved {6.0 - 45.0 / 64:.4f} ms per sample" in english  # their medians, per sample
     assert "the traced steps ran like the timed steps (their per-sample ratio, 0.117× with 95 % CI" in english
-    assert "meets where one more timing process would fall, 95 %: 0.110–0.125; paired timing 0.117×" in english
-    assert "与再多一个计时进程时其比值的 95% 预测区间 0.110–0.125 有重叠" in rendered(finding)["zh"]
+    assert "lies where one more timing process would fall, 95 %: 0.110–0.125; paired timing 0.117×" in english
+    assert "落在若再多跑一个计时进程其比值 95% 会落入的范围（0.110–0.125）内" in rendered(finding)["zh"]
     # The named parts and the rest make up the whole traced saving.
     rest = 100 - finding.cites["optimizer"].value - finding.cites["outside"].value
     assert finding.values["rest"] == pytest.approx(rest)
@@ -293,9 +293,9 @@ def test_a_traced_ratio_outside_the_medians_interval_but_where_one_more_process_
     assert (finding.values["one_more_low"], finding.values["one_more_high"]) == pytest.approx((0.114, 0.148), abs=1e-3)
     english, chinese = rendered(finding)["en"], rendered(finding)["zh"]
     # The traced ratio, where one more process would fall, and the paired median with its interval, each named.
-    assert "(their per-sample ratio, 0.117× with 95 % CI 0.116–0.119, meets where one more timing process" in english
+    assert "(their per-sample ratio, 0.117× with 95 % CI 0.116–0.119, lies where one more timing process" in english
     assert "would fall, 95 %: 0.114–0.148; paired timing 0.130×, 95 % CI 0.122–0.138)" in english
-    assert "与再多一个计时进程时其比值的 95% 预测区间 0.114–0.148 有重叠；配对计时为 0.130 倍" in chinese
+    assert "落在若再多跑一个计时进程其比值 95% 会落入的范围（0.114–0.148）内；配对计时为 0.130 倍" in chinese
     # The rules that read how the traced steps scaled read this pair too.
     assert per_step_or_per_sample(data) and what_sets_the_cost(data)
 
@@ -321,12 +321,22 @@ def test_training_against_inference_is_explained_where_the_traced_ratio_falls_wh
     assert finding.values["traced_high"] < 37.5
     english = rendered(finding)["en"]
     assert "a training step took 40.00× an inference step (95 % CI 37.50–43.50, paired timing)" in english
-    assert "The traced steps ran like the timed steps (36.67×, 95 % CI 36.27–37.05, meets where one more timing" in (
+    assert "The traced steps ran like the timed steps (36.67×, 95 % CI 36.27–37.05, lies where one more timing" in (
         english
     )
     assert "process would fall, 95 %: 34.20–47.04;" in english
     assert "the update is 99 % of the traced ratio's excess over it." in english
-    assert "与再多一个计时进程时其比值的 95% 预测区间 34.20–47.04 有重叠" in rendered(finding)["zh"]
+    assert "落在若再多跑一个计时进程其比值 95% 会落入的范围（34.20–47.04）内" in rendered(finding)["zh"]
+
+
+def test_a_traced_ratio_whose_interval_only_touches_where_one_more_process_would_fall_explains_nothing() -> None:
+    """The traced value, not just its interval, must lie where one more process would fall: a traced pass whose steps
+    ran at two speeds can give an interval that reaches the prediction while its parts explain half again the timed
+    change. Here one more process falls within 39.2-40.8 and the traced 40.9x (40.5-41.3) lies past it."""
+    tight = (39.6, 39.8, 40.0, 40.0, 40.2, 40.4)
+    [finding] = train_against_inference(modes_at(1, 5.63, 40.0, processes=tight))  # traced: 6.13 / 0.15
+    assert finding.values["traced_low"] < finding.values["one_more_high"] < finding.values["traced_ratio"]
+    assert finding.message == "finding_train_above_flops"
 
 
 def test_training_against_inference_outside_where_one_more_process_would_fall_says_what_would_decide_it() -> None:
@@ -338,6 +348,46 @@ def test_training_against_inference_outside_where_one_more_process_would_fall_sa
     assert "so the traced steps cannot say why" in text["en"]
     assert DECIDES_EN in text["en"] and "(`profile.active_steps`, 8 here)" in text["en"]
     assert DECIDES_ZH in text["zh"]
+
+
+def test_where_the_untraced_steps_around_the_passes_agree_the_profilers_hooks_are_named_not_a_quieter_machine() -> None:
+    """The traced 36.7x misses where one more process would fall (39.2-40.8), but the steps the same processes ran
+    untraced around the passes give 6.0 / 0.15 = 40x, inside it: the processes ran like the timed ones and their traced
+    steps did not, so the finding names the traced over untraced steps and timing without the profiler, not a rerun."""
+    tight = (39.6, 39.8, 40.0, 40.0, 40.2, 40.4)
+    data = modes_at(1, 5.0, 40.0, processes=tight)
+    train, infer = data.records
+
+    def around(untraced_ms: float, traced_ms: float) -> TraceCheck:
+        return TraceCheck(
+            traced_ms,
+            untraced_ms * 0.9,
+            untraced_ms * 1.1,
+            1,
+            untraced_steps_ms=(untraced_ms,) * STEPS,
+            traced_steps_ms=(traced_ms,) * STEPS,
+            expected_low_ms=untraced_ms * 0.9,
+            expected_high_ms=untraced_ms * 1.1,
+        )
+
+    checked = AnalysisData.of(
+        [
+            dataclasses.replace(train, trace_check=around(6.0, 5.5)),
+            dataclasses.replace(infer, trace_check=around(0.15, 0.15)),
+        ],
+        data.comparisons,
+    )
+    [finding] = train_against_inference(checked)
+    assert finding.message == "finding_train_traced_apart"
+    assert finding.values["untraced_ratio"] == pytest.approx(40.0)
+    english, chinese = rendered(finding)["en"], rendered(finding)["zh"]
+    assert "the steps the same processes ran untraced around the passes give 40.00×, inside it" in english
+    assert "training's traced steps took 0.92× the untraced steps around them and inference's 1.00×" in english
+    assert "timing that needs no profiler" in english and "quieter machine" not in english
+    assert "同一进程在记录前后未记录的步骤给出 40.00 倍" in chinese and "更安静的机器" not in chinese
+    # Without the untraced steps (an older record) the refusal stays the one that asks for another traced pass.
+    [older] = train_against_inference(data)
+    assert older.message == "finding_train_above_flops"
 
 
 def test_the_updates_part_of_the_excess_is_all_of_it_where_without_it_the_ratio_would_not_exceed_the_flops() -> None:

@@ -32,7 +32,15 @@ from pipeline.records.quantities import MEMORY_PARTS, STEP_GROUPS, STEP_PHASES
 from pipeline.report.catalogue import CATALOGUES, LANGUAGES, load_catalogue, placeholders
 from pipeline.report.comparison import comparison_rows
 from pipeline.report.figures import charmap, missing_glyphs, save_figure
-from pipeline.report.handin import HandinFigures, draw_figures, gpu_section, handin_markdown
+from pipeline.report.handin import (
+    HandinFigures,
+    conditions_note,
+    draw_figures,
+    environment_table,
+    gpu_section,
+    handin_markdown,
+    paired_note,
+)
 from pipeline.report.handin_figures import (
     FIGURE_WORDS,
     SIMPLIFIED_CHINESE_FACE,
@@ -288,7 +296,7 @@ def test_a_batch_row_states_a_direction_only_where_the_paired_interval_excludes_
 @pytest.mark.parametrize(
     ("language", "too_few", "undecided"),
     [
-        ("en", "comes from only 2 timing process(es), too few to pin the median down to ±2 %", "cannot tell"),
+        ("en", "comes from only 2 timing processes, too few to pin the median down to ±2 %", "cannot tell"),
         ("zh", "其区间只来自 2 个计时进程，太少", "无法区分"),
     ],
 )
@@ -384,6 +392,94 @@ def test_a_handin_from_the_h100_reference_compares_cpu_and_gpu_with_its_numbers(
     assert load_catalogue("zh")("gpu_note") in markdown and load_catalogue("zh")("gpu_missing") not in markdown
     assert "没有与批大小 1 的配对比值：运行 `dvc repro profile@cuda`。" in markdown  # it predates paired timing
     assert gpu_section(comparison_rows(records[:2]), load_catalogue("en")).startswith("No GPU was profiled.")
+
+
+@pytest.mark.parametrize(
+    ("language", "cpu", "instruction_sets", "packages"),
+    [
+        (
+            "zh",
+            "Test CPU，2 个 vCPU（`/proc/cpuinfo` 中 `cpu family` 为 25、`model` 为 17）",
+            "支持的指令集扩展（影响 PyTorch 选用的计算内核）：AVX2、AVX-512（VNNI、BF16）、AMX（BF16）",
+            "PyTorch 2.15.0<br>torchvision 0.29.2<br>TensorBoard 2.21.0<br>Python 3.11.7",
+        ),
+        (
+            "en",
+            "Test CPU, family 25, model 17 (2 vCPUs)",
+            "Instruction-set extensions (PyTorch picks its kernels by them): AVX2, AVX-512 (VNNI, BF16), AMX (BF16)",
+            "PyTorch 2.15.0<br>torchvision 0.29.2<br>TensorBoard 2.21.0<br>Python 3.11.7",
+        ),
+    ],
+)
+def test_the_environment_names_the_cpu_s_instruction_sets_and_tensorboard_beside_pytorch(
+    language: Language, cpu: str, instruction_sets: str, packages: str
+) -> None:
+    """The CPU's cell says the kernel features the fingerprint recorded, each extension beside its family; the
+    packages' cell TensorBoard's version beside PyTorch's. Neither is said where it was not recorded."""
+    fingerprint = {
+        "cpu": "Test CPU",
+        "cpu_count": "2",
+        "cpu_family_model": "family 25, model 17",
+        "cpu_features": "avx2 avx512f avx512_vnni avx512_bf16 amx_tile amx_bf16",
+        "gpus": "none",
+        "os": "Linux",
+        "machine": "x86_64",
+        "python": "3.11.7",
+        "torch": "2.15.0",
+        "torchvision": "0.29.2",
+    }
+    inputs = ReportInputs(fingerprint, None, None, None, None, [], tensorboard="2.21.0")
+    catalogue = load_catalogue(language)
+    environment = tables(environment_table(inputs, catalogue))[0]
+    assert environment[0][2] == f"{cpu}<br>{instruction_sets}"
+    assert environment[3][2] == packages
+    older = ReportInputs({**fingerprint, "cpu_features": "unknown"}, None, None, None, None, [])
+    environment = tables(environment_table(older, catalogue))[0]
+    assert environment[0][2] == cpu and "TensorBoard" not in environment[3][2]
+
+
+@pytest.mark.parametrize(
+    ("language", "said"),
+    [
+        (
+            "en",
+            (
+                "On the CPU, the timing processes ran 2 at a time, each on 1 core of its own.",
+                "both ran on 1 CPU thread in fp32. One thread, because the project measured earlier",
+                "(`train.threads: 0` and `train.precision: auto` in `params.yaml`: a thread per core, bf16 where the "
+                "CPU computes it natively; PyTorch itself defaults to fp32): 2 CPU threads, bf16.",
+            ),
+        ),
+        (
+            "zh",
+            (
+                "CPU 上的计时进程每次 2 个同时运行，各用 1 个核。",
+                "都用 1 个 CPU 线程、fp32 精度。只用 1 个线程，依据的是本项目此前在 2 个 vCPU 的虚拟机上的测量",
+                "实际用了 2 个 CPU 线程、bf16。",
+            ),
+        ),
+    ],
+)
+def test_the_method_says_the_processes_side_by_side_and_the_counts_in_the_language_s_words(
+    repo_params: dict[str, Any], language: Language, said: tuple[str, ...]
+) -> None:
+    """Two timing processes at once, one thread each: said with the tables; a count is said in the singular where it
+    is one (English), and the training's defaults as the pipeline's, not PyTorch's."""
+    record = make_record(1, "cpu", "inference", 1.0)
+    record = dataclasses.replace(record, settings=dataclasses.replace(record.settings, threads=1, processes_at_once=2))
+    inputs = dataclasses.replace(
+        _cpu_only_inputs([record], {}),
+        train_speed={"images_per_second": 1800.0, "runtime": {"threads": 2, "precision": "bf16"}},
+    )
+    catalogue = load_catalogue(language)
+    text = paired_note(inputs, catalogue) + conditions_note(inputs, params_from_mapping(repo_params), catalogue)
+    assert all(words in text for words in said), [words for words in said if words not in text]
+    alone = dataclasses.replace(record, settings=dataclasses.replace(record.settings, processes_at_once=1))
+    plain = paired_note(dataclasses.replace(inputs, profiles=[alone]), catalogue)  # one process at a time
+    assert said[0] not in plain and plain.strip() in text
+    assert [catalogue.counted(n, "count_epoch", "count_epochs") for n in (1, 2)] == (
+        ["1 epoch", "2 epochs"] if language == "en" else ["1 轮", "2 轮"]
+    )
 
 
 def test_tensorboard_views_are_used_only_while_they_go_with_the_current_training_and_graph(

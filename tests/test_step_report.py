@@ -376,14 +376,16 @@ def test_roofline_places_steps_and_operators_under_both_roofs_and_names_which_ar
     )
     assert f"| 64 | cpu | inference | `aten::addmm` | 0.50 | 4.00 | 5.0 | 80.0 | {UNDECIDED} |" in text
     assert "Above the" not in text  # every point under its roof
-    # A small matrix product streaming from cache beats the DRAM roof (as `aten::addmm` at batch 1 did on Zen 5):
-    # the report says which points and why, with the bytes each call moves.
+    # A small matrix product beats the triad roof (as `aten::addmm` at batch 1 did on Zen 5): the report names the
+    # points with the bytes each call moves, and says what the roof does not count rather than which cause held.
     cached = OperatorRow("aten::addmm", 2.0, 0.1, 0.1, None, None, 20.0, 2.0, 4.0)  # 20 GFLOP/s at 0.5 FLOP/byte
     text = roofline_markdown(roofline_points([_with_work(make_record(1, "cpu", "inference", 8.0), 32e6, (cached,))]))
     assert (
         " Above the memory roof: `aten::addmm` (inference batch 1: 400 % of its roof, 2.0 MB per call on average). "
-        "That roof is DRAM's bandwidth (a STREAM triad over arrays far beyond the caches)" in text
+        "That roof is one thread's STREAM triad over arrays far beyond the caches, counted as STREAM counts it (no "
+        "write-allocate traffic)" in text
     )
+    assert "Which of these holds is not measured here" in text and "does not limit these" not in text
     assert "Above the matmul roof" not in text
     fast = OperatorRow("aten::mkldnn_convolution", 2.0, 0.25, 0.25, None, None, 60.0, 50.0, 1.0)  # 200 GFLOP/s
     text = roofline_markdown(roofline_points([_with_work(make_record(64, "cpu", "train", 8.0), 32e6, (fast,))]))

@@ -453,6 +453,30 @@ def test_hand_written_trace_gives_the_known_answers(tmp_path: Path) -> None:
     assert anatomy.step_ms == pytest.approx(0.1)
 
 
+def test_on_the_cpu_the_update_is_its_ranges_span_and_outside_the_rest(tmp_path: Path) -> None:
+    """Two 100 µs steps on the CPU. Each: `zero_grad` (2 µs), a forward `addmm` (30 µs), then `Optimizer.step` (40 µs)
+    holding two 5 µs operators: the update's 30 µs between them (its loop over the parameters) is its own time, not
+    the step's time outside operators."""
+    events: list[dict[str, Any]] = []
+    for step, base in enumerate((1000.0, 1100.0)):
+        events += [
+            _event(f"ProfilerStep#{step + 2}", "user_annotation", base, 100),
+            _event("Optimizer.zero_grad#Adadelta.zero_grad", "user_annotation", base + 1, 2),
+            _event("aten::addmm", "cpu_op", base + 10, 30),
+            _event("Optimizer.step#Adadelta.step", "user_annotation", base + 50, 40),
+            _event("aten::sqrt_", "cpu_op", base + 55, 5),
+            _event("aten::addcmul_", "cpu_op", base + 75, 5),
+        ]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+
+    parts = {(part.phase, part.group): part.step_ms for part in analyse_trace(read_trace(path), "cpu").parts}
+    assert parts[("optimizer", "optimizer")] == pytest.approx((0.042, 0.042))  # 40 + 2 µs of ranges, not 10 of ops
+    assert parts[("forward", "linear")] == pytest.approx((0.030, 0.030))
+    assert parts[("outside", "outside")] == pytest.approx((0.028, 0.028))  # 100 - 42 - 30
+    assert sum(sum(times) for times in parts.values()) == pytest.approx(0.2)
+
+
 def test_unreadable_or_stepless_traces_are_user_errors(tmp_path: Path) -> None:
     with pytest.raises(PipelineError, match="is missing"):
         read_trace(tmp_path / "absent.json.gz")

@@ -274,7 +274,9 @@ def analyse_trace(trace: Trace, device: str, step_flops: Sequence[CountedCall] =
     ranges = _ranges(host, total_device, steps)
     kernel_rows = _kernel_rows(kernels, kernel_owners, steps)
     anatomy = _anatomy(trace, host, is_operator, device_events, window, on_gpu, device)
-    parts = _step_parts(trace, host, parents, is_operator, self_device if on_gpu else self_cpu, work_by_event, window)
+    parts = _step_parts(
+        trace, host, parents, is_operator, self_device if on_gpu else self_cpu, work_by_event, window, not on_gpu
+    )
     return TraceAnalysis(
         operators=operators,
         ranges=ranges,
@@ -577,10 +579,15 @@ def _step_parts(
     own_time: Sequence[float],
     flops: Mapping[int, float],
     window: StepSpans,
+    on_host: bool,
 ) -> tuple[StepPart, ...]:
     """The traced steps split into phase x group (see measures.STEP_PHASES): each operator's own time (self CPU time
     on the CPU, its kernels' time on a GPU) goes to the part of its context; "outside" is the step's span less the
-    operators' time in it, so the parts of a step add up to its span."""
+    operators' time in it, so the parts of a step add up to its span.
+
+    On the host the optimizer's part is the span of its ranges (`Optimizer.step`, `Optimizer.zero_grad`): the Python
+    between its operators (the loop over parameters, its hooks) is the update's own time, not time outside the
+    operators of the step. On a GPU it stays its kernels' time, which a CPU range does not measure."""
     steps = trace.step_count
     times: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0] * steps)
     work: dict[tuple[str, str], float] = defaultdict(float)
@@ -591,6 +598,12 @@ def _step_parts(
         phase, group = operator_context(index, host, parents, is_operator)
         times[(phase, group)][step] += own_time[index]
         work[(phase, group)] += flops.get(index, 0.0)
+    if on_host:
+        spans_of_ranges = _optimizer_spans(host, parents, window, steps)
+        if any(spans_of_ranges):
+            optimizer = times[("optimizer", "optimizer")]
+            for step in range(steps):
+                optimizer[step] = max(optimizer[step], spans_of_ranges[step])
     inside = [sum(part[step] for part in times.values()) for step in range(steps)]
     parts = [
         StepPart(
@@ -604,6 +617,24 @@ def _step_parts(
     spans = [step.duration_us for step in trace.steps]
     outside = tuple(round(max(0.0, span - used) / 1000, 6) for span, used in zip(spans, inside, strict=True))
     return (*parts, StepPart(phase="outside", group="outside", step_ms=outside))
+
+
+def _optimizer_spans(
+    host: Sequence[TraceEvent], parents: Sequence[int | None], window: StepSpans, steps: int
+) -> list[float]:
+    """Each step's time (us) inside the optimizer's outermost ranges."""
+    spans = [0.0] * steps
+    for index, event in enumerate(host):
+        if not event.name.startswith(_OPTIMIZER_RANGES) or event.category not in RANGE_CATEGORIES:
+            continue
+        ancestor, nested = parents[index], False
+        while ancestor is not None and not nested:
+            nested = host[ancestor].name.startswith(_OPTIMIZER_RANGES)
+            ancestor = parents[ancestor]
+        step = window.index(event.start_us)
+        if not nested and step is not None:
+            spans[step] += event.duration_us
+    return spans
 
 
 def operator_context(

@@ -26,6 +26,11 @@ class Catalogue:
         """The message `key` with its placeholders filled (a missing key or placeholder is a programming error)."""
         return self.messages[key].format(**values)
 
+    def counted(self, count: int, one: str, many: str) -> str:
+        """`count` with its noun, `{count}` filled: the message `one` where it is 1, else `many` (English's singular
+        and plural; a language without them says the same words in both)."""
+        return self(one if count == 1 else many, count=count)
+
 
 def catalogue_path(language: str) -> Path:
     return CATALOGUES / f"{language}.toml"

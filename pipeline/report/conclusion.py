@@ -122,8 +122,10 @@ def _train_gap(found: Sequence[Finding]) -> list[Finding]:
         else:
             message = "conclusion_train_range"
         said.append(Finding("conclusion", message, values))
+        if small.message not in TRACED_AGREES:
+            continue
         without, traced = small.cites["without_update"], small.cites["traced_ratio"]
-        if small.message in TRACED_AGREES and without.high < traced.low:
+        if without.high < traced.low:
             said.append(
                 Finding(
                     "conclusion",

@@ -11,7 +11,7 @@ Where the numbers come from, and so what their intervals mean:
   phase and the layer it serves). They come from one traced pass of `profile.active_steps` steps in one process, not
   from the timing processes: their 95 % intervals are a bootstrap over those steps (resampled 5,000 times with a fixed
   seed), so they hold the step-to-step spread within that pass, not a rerun's. A ratio of two traced passes is one
-  more process's worth of steps, so it explains a paired ratio only where it meets where one more timing process's
+  more process's worth of steps, so it explains a paired ratio only where it lies where one more timing process's
   ratio would fall (`one_more_process`), not the narrower interval of the processes' median;
 - *allocator*: what a step holds at its peak, from the allocator's record of one step in each timing process;
 - *FLOP count*: torch.utils.flop_counter's count of one step (exact for the operators it has formulas for).
@@ -303,11 +303,14 @@ def one_more_process(paired: PairedComparison) -> Measured:
 
 
 def ran_like_timed(traced: Measured, paired: PairedComparison) -> bool:
-    """A ratio of traced passes ran like the timed steps: its bootstrap interval meets where one more timing
-    process's ratio would fall (`one_more_process`). A traced pass is one more process's worth of steps, run at that
-    process's speed; the interval of the processes' median narrows as processes are added, and a single process,
-    traced or not, need not fall inside it."""
-    return _overlap(traced, one_more_process(paired))
+    """A ratio of traced passes ran like the timed steps: its value lies where one more timing process's ratio would
+    fall (`one_more_process`). A traced pass is one more process's worth of steps, run at that process's speed; the
+    interval of the processes' median narrows as processes are added, and a single process, traced or not, need not
+    fall inside it. Its value, not merely its bootstrap interval: two intervals that only touch leave a traced change
+    half again the timed one (a traced pass whose steps ran at two speeds), and its parts would then explain a
+    change the timed steps did not make."""
+    one_more = one_more_process(paired)
+    return one_more.low <= traced.value <= one_more.high
 
 
 def _timed_against(paired: PairedComparison) -> dict[str, float]:
@@ -714,18 +717,24 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
     FLOP count's, and the training step's phases (forward, backward, the optimizer's update, time outside operators)
     are given with their share of the traced step; "more than the FLOPs predict" only where the ratio's whole
     interval lies above the FLOP ratio. A cause is said only where the traced passes ran like the timed steps (the
-    traced ratio's interval meets where one more timing process would fall: `ran_like_timed`; else the finding says
+    traced ratio lies where one more timing process would fall: `ran_like_timed`; else the finding says
     what would decide it): the update is named as the reason where the paired ratio lies wholly beyond 1.5x the FLOP
     ratio and the traced ratio without the update within it, with its part of the traced ratio's excess over the FLOP
     ratio ("all of it" where without the update the ratio would not exceed the FLOP ratio); "the update alone does
-    not explain it" where, without it, the whole interval stays beyond 1.5x."""
+    not explain it" where, without it, the whole interval stays beyond 1.5x. Where the traced ratio misses but the
+    steps run untraced around the two passes give a ratio where one more process would fall, the processes ran like
+    the timed ones and the traced steps themselves did not (the profiler's hooks): a trace cannot apportion the gap,
+    and the finding says so and what would (`finding_train_traced_apart`)."""
     found = []
     for device in data.devices():
         for batch in data.batches(device, "train"):
             train, infer = _at(batch, device, "train"), _at(batch, device, "inference")
             paired = data.paired(train, infer)
             a, b = data.traced.get(train), data.traced.get(infer)
-            if paired is None or a is None or b is None:
+            if paired is None:
+                continue
+            if a is None or b is None:
+                found += _train_against_flops_only(data, batch, device, paired)
                 continue
             flop_ratio = a.record.analysis.flop_rate.flops_per_step / max(
                 b.record.analysis.flop_rate.flops_per_step, 1.0
@@ -779,9 +788,18 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
                 "active_steps": min(a.record.settings.active_steps, b.record.settings.active_steps),
                 "excess": _excess_said(traced.value, without.value, flop_ratio),
             }
+            around = _untraced_ratio(a, b)
+            one_more = one_more_process(paired)
+            values |= {
+                "untraced_ratio": around or 0.0,
+                "train_hooks": _traced_over_untraced(a),
+                "inference_hooks": _traced_over_untraced(b),
+            }
             cites = {"ratio": ratio, "traced_ratio": traced, "without_update": without, **{p: m for p, m, _ in phases}}
             if not above:
                 message = "finding_train_against_flops"
+            elif not consistent and around is not None and one_more.low <= around <= one_more.high:
+                message = "finding_train_traced_apart"
             elif not consistent:
                 message = "finding_train_above_flops"
             elif ratio.low > explained >= without.value:
@@ -792,6 +810,46 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
                 message = "finding_train_above_flops_agree"
             found.append(Finding("train_against_inference", message, values, cites))
     return found
+
+
+def _train_against_flops_only(data: AnalysisData, batch: int, device: str, paired: PairedComparison) -> list[Finding]:
+    """Training against inference where a traced pass was set aside (it ran unlike its timed steps): the paired ratio
+    against the FLOP count's, with no parts."""
+    train, infer = data.record(batch, device, "train"), data.record(batch, device, "inference")
+    if train is None or infer is None:
+        return []
+    flop_ratio = train.analysis.flop_rate.flops_per_step / max(infer.analysis.flop_rate.flops_per_step, 1.0)
+    ratio = _ratio(paired)
+    set_aside = [
+        Label(f"mode_{record.combination.mode}") for record in (train, infer) if record.combination not in data.traced
+    ]
+    values = {
+        "device": Label(f"device_{device}"),
+        "batch": batch,
+        "ratio": paired.value,
+        "low": paired.low,
+        "high": paired.high,
+        "flop_ratio": flop_ratio,
+        "set_aside": Listing("finding_mode_item", tuple({"name": name} for name in set_aside), "list_joiner"),
+    }
+    message = "finding_train_above_flops_timed" if ratio.low > flop_ratio else "finding_train_flops_timed"
+    return [Finding("train_against_inference", message, values, {"ratio": ratio})]
+
+
+def _untraced_ratio(a: TracedSteps, b: TracedSteps) -> float | None:
+    """The ratio of the steps run untraced around the two traced passes (their medians), where both records have them:
+    the same processes' speed without the profiler's hooks."""
+    first, second = a.record.trace_check, b.record.trace_check
+    if first is None or second is None or not first.untraced_step_ms or not second.untraced_step_ms:
+        return None
+    return first.untraced_step_ms / second.untraced_step_ms
+
+
+def _traced_over_untraced(traced: TracedSteps) -> float:
+    """The traced steps' median over the untraced steps' around them (1 where not recorded)."""
+    check = traced.record.trace_check
+    found = check.hooks_pct if check is not None else None
+    return 1 + (found or 0.0) / 100
 
 
 def _excess_said(traced: float, without: float, flop_ratio: float) -> Listing:

@@ -38,11 +38,25 @@ from pipeline.report.lab_report import (
 )
 from pipeline.report.operator_layers import operator_groups
 from pipeline.report.rendering import GRAPH_FIGURE, markdown_to_html, with_figures_named
-from pipeline.report.tensorboard_views import GRAPH_VIEW, SCALARS_VIEW, current_views
+from pipeline.report.tensorboard_views import GRAPH_VIEW, SCALARS_VIEW, current_views, view_runs
 
 FULL_REPORT = "report.md"  # the hand-in's link to the full report; report.html in the HTML page
 TEMPLATE_BATCHES = (1, 16, 64)  # the rows of the template's batch-size table
 HANDOUT_TORCH = "1.5"  # the PyTorch the course's handout names (PyTorch==1.5.0)
+# The fingerprint's kernel features (pipeline.common.machine.KERNEL_FEATURES) by their instruction sets' names, each
+# extension said beside its family: "AVX2, FMA, AVX-512 (VNNI, BF16)". A flag not here is said as recorded.
+INSTRUCTION_SETS = {
+    "avx2": ("AVX2", ""),
+    "fma": ("FMA", ""),
+    "avx_vnni": ("AVX-VNNI", ""),
+    "avx512f": ("AVX-512", ""),
+    "avx512_vnni": ("AVX-512", "VNNI"),
+    "avx512_bf16": ("AVX-512", "BF16"),
+    "avx512_fp16": ("AVX-512", "FP16"),
+    "amx_tile": ("AMX", ""),
+    "amx_bf16": ("AMX", "BF16"),
+    "amx_int8": ("AMX", "INT8"),
+}
 # Step 5's profiler call, as pipeline/profiling/run.py's trace_steps makes it (tests/test_handin.py checks each line
 # is there): the traced steps the operator tables are read from.
 PROFILER_CALL = """\
@@ -82,6 +96,7 @@ class HandinFigures:
     languages: tuple[str, ...] = ()  # each language's figures are drawn apart, in its words
     views: bool = False  # TensorBoard's views (pipeline.report.tensorboard_views) copied beside them
     views_stale: str = ""  # why views/ was not used: it shows an earlier training
+    view_runs: tuple[str, str] = ("", "")  # the training's and the graph export's runs the views were taken from
 
     @property
     def files(self) -> set[str]:
@@ -134,7 +149,13 @@ def draw_figures(inputs: ReportInputs, figures: Path, languages: Sequence[str]) 
             shutil.copyfile(path, figures / path.name)
     stale = views if isinstance(views, str) else ""
     return HandinFigures(
-        GRAPH_SVG.exists(), curves, bool(inputs.profiles), tuple(languages), isinstance(views, tuple), stale
+        GRAPH_SVG.exists(),
+        curves,
+        bool(inputs.profiles),
+        tuple(languages),
+        isinstance(views, tuple),
+        stale,
+        view_runs() if isinstance(views, tuple) else ("", ""),
     )
 
 
@@ -194,19 +215,29 @@ def environment_table(inputs: ReportInputs, catalogue: Catalogue) -> str:
         runtime = cuda_runtime(inputs.profiles)
         build = hardware.get("torch_cuda_build", catalogue("not_recorded"))
         values = [
-            catalogue(
-                "cpu_value",
-                cpu=hardware[CPU_MODEL],
-                family_model=_family_model(hardware.get("cpu_family_model"), catalogue),
-                vcpus=hardware["cpu_count"],
+            "\n".join(
+                [
+                    catalogue(
+                        "cpu_value",
+                        cpu=hardware[CPU_MODEL],
+                        family_model=_family_model(hardware.get("cpu_family_model"), catalogue),
+                        vcpus=hardware["cpu_count"],
+                    ),
+                    *_instruction_sets(hardware.get("cpu_features"), catalogue),
+                ]
             ),
             "<br>".join(catalogue("gpu_value", model=model, count=count) for model, count in sorted(gpus.items()))
             or catalogue("no_gpu"),
             f"{hardware['os']} ({hardware['machine']})",
             "<br>".join(
-                f"{name} {hardware[key]}"
-                for name, key in (("PyTorch", "torch"), ("torchvision", "torchvision"), ("Python", "python"))
-                if key in hardware
+                f"{name} {version}"
+                for name, version in (
+                    ("PyTorch", hardware.get("torch")),
+                    ("torchvision", hardware.get("torchvision")),
+                    ("TensorBoard", inputs.tensorboard),
+                    ("Python", hardware.get("python")),
+                )
+                if version
             ),
             catalogue("cuda_used", build=build, runtime=runtime) if runtime else catalogue("cuda_unused", build=build),
         ]
@@ -240,6 +271,25 @@ def _family_model(recorded: str | None, catalogue: Catalogue) -> str:
     return catalogue("family_model", family=found.group(1), model=found.group(2))
 
 
+def _instruction_sets(recorded: str | None, catalogue: Catalogue) -> list[str]:
+    """The CPU's recorded kernel features as one line of its cell ("AVX2, FMA, AVX-512 (VNNI, BF16)"); no line where
+    the fingerprint records none (`none`, `unknown`, or a fingerprint older than the key)."""
+    families: dict[str, list[str]] = {}
+    for flag in (recorded or "").split():
+        if flag in ("none", "unknown"):
+            continue
+        family, extension = INSTRUCTION_SETS.get(flag, (flag, ""))
+        families.setdefault(family, []).extend([extension] if extension else [])
+    if not families:
+        return []
+    joiner = catalogue("list_joiner")
+    names = [
+        family + (catalogue("cell_aside", aside=joiner.join(extensions)) if extensions else "")
+        for family, extensions in families.items()
+    ]
+    return [catalogue("cpu_features", features=joiner.join(names))]
+
+
 def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigures, catalogue: Catalogue) -> str:
     graph = catalogue("missing", stage="export_graph")
     if drawn.graph:
@@ -257,7 +307,7 @@ def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigur
             "curves_caption",
             accuracy=metrics["test_accuracy"],
             loss=metrics["test_loss"],
-            epochs=int(metrics.get("epochs", params.train.epochs)),
+            epochs=catalogue.counted(int(metrics.get("epochs", params.train.epochs)), "count_epoch", "count_epochs"),
             batch=params.train.batch_size,
         )
         layout = catalogue("sentence_joiner") + catalogue("curves_layout", steps=params.train.log_every_steps)
@@ -326,7 +376,7 @@ def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigur
         )
         + "\n"
         + (
-            catalogue("tensorboard_line")
+            catalogue("tensorboard_line", train=drawn.view_runs[0], export=drawn.view_runs[1])
             if drawn.views
             else catalogue("views_stale", path=drawn.views_stale)
             if drawn.views_stale
@@ -511,7 +561,10 @@ def _flags(row: ComparisonRow, catalogue: Catalogue) -> list[str]:
     if row.too_few_processes:
         flags.append(
             catalogue(
-                "flag_too_few", processes=row.processes, target=row.ci_target_pct, minimum=MIN_ORDER_STATISTIC_PROCESSES
+                "flag_too_few",
+                processes=catalogue.counted(row.processes, "count_process", "count_processes"),
+                target=row.ci_target_pct,
+                minimum=MIN_ORDER_STATISTIC_PROCESSES,
             )
         )
     if row.machine_busy:
@@ -522,11 +575,13 @@ def _flags(row: ComparisonRow, catalogue: Catalogue) -> list[str]:
 
 
 def paired_note(inputs: ReportInputs, catalogue: Catalogue) -> str:
+    """How the tables' numbers were timed: interleaved in fresh processes (and, where they ran side by side, how
+    many at once), what the intervals are, and what a rerun can move."""
     if not inputs.comparisons:
         return ""
     processes = max(found.processes for found in inputs.comparisons)
     if not inputs.drift:
-        return catalogue("paired_note_no_drift", processes=processes) + "\n"
+        return catalogue("paired_note_no_drift", processes=processes) + _side_by_side(inputs, catalogue) + "\n"
     drift = catalogue("list_joiner").join(
         catalogue("drift_item", value=rounded_up(probe.half_width_pct, 1), device=catalogue(f"device_{device}"))
         for device, probe in sorted(inputs.drift.items())
@@ -537,7 +592,27 @@ def paired_note(inputs: ReportInputs, catalogue: Catalogue) -> str:
     if wider:
         devices = catalogue("list_joiner").join(catalogue(f"device_{found.device}") for found in wider)
         note += catalogue("paired_note_wider", devices=devices)
-    return note + "\n"
+    return note + _side_by_side(inputs, catalogue) + "\n"
+
+
+def _side_by_side(inputs: ReportInputs, catalogue: Catalogue) -> str:
+    """Each device whose timing processes ran more than one at a time (`profile.processes_at_once`), each on cores of
+    its own, one per thread (pipeline.profiling.processes): how many at once and on how many cores; "" for none."""
+    ran = {
+        record.combination.device: (record.settings.processes_at_once, record.settings.threads)
+        for record in inputs.profiles
+    }
+    return "".join(
+        catalogue("sentence_joiner")
+        + catalogue(
+            "paired_note_at_once",
+            device=catalogue(f"device_{device}"),
+            at_once=at_once,
+            cores=catalogue.counted(threads, "count_core", "count_cores"),
+        )
+        for device, (at_once, threads) in ran.items()
+        if at_once > 1
+    )
 
 
 def conditions_note(inputs: ReportInputs, params: Params, catalogue: Catalogue) -> str:
@@ -547,7 +622,13 @@ def conditions_note(inputs: ReportInputs, params: Params, catalogue: Catalogue) 
     if not inputs.profiles:
         return ""
     settings = inputs.profiles[0].settings
-    sentences = [catalogue("handin_conditions", threads=settings.threads, precision=settings.precision)]
+    sentences = [
+        catalogue(
+            "handin_conditions",
+            threads=catalogue.counted(settings.threads, "count_thread", "count_threads"),
+            precision=settings.precision,
+        )
+    ]
     if settings.threads == 1:
         sentences.append(catalogue("handin_conditions_one_thread"))
     if settings.precision == PROFILE_PRECISION:
@@ -557,7 +638,11 @@ def conditions_note(inputs: ReportInputs, params: Params, catalogue: Catalogue) 
         threads, precision = ran.get("threads", params.train.threads), ran.get("precision", params.train.precision)
         defaults = (params.train.threads, params.train.precision) == (0, "auto")
         key = "handin_conditions_train_auto" if defaults else "handin_conditions_train"
-        sentences.append(catalogue(key, threads=threads, precision=precision))
+        sentences.append(
+            catalogue(
+                key, threads=catalogue.counted(int(threads), "count_thread", "count_threads"), precision=precision
+            )
+        )
     return catalogue("sentence_joiner").join(sentences) + "\n"
 
 

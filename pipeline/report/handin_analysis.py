@@ -25,7 +25,7 @@ from pipeline.report.catalogue import Catalogue
 from pipeline.report.findings import FIXED_EXPONENT, PROPORTIONAL_EXPONENT, Finding, Label, Listing
 from pipeline.report.lab_report import ReportInputs
 from pipeline.report.operator_layers import NO_GROUP, layer_shares, operators_by_group
-from pipeline.report.roofline import UNDECIDED, WHOLE_STEP, RooflinePoint, roofline_points
+from pipeline.report.roofline import WHOLE_STEP, RooflinePoint, roofline_points
 from pipeline.report.step_analysis import step_facts
 
 GROUP_ORDER = ("convolution", "linear", "pool_activation_dropout", "loss", "optimizer")
@@ -76,7 +76,10 @@ def handin_analysis(
         blocks.append(f"#### {catalogue('handin_evidence_heading')}\n\n{_evidence_table(evidence, say)}")
     summary = [p.summary for p in paragraphs if p.summary]
     if summary:
-        blocks.append(f"#### {catalogue('handin_summary_heading')}\n\n" + "".join(f"- {line}\n" for line in summary))
+        blocks.append(
+            f"#### {catalogue('handin_summary_heading')}\n\n"
+            + "".join(f"- {line[:1].upper()}{line[1:]}\n" for line in summary)  # a clause may open a line
+        )
     blocks.append(catalogue("full_report_line"))
     return spaced("\n\n".join(block.rstrip("\n") for block in blocks) + "\n")
 
@@ -416,9 +419,6 @@ def _closer_to_roof(found: Sequence[Finding], inputs: ReportInputs, say: _Words)
         if crossing is not None:
             sentences.append(crossing[0])
             evidence.append(crossing[1])
-            for sentence, row in _above_memory_roof(on_device, say):
-                sentences.append(sentence)
-                evidence.append(row)
         bound = _compute_bound(on_device, say)
         if bound is not None and sentences:
             sentences.append(bound)
@@ -462,7 +462,9 @@ def _closer_to_roof(found: Sequence[Finding], inputs: ReportInputs, say: _Words)
 
 
 def _linear_points(points: Sequence[RooflinePoint], batch: int) -> list[RooflinePoint]:
-    return [point for point in points if point.batch_size == batch and layer_group(point.name) == "linear"]
+    """The fully connected layers' forward product (`aten::addmm`) at `batch`: the one that multiplies the weights by
+    the batch (the backward's `aten::mm` holds the weight gradient, an outer product at batch 1)."""
+    return [point for point in points if point.batch_size == batch and point.name == "aten::addmm"]
 
 
 def _matrix_vector(points: Sequence[RooflinePoint], say: _Words) -> tuple[str, Evidence] | None:
@@ -492,35 +494,6 @@ def _matrix_vector(points: Sequence[RooflinePoint], say: _Words) -> tuple[str, E
         **{key: value for key, value in values.items() if key != "ridge"},
     )
     return sentence, Evidence(numbers, say("handin_source_roofs"), say("handin_rule_ridge"))
-
-
-def _above_memory_roof(points: Sequence[RooflinePoint], say: _Words) -> list[tuple[str, Evidence]]:
-    """An operator left of the ridge whose traced rate lies above the memory roof: its bytes do not all come from
-    DRAM (roofline._above_sentence's rule)."""
-    above = [
-        point
-        for point in points
-        if point.name != WHOLE_STEP
-        and point.traced_like_timed
-        and point.bound == UNDECIDED
-        and point.achieved.low > point.roof_gflops_per_s
-    ]
-    said = []
-    for point in sorted(above, key=lambda p: (p.batch_size, p.mode, p.name)):
-        values = {
-            "operator": point.name,
-            "combination": say.combination(point.device, point.mode),
-            "batch": point.batch_size,
-            "megabytes": point.megabytes,
-        }
-        numbers = say("handin_evidence_above", rate=point.achieved.value, roof=point.roof_gflops_per_s, **values)
-        said.append(
-            (
-                say("handin_above_memory_roof", times=point.roof_pct / 100, **values),
-                Evidence(numbers, say("handin_source_traced_rate"), say("handin_rule_above")),
-            )
-        )
-    return said
 
 
 def _compute_bound(points: Sequence[RooflinePoint], say: _Words) -> str | None:
@@ -711,27 +684,25 @@ def _changes(listing: Listing, say: _Words) -> str:
 
 
 def _memory_summary(said: Sequence[Finding], say: _Words) -> str:
-    """The parts that grew with the batch in some combination, and those that stayed the same in every one where
-    they were held: "" where none grew (the peaks only moved)."""
-
-    def parts(key: str) -> list[str]:
-        return list(
-            dict.fromkeys(
-                item["part"].key
-                for each in said
-                if isinstance(listing := _material_parts(each.values)[key], Listing)
-                for item in listing.items
-            )
-        )
-
-    grows = parts("grows")
-    stays = [part for part in parts("stays") if part not in grows]
-    if not grows:
+    """Per combination, the parts that grew with the batch, or that its two peaks fall at different moments of the
+    step (then no part can be said to grow); then the parts that stayed the same wherever they were held."""
+    clauses, stays = [], []
+    for each in said:
+        device, mode, _, _ = _subject(each)
+        values = _material_parts(each.values)
+        if isinstance(values["grows"], Listing):
+            grows = say.joined(say.catalogue(item["part"].key) for item in values["grows"].items)
+            clauses.append(say("handin_memory_summary_mode", combination=say.combination(device, mode), grows=grows))
+        elif isinstance(values["moved"], Listing):
+            clauses.append(say("handin_memory_summary_moved", combination=say.combination(device, mode)))
+        if isinstance(values["stays"], Listing):
+            stays += [item["part"].key for item in values["stays"].items]
+    if not clauses:
         return ""
-    words = {"grows": say.joined(say.catalogue(part) for part in grows)}
-    if not stays:
-        return say("handin_memory_summary_grows", **words)
-    return say("handin_memory_summary", stays=say.joined(say.catalogue(part) for part in stays), **words)
+    if stays:
+        parts = say.joined(say.catalogue(part) for part in dict.fromkeys(stays))
+        clauses.append(say("handin_memory_summary_stays", stays=parts))
+    return say("handin_memory_summary", clauses=say.joined(clauses, "list_separator"))
 
 
 # --- training against inference -----------------------------------------------------------------------------------
@@ -742,6 +713,10 @@ UPDATE_WORDS = {
     "finding_train_more_than_flops": "handin_modes_more_than_update",
     "finding_train_above_flops_agree": "handin_modes_update_part",
 }
+
+
+# train_against_inference's messages whose paired ratio does not lie wholly above the FLOP count's.
+UNDER_FLOPS = {"finding_train_against_flops", "finding_train_flops_timed"}
 
 
 def _train_against_inference(found: Sequence[Finding], inputs: ReportInputs, say: _Words) -> Paragraph | None:
@@ -758,7 +733,7 @@ def _train_against_inference(found: Sequence[Finding], inputs: ReportInputs, say
         ratios = say.joined(
             say("handin_modes_ratio", ratio=each.values["ratio"], batch=each.values["batch"]) for each in findings
         )
-        above = [each for each in findings if each.message != "finding_train_against_flops"]
+        above = [each for each in findings if each.message not in UNDER_FLOPS]
         key = (
             "handin_modes_all_above"
             if len(above) == len(findings)
@@ -788,6 +763,19 @@ def _train_against_inference(found: Sequence[Finding], inputs: ReportInputs, say
                     words, batch=values["batch"], traced=values["traced_ratio"], without=values["without"], share=update
                 )
             )
+        for each in findings:
+            if each.message == "finding_train_traced_apart":
+                values = each.values
+                sentences.append(
+                    say(
+                        "handin_modes_traced_apart",
+                        batch=values["batch"],
+                        traced=values["traced_ratio"],
+                        around=values["untraced_ratio"],
+                        train_hooks=values["train_hooks"],
+                        inference_hooks=values["inference_hooks"],
+                    )
+                )
         refused = [each for each in findings if each.message == "finding_train_above_flops"]
         if refused:
             sentences.append(
@@ -802,6 +790,15 @@ def _train_against_inference(found: Sequence[Finding], inputs: ReportInputs, say
             )
         numbers = [
             say(
+                "handin_evidence_mode_timed",
+                batch=each.values["batch"],
+                ratio=each.values["ratio"],
+                low=each.values["low"],
+                high=each.values["high"],
+                set_aside=say.joined(say.catalogue(item["name"].key) for item in each.values["set_aside"].items),
+            )
+            if "set_aside" in each.values
+            else say(
                 "handin_evidence_mode_item",
                 batch=each.values["batch"],
                 ratio=each.values["ratio"],
@@ -828,7 +825,7 @@ def _train_against_inference(found: Sequence[Finding], inputs: ReportInputs, say
                 say("handin_rule_modes"),
             )
         )
-    above_all = [each.values["flop_ratio"] for each in said if each.message != "finding_train_against_flops"]
+    above_all = [each.values["flop_ratio"] for each in said if each.message not in UNDER_FLOPS]
     summary = say("handin_modes_summary", flop_ratio=min(above_all)) if len(above_all) == len(said) else ""
     return Paragraph(say("handin_modes_title"), tuple(sentences), tuple(evidence), summary)
 

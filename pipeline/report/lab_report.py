@@ -8,6 +8,7 @@ Torch-free: profiles are read through `pipeline.records.profile`.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import math
 import re
 import shutil
@@ -76,6 +77,9 @@ class ReportInputs:
     drift: dict[str, SpeedDrift] = field(default_factory=dict)  # per device: the roofs stage's measured drift probe
     missing: list[str] = field(default_factory=list)  # one sentence per absent input
     model_layers: list[dict[str, Any]] | None = None  # graph/summary.json's layers: parameters, FLOPs per sample
+    # The installed TensorBoard's version (the one `tensorboard --logdir runs` and `make handin-views` use), read by
+    # the report stage: the fingerprint does not hold it, and adding it there would re-measure every machine's roofs.
+    tensorboard: str | None = None
 
 
 def read_json(
@@ -130,7 +134,16 @@ def read_inputs(config: ProfileConfig) -> ReportInputs:
         drift=drift,
         missing=missing,
         model_layers=model_layers,
+        tensorboard=installed_version("tensorboard"),
     )
+
+
+def installed_version(package: str) -> str | None:
+    """`package`'s installed version (its metadata, without importing it); None where it is not installed."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def read_model_layers() -> list[dict[str, Any]]:

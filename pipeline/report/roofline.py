@@ -215,7 +215,8 @@ def _bound_sentence(points: Sequence[RooflinePoint]) -> str:
 
 
 def _above_sentence(points: Sequence[RooflinePoint]) -> str:
-    """What a point above its roof means: under the memory roof, data a cache holds (the roof is DRAM's triad);
+    """What a point above its roof means: under the memory roof, faster streaming than one thread's triad (a read-mostly
+    operator, or data a cache holds; not measured which);
     under the matmul roof, an operator's one traced pass (no interval) against the fastest measured product."""
     above = sorted(
         (
@@ -238,9 +239,10 @@ def _above_sentence(points: Sequence[RooflinePoint]) -> str:
     parts = []
     if memory:
         parts.append(
-            f" Above the memory roof: {'; '.join(memory)}. That roof is DRAM's bandwidth (a STREAM triad over arrays "
-            "far beyond the caches), so DRAM's bandwidth does not limit these; what does is not measured here (data "
-            "small enough to stay in a cache between calls can stream faster than DRAM)."
+            f" Above the memory roof: {'; '.join(memory)}. That roof is one thread's STREAM triad over arrays far "
+            "beyond the caches, counted as STREAM counts it (no write-allocate traffic): a read-mostly operator can "
+            "stream faster than it from DRAM, and data small enough to stay in a cache between calls can too. Which "
+            "of these holds is not measured here (no memory traffic counters)."
         )
     if compute:
         parts.append(

@@ -236,5 +236,11 @@ def current_views() -> tuple[Path, Path] | str | None:
     return paths
 
 
+def view_runs() -> tuple[str, str]:
+    """The MLflow runs (short ids) of the training and the graph export whose event files the views show."""
+    runs = json.loads(RECORD.read_text()).get("runs", {})
+    return str(runs.get("train", ""))[:8], str(runs.get("export_graph", ""))[:8]
+
+
 if __name__ == "__main__":
     run_stage("handin-views", main)

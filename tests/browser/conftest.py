@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.projects import build_reproduced, published_reproduced, reproduced_cache, tree_digest
+from tests.helpers.projects import build_reproduced, published_reproduced, reproduced_cache, session_digest
 
 
 @pytest.fixture(scope="session")
@@ -18,6 +18,6 @@ def reproduced_project(
     MNIST mirror), else one built here. These tests look at the pages of a reproduced project, not at how it came
     about; the pipeline itself is `make test`'s to test, so it is not run a second time for the same tree."""
     cache = reproduced_cache(request.config)
-    if cache is not None and (published := published_reproduced(cache, tree_digest(mnist_mirror))):
+    if cache is not None and (published := published_reproduced(cache, session_digest(request.config, mnist_mirror))):
         return published
     return build_reproduced(request.config, tmp_path_factory, mnist_mirror)

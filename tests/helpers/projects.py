@@ -296,6 +296,19 @@ def tree_digest(mnist_mirror: Path, root: Path = REPO_ROOT) -> str:
     return digest.hexdigest()[:16]
 
 
+SESSION_DIGEST = pytest.StashKey[dict[Path, str]]()
+
+
+def session_digest(config: pytest.Config, mnist_mirror: Path) -> str:
+    """The tree's digest as it was when this test process started (`tree_digest`, remembered per mirror): a test on
+    another worker may add or change a file of the tree for a moment, and a digest taken then would publish the
+    project under a name no later session finds."""
+    taken = config.stash.setdefault(SESSION_DIGEST, {})
+    if mnist_mirror not in taken:
+        taken[mnist_mirror] = tree_digest(mnist_mirror)
+    return taken[mnist_mirror]
+
+
 def published_reproduced(cache: Path, digest: str) -> Path | None:
     """The reproduced project an earlier test session published for the tree with `digest`, if there is one."""
     folder = cache / digest
@@ -331,7 +344,7 @@ def reproduced_or_published(config: pytest.Config, target: Path, mnist_mirror: P
     here. A clone is seconds; reproducing is minutes, and the same pipeline on the same inputs gives the same
     project (`tree_digest`)."""
     cache = reproduced_cache(config)
-    published = published_reproduced(cache, tree_digest(mnist_mirror)) if cache is not None else None
+    published = published_reproduced(cache, session_digest(config, mnist_mirror)) if cache is not None else None
     if published is not None:
         return clone_project(published, target)
     return reproduced_copy(target, mnist_mirror)
@@ -346,7 +359,7 @@ def build_reproduced(config: pytest.Config, tmp_path_factory: pytest.TempPathFac
         cache = reproduced_cache(config)
         if cache is not None:
             with FileLock(cache.parent / "reproduced.lock"):
-                publish_reproduced(project, cache, tree_digest(mnist_mirror))
+                publish_reproduced(project, cache, session_digest(config, mnist_mirror))
 
     if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: `-n 0` or `-p no:xdist`
         project = reproduced_copy(tmp_path_factory.mktemp("reproduced") / "project", mnist_mirror)
