@@ -64,13 +64,14 @@ test-stress: install
 # CI's share of test-stress (.ci/run): the train stage's stage-alone, `dvc repro` and `dvc queue kill` paths, both
 # signals, at one of the ten moments, and one of the three stages stopped every way through `dvc repro` at that moment:
 # MOMENT=<name> and STAGE=<name> (tests/helpers/stress.py), else those the commit count picks, so that any 30
-# consecutive commits cover them all. Not the class server's outages.
+# consecutive commits cover them all. Not the class server's outages. Its three modules on three workers, as
+# test-stress: they mostly wait.
 test-stress-sample: install
 	LAB_STRESS_MOMENTS="$${MOMENT:-$$(python -c 'import sys; from tests.helpers.stress import moment_for; \
 	print(moment_for(int(sys.argv[1])))' "$$(git rev-list --count HEAD)")}" \
 	LAB_STRESS_STAGES="$${STAGE:-$$(python -c 'import sys; from tests.helpers.stress import stage_for; \
 	print(stage_for(int(sys.argv[1])))' "$$(git rev-list --count HEAD)")}" \
-	python -m pytest -m stress -n 2 tests/test_signal_stress.py tests/test_signal_stress_queue.py \
+	python -m pytest -m stress -n 3 tests/test_signal_stress.py tests/test_signal_stress_queue.py \
 	tests/test_signal_stress_stages.py
 
 # MLflow's, TensorBoard's and the hand-in's pages rendered in headless Chromium (Debian package `chromium`): not part

@@ -350,10 +350,11 @@ def test_training_against_inference_outside_where_one_more_process_would_fall_sa
     assert DECIDES_ZH in text["zh"]
 
 
-def test_where_the_untraced_steps_around_the_passes_agree_the_profilers_hooks_are_named_not_a_quieter_machine() -> None:
+def test_the_untraced_steps_around_the_passes_say_whether_the_traced_steps_or_the_process_ran_apart() -> None:
     """The traced 36.7x misses where one more process would fall (39.2-40.8), but the steps the same processes ran
     untraced around the passes give 6.0 / 0.15 = 40x, inside it: the processes ran like the timed ones and their traced
-    steps did not, so the finding names the traced over untraced steps and timing without the profiler, not a rerun."""
+    steps did not, so the finding gives the traced over untraced steps (no cause: training's ran faster) and timing
+    without the profiler as what would decide it, not a rerun."""
     tight = (39.6, 39.8, 40.0, 40.0, 40.2, 40.4)
     data = modes_at(1, 5.0, 40.0, processes=tight)
     train, infer = data.records
@@ -385,9 +386,23 @@ def test_where_the_untraced_steps_around_the_passes_agree_the_profilers_hooks_ar
     assert "training's traced steps took 0.92× the untraced steps around them and inference's 1.00×" in english
     assert "timing that needs no profiler" in english and "quieter machine" not in english
     assert "同一进程在记录前后未记录的步骤给出 40.00 倍" in chinese and "更安静的机器" not in chinese
+    assert "what made them differ is not measured" in english and "hooks" not in english
     # Without the untraced steps (an older record) the refusal stays the one that asks for another traced pass.
     [older] = train_against_inference(data)
     assert older.message == "finding_train_above_flops"
+    # Untraced steps around the passes that miss as well (5.0 / 0.15 = 33x): the tracing process ran apart.
+    apart = AnalysisData.of(
+        [
+            dataclasses.replace(train, trace_check=around(5.0, 5.5)),
+            dataclasses.replace(infer, trace_check=around(0.15, 0.15)),
+        ],
+        data.comparisons,
+    )
+    [process] = train_against_inference(apart)
+    assert process.message == "finding_train_process_apart"
+    text = rendered(process)
+    assert "the tracing process ran unlike the timing processes even untraced" in text["en"]
+    assert "做性能分析的进程即使不记录，运行情况也与计时进程不同" in text["zh"]
 
 
 def test_the_updates_part_of_the_excess_is_all_of_it_where_without_it_the_ratio_would_not_exceed_the_flops() -> None:

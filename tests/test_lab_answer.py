@@ -471,6 +471,16 @@ def test_a_traced_step_slower_by_the_profilers_hooks_alone_is_the_timed_step() -
     assert _analysed(record)
 
 
+def test_a_hooks_bound_past_every_share_says_the_trace_cannot_apportion_the_step() -> None:
+    """Traced at 1.5 ms against 0.507 untraced: the hooks' bound moves a share by more than 100 points, which no share
+    can move by. The table says the trace cannot apportion the step rather than print that bound."""
+    record = _traced_in_process(_batch_one(), 0.507, 1.5, BATCH_ONE_OPERATORS)
+    assert record.hooks_share_points is not None and record.hooks_share_points >= 100
+    table = operators_markdown(record)
+    assert "which could be all of the operator time: this trace cannot apportion the step." in table
+    assert "moves no share in this table by more than" not in table
+
+
 def test_a_tracing_process_at_another_speed_is_flagged_with_its_own_numbers() -> None:
     record = _traced_in_process(_batch_one(), 0.470, 0.538, BATCH_ONE_OPERATORS)
     check = record.trace_check

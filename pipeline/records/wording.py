@@ -194,7 +194,7 @@ def trace_sentence(record: ProfileRecord) -> str:
         f"steps), over its {calls:.0f} operator calls: at the same cost per call, at most "
         f"{rounded_up(1000 * per_call, 1):.1f} µs each, "
     )
-    if math.isinf(points):
+    if math.isinf(points) or points >= 100:  # a bound past every share says nothing of any of them
         return sentence + "which could be all of the operator time: this trace cannot apportion the step."
     sentence += f"which moves no share in this table by more than {rounded_up(points, 1):.1f} points"
     if not record.top_operator_ranked:

@@ -723,8 +723,10 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
     ratio ("all of it" where without the update the ratio would not exceed the FLOP ratio); "the update alone does
     not explain it" where, without it, the whole interval stays beyond 1.5x. Where the traced ratio misses but the
     steps run untraced around the two passes give a ratio where one more process would fall, the processes ran like
-    the timed ones and the traced steps themselves did not (the profiler's hooks): a trace cannot apportion the gap,
-    and the finding says so and what would (`finding_train_traced_apart`)."""
+    the timed ones and the traced steps themselves did not: a trace cannot apportion the gap, and the finding says so
+    with each side's traced over untraced steps (what made them differ is not measured) and what would decide it
+    (`finding_train_traced_apart`); where the untraced steps miss too, the tracing process ran unlike the timing
+    processes even untraced (`finding_train_process_apart`)."""
     found = []
     for device in data.devices():
         for batch in data.batches(device, "train"):
@@ -800,6 +802,8 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
                 message = "finding_train_against_flops"
             elif not consistent and around is not None and one_more.low <= around <= one_more.high:
                 message = "finding_train_traced_apart"
+            elif not consistent and around is not None:
+                message = "finding_train_process_apart"
             elif not consistent:
                 message = "finding_train_above_flops"
             elif ratio.low > explained >= without.value:

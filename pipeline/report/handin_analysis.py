@@ -245,7 +245,14 @@ def _fixed_costs(found: Sequence[Finding], inputs: ReportInputs, say: _Words) ->
     for each in fixed:
         device, mode, small, large = _subject(each)
         items = [
-            say("handin_fixed_item", group=item["group"], value=item["value"], share=item["share"], small=small)
+            say(
+                "handin_fixed_item",
+                group=item["group"],
+                value=item["value"],
+                share=item["share"],
+                small=small,
+                large=large,
+            )
             for item in each.values["groups"].items
         ]
         sentences.append(
@@ -310,6 +317,11 @@ def _saving_evidence(each: Finding, inputs: ReportInputs, say: _Words) -> Eviden
     device, mode, small, large = _subject(each)
     values = each.values
     shares = [_share_item(item, say) for item in values["groups"].items]
+    against = values.get("against")
+    if isinstance(against, Listing) and against.items:
+        shares.append(
+            say("handin_evidence_against", shares=say.joined(_share_item(item, say) for item in against.items))
+        )
     numbers = say(
         "handin_evidence_saving",
         combination=say.combination(device, mode),
@@ -521,18 +533,24 @@ def _growing_work(found: Sequence[Finding], inputs: ReportInputs, say: _Words) -
     if not growing:
         return None
     sentences, evidence = [], []
+    dearer: list[str] = []  # groups whose time per step grew beyond the samples: dearer per sample
     for each in growing:
         device, mode, small, large = _subject(each)
         items = each.values["groups"].items
+        scale = large / small
+
+        def item_words(item: Mapping[str, Any], scale: float = scale) -> str:
+            key = "handin_growth_item_dearer" if item["low"] > scale else "handin_growth_item"
+            return say(key, group=item["group"], value=item["value"], scale=scale)
+
+        dearer += [str(say.word(item["group"])) for item in items if item["low"] > scale]
         sentences.append(
             say(
                 "handin_grows",
                 combination=say.combination(device, mode),
                 small=small,
                 large=large,
-                groups=say.joined(
-                    say("handin_growth_item", group=item["group"], value=item["value"]) for item in items
-                ),
+                groups=say.joined(item_words(item) for item in items),
                 pct=each.values["pct"],
             )
         )
@@ -587,7 +605,12 @@ def _growing_work(found: Sequence[Finding], inputs: ReportInputs, say: _Words) -
     flops = _convolution_flops(inputs)
     if flops is not None:
         sentences.append(say("handin_grows_flops", **flops))
-    return Paragraph(say("handin_grows_title"), tuple(sentences), tuple(evidence), say("handin_grows_summary"))
+    summary = (
+        say("handin_grows_summary_dearer", groups=say.joined(dict.fromkeys(dearer)))
+        if dearer
+        else say("handin_grows_summary")
+    )
+    return Paragraph(say("handin_grows_title"), tuple(sentences), tuple(evidence), summary)
 
 
 def _convolution_flops(inputs: ReportInputs) -> dict[str, float] | None:
@@ -764,6 +787,16 @@ def _train_against_inference(found: Sequence[Finding], inputs: ReportInputs, say
                 )
             )
         for each in findings:
+            if each.message == "finding_train_process_apart":
+                values = each.values
+                sentences.append(
+                    say(
+                        "handin_modes_process_apart",
+                        batch=values["batch"],
+                        traced=values["traced_ratio"],
+                        around=values["untraced_ratio"],
+                    )
+                )
             if each.message == "finding_train_traced_apart":
                 values = each.values
                 sentences.append(
