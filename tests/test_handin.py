@@ -17,6 +17,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import pytest
+import yaml
 from matplotlib import font_manager
 from matplotlib.ft2font import FT2Font
 from mlflow import MlflowClient
@@ -143,6 +144,11 @@ def test_the_chinese_handin_holds_every_heading_and_label_of_the_template_and_fi
     assert "模板的表格还有批大小 16 的行，这里没有做性能分析：把它们加入 `profile.batch_sizes` 即可补上。" in markdown
     assert environment[1][2] == "无" and environment[4][2].endswith("未使用：没有在 GPU 上做性能分析")
     assert "![神经网络数据流图](figures/model_graph.svg)" in visualisation[0][1]
+    train = yaml.safe_load((handed_in / "params.yaml").read_text())["train"]  # the recipe the curves come from
+    assert (
+        f"（Adadelta，学习率 {train['lr']:g}，每轮后按 StepLR 乘以 {train['gamma']:g}，随机种子 {train['seed']}）"
+        in (visualisation[1][1])
+    )
     assert "批大小 1，CPU 推理：`aten::mkldnn_convolution`（40.0%）" in visualisation[2][1]
     assert load_catalogue("zh")("gpu_missing") in markdown  # no GPU profile: one line on how to add it
     assert "](report.md)" in markdown

@@ -334,6 +334,29 @@ def test_each_top_operator_is_in_the_layer_it_ran_in(tmp_path: Path, monkeypatch
     assert operator_groups(record) == {"aten::sqrt_": "optimizer", "aten::addmm": "linear", "aten::copy_": NO_GROUP}
 
 
+def test_a_convolution_kernel_left_of_the_ridge_is_named_beside_those_right_of_it() -> None:
+    """At batch 1 the CPU ran one convolution as `_slow_conv2d_forward` (4.3 FLOP/byte on the EPYC): the paragraph that
+    places the convolutions right of the ridge names it, so that it does not read as every convolution."""
+    from pipeline.records.quantities import Interval
+    from pipeline.report.handin_analysis import _compute_bound, _Words
+    from pipeline.report.roofline import RooflinePoint
+
+    def point(batch: int, name: str, intensity: float) -> RooflinePoint:
+        return RooflinePoint("cpu", "inference", batch, name, intensity, Interval(40.0, 38.0, 42.0), 99.4, 18.5)
+
+    points = [
+        point(1, "aten::mkldnn_convolution", 66.0),
+        point(64, "aten::mkldnn_convolution", 68.0),
+        point(1, "aten::_slow_conv2d_forward", 4.3),
+    ]
+    text = _compute_bound(points, _Words(load_catalogue("zh")))
+    assert (
+        text is not None
+        and "卷积（`aten::mkldnn_convolution`）在各批大小下按计数的算术强度都有 66–68 FLOP/byte" in text
+    )
+    assert "CPU 推理批大小 1 时，卷积还用到了 `aten::_slow_conv2d_forward`，按计数的算术强度只有 4.3 FLOP/byte" in text
+
+
 def test_a_group_that_grew_beyond_the_samples_is_said_dearer_per_sample_not_cheaper() -> None:
     """Pooling/ReLU/dropout at 75.7x (68.2-83.7) for 64x the samples, as a Zen 4 run measured: dearer per sample. The
     paragraph says so beside it, and the summary does not claim that such work gets cheaper per sample."""

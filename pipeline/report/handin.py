@@ -309,6 +309,9 @@ def visualisation_table(inputs: ReportInputs, params: Params, drawn: HandinFigur
             loss=metrics["test_loss"],
             epochs=catalogue.counted(int(metrics.get("epochs", params.train.epochs)), "count_epoch", "count_epochs"),
             batch=params.train.batch_size,
+            lr=params.train.lr,
+            gamma=params.train.gamma,
+            seed=params.train.seed,
         )
         layout = catalogue("sentence_joiner") + catalogue("curves_layout", steps=params.train.log_every_steps)
         curves = f"![{catalogue('curves_label')}]({curves_path(catalogue.language)})<br>{caption}{layout}"

@@ -517,11 +517,24 @@ def _compute_bound(points: Sequence[RooflinePoint], say: _Words) -> str | None:
         return None
     placed = [point for point in convolutions if point.name in bound]
     low, high = (f"{value:.0f}" for value in (min(p.intensity for p in placed), max(p.intensity for p in placed)))
-    return say(
+    said = say(
         "handin_compute_bound",
         operators=say.joined(f"`{name}`" for name in bound),
         span=low if low == high else f"{low}–{high}",
     )
+    # A convolution kernel that ran left of the ridge (at batch 1 the CPU can take the direct `_slow_conv2d_forward`
+    # path for a layer): said with where it ran, so that "every convolution is right of the ridge" is not implied.
+    for point in sorted(
+        (p for p in convolutions if p.name not in bound and p.intensity < p.ridge), key=lambda p: (p.name, p.batch_size)
+    ):
+        said += say(
+            "handin_conv_left",
+            operator=point.name,
+            combination=say.combination(point.device, point.mode),
+            batch=point.batch_size,
+            intensity=point.intensity,
+        )
+    return said
 
 
 # --- work that grows with the samples ----------------------------------------------------------------------------
