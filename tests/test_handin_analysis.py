@@ -388,6 +388,6 @@ def test_a_group_that_grew_beyond_the_samples_is_said_dearer_per_sample_not_chea
         if language == "zh":
             assert "池化/ReLU/随机失活（76 倍，超过样本数的 64 倍，单样本耗时反而增加）" in text
             assert "卷积（36 倍）" in text
-            assert "池化/ReLU/随机失活的单样本耗时甚至增加" in paragraph.summary
+            assert "CPU 推理中的池化/ReLU/随机失活的单样本耗时甚至增加" in paragraph.summary
         else:
             assert "dearer per sample" in text and "even got dearer per sample" in paragraph.summary

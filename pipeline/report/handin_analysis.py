@@ -556,7 +556,11 @@ def _growing_work(found: Sequence[Finding], inputs: ReportInputs, say: _Words) -
             key = "handin_growth_item_dearer" if item["low"] > scale else "handin_growth_item"
             return say(key, group=item["group"], value=item["value"], scale=scale)
 
-        dearer += [str(say.word(item["group"])) for item in items if item["low"] > scale]
+        dearer += [
+            say("handin_dearer_in", combination=say.combination(device, mode), group=item["group"])
+            for item in items
+            if item["low"] > scale
+        ]
         sentences.append(
             say(
                 "handin_grows",
