@@ -123,7 +123,7 @@ def test_the_chinese_handin_holds_every_heading_and_label_of_the_template_and_fi
     assert set(TEMPLATE_HEADINGS) <= set(headings(markdown))
     environment, visualisation, batches = tables(markdown)[:3]
     cells = [cell for table in (environment, visualisation) for row in table for cell in row]
-    # The template's batch table (批大小 | 结果比较) is a numeric table with a header of its own (issue 68).
+    # The template's batch table (批大小 | 结果比较) is a numeric table with a header of its own.
     assert all(label in cells for label in TEMPLATE_LABELS[:-2]), [x for x in TEMPLATE_LABELS if x not in cells]
     assert (
         TEMPLATE_LABELS[-2] == "批大小" and header(markdown, 2)[0] == "批大小" and "结果比较" in headings(markdown)[4]

@@ -583,7 +583,7 @@ def test_dvc_repro_writes_both_handins_filled_from_its_outputs(reproduced_projec
     chinese = (reported / "report" / "handin.zh.md").read_text()
     assert set(TEMPLATE_HEADINGS) <= set(headings(chinese))
     cells = [cell for table in tables(chinese)[:3] for row in table for cell in row]
-    # The template's batch table is a numeric table with a header of its own (issue 68): its label heads it.
+    # The template's batch table is a numeric table with a header of its own: its label heads it.
     assert set(TEMPLATE_LABELS[:-2]) <= set(cells) and header(chinese, 2)[0] == TEMPLATE_LABELS[-2]
     assert all(cell and not UNFILLED.search(cell) for cell in cells)
     english = (reported / "report" / "handin.en.md").read_text()

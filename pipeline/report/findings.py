@@ -738,9 +738,7 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
             if a is None or b is None:
                 found += _train_against_flops_only(data, batch, device, paired)
                 continue
-            flop_ratio = a.record.analysis.flop_rate.flops_per_step / max(
-                b.record.analysis.flop_rate.flops_per_step, 1.0
-            )
+            flop_ratio = _flop_ratio(a.record, b.record)
             total = a.draws_of(everything)
             phases = []
             for phase in ("forward", "backward", "optimizer", "outside"):
@@ -816,13 +814,18 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
     return found
 
 
+def _flop_ratio(train: ProfileRecord, infer: ProfileRecord) -> float:
+    """The training step's counted FLOPs over the inference step's (forward and backward against forward)."""
+    return train.analysis.flop_rate.flops_per_step / max(infer.analysis.flop_rate.flops_per_step, 1.0)
+
+
 def _train_against_flops_only(data: AnalysisData, batch: int, device: str, paired: PairedComparison) -> list[Finding]:
     """Training against inference where a traced pass was set aside (it ran unlike its timed steps): the paired ratio
     against the FLOP count's, with no parts."""
     train, infer = data.record(batch, device, "train"), data.record(batch, device, "inference")
     if train is None or infer is None:
         return []
-    flop_ratio = train.analysis.flop_rate.flops_per_step / max(infer.analysis.flop_rate.flops_per_step, 1.0)
+    flop_ratio = _flop_ratio(train, infer)
     ratio = _ratio(paired)
     set_aside = [
         Label(f"mode_{record.combination.mode}") for record in (train, infer) if record.combination not in data.traced
