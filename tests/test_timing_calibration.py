@@ -37,6 +37,7 @@ from pipeline.profiling.processes import (
     physical_cores,
     processes_at_once,
     time_in_processes,
+    wait_until_ready,
     worker_server,
 )
 from pipeline.profiling.worker import WorkerSpec
@@ -78,6 +79,8 @@ def test_a_rerun_lands_inside_the_stated_interval(spec: WorkerSpec) -> None:
     results: list[list[WorkerResult]] = [[] for _ in range(RUNS)]
     with contextlib.ExitStack() as stack:
         servers = [stack.enter_context(worker_server(training=False)) for _ in range(RUNS)]
+        for server in servers:  # their imports overlap one another, and no timing
+            wait_until_ready(server)
         for _ in range(PROCESSES):
             for run, server in zip(results, servers, strict=True):
                 run.append(ask(server, share))
@@ -174,6 +177,7 @@ def test_processes_at_once_run_side_by_side_in_waves_and_one_at_a_time_otherwise
     for at_once in (2, 1):
         with contextlib.ExitStack() as stack:
             servers = [stack.enter_context(worker_server(training=False)) for _ in range(2)]
+            wait_until_ready(servers[0])  # `server` is the caller's to make ready; `starting` is waited for inside
             paired = time_in_processes(spec, 4, server=servers[0], starting=servers[1:], servers=2, at_once=at_once)
         windows = paired.windows
         overlaps = {
