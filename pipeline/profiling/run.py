@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gzip
 import math
 import os
 import statistics
@@ -245,7 +246,15 @@ def trace_steps(step: Callable[[], None], sync: Callable[[], None], on_gpu: bool
                 step()
                 sync()
                 profiler.step()
-        profiler.export_chrome_trace(str(path))
+        if path.name.endswith(".gz"):
+            # Gzipped here in one call: torch's own .gz export feeds gzip line by line at level 9, about 0.3 s for a
+            # training step's 2.5 MB trace against 0.02 s so (level 6; mtime 0: the same trace, the same bytes).
+            plain = path.with_name(f"{path.name[:-3]}.partial")
+            profiler.export_chrome_trace(str(plain))
+            path.write_bytes(gzip.compress(plain.read_bytes(), compresslevel=6, mtime=0))
+            plain.unlink()
+        else:
+            profiler.export_chrome_trace(str(path))
 
 
 @dataclass(frozen=True)
