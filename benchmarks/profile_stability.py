@@ -44,7 +44,6 @@ from pipeline.devices.registry import device_names, host_kind
 from pipeline.params.loading import load_params
 from pipeline.profiling.processes import time_in_processes
 from pipeline.profiling.worker import WorkerSpec
-from pipeline.records.profile import profile_matrix
 from pipeline.records.quantities import StepEstimate
 from pipeline.records.statistics import (
     PairedRatio,
@@ -130,9 +129,9 @@ def main() -> None:
         raise SystemExit(f"{MODEL_CHECKPOINT} or {DATA_ROOT / 'MNIST'} is missing: run `dvc repro train` first.")
     config = load_params().profile
     fingerprint = machine_fingerprint()
-    matrix = profile_matrix(config, args.device)
-    items = tuple((combination.batch_size, combination.mode) for combination in matrix)
-    names = [combination.name for combination in matrix]
+    spec = WorkerSpec.for_device(config, args.device, MODEL_CHECKPOINT, DATA_ROOT)
+    items = spec.items  # the stage's: every combination, then the GRADIENTS items (the training step's parts)
+    names = [f"{batch}-{args.device}-{mode}" for batch, mode in items]
     print(
         f"machine: {cpu_model()} ({fingerprint['cpu_family_model']}; {fingerprint['cpu_features']}), "
         f"{available_cores()} cores; profile.threads {config.threads or 'one per core'}, processes "
@@ -142,7 +141,6 @@ def main() -> None:
     )
     if config.threads:
         torch.set_num_threads(config.threads)
-    spec = WorkerSpec.for_device(config, args.device, MODEL_CHECKPOINT, DATA_ROOT)
     pairs = comparison_pairs(items)
     started = time.perf_counter()
     estimates: dict[str, list[StepEstimate]] = {name: [] for name in names}

@@ -9,7 +9,7 @@ from pipeline.report.catalogue import LANGUAGES, load_catalogue
 from pipeline.report.conclusion import conclusion
 from pipeline.report.findings import AnalysisData, Finding, findings
 from tests.helpers.records import make_comparisons
-from tests.test_findings import ALLOWED_LATIN, inference, modes_at, training
+from tests.test_findings import ALLOWED_LATIN, inference, modes_at, parts_at, training
 
 RATIOS = {
     ("64-cpu-train", "1-cpu-train"): (0.117, 0.11, 0.125),
@@ -126,4 +126,18 @@ def test_the_update_is_given_as_part_of_the_gap_where_the_traced_ratio_falls_whe
     # Processes that agree more closely put one more within 39.2-40.8: the traced pass did not run like them.
     tight = (39.6, 39.8, 40.0, 40.0, 40.2, 40.4)
     found = opening(modes_at(1, 5.0, 40.0, processes=tight))
+    assert [finding.message for finding in found] == ["conclusion_train_one"]
+
+
+def test_the_update_is_given_as_part_of_the_gap_from_the_parts_timed_beside_the_training_step() -> None:
+    """The parts decide the update's share whatever the traced pass did: 4x (3.8-4.2) the step without the update is
+    75 % of the training step; a factor whose interval reaches 1 gives no share."""
+    traced_apart = 0.01  # the traced ratio (0.51 / 0.15 = 3.4x) far from the paired 14x
+    found = opening(parts_at(14.0, (4.0, 3.8, 4.2), (3.5, 3.3, 3.7), optimizer_ms=traced_apart))
+    assert [finding.message for finding in found] == ["conclusion_train_one", "conclusion_train_update_parts"]
+    assert "it takes about 75 % of a training step at batch 1, and without it a training step is 3.5× an inference" in (
+        text(found, "en")
+    )
+    assert "批大小 1 时它约占训练一步的 75%，去掉它后训练一步是推理一步的 3.5 倍" in text(found, "zh")
+    found = opening(parts_at(14.0, (1.02, 0.99, 1.05), (13.7, 13.0, 14.4)))
     assert [finding.message for finding in found] == ["conclusion_train_one"]

@@ -12,12 +12,15 @@ import statistics
 import pytest
 
 from pipeline.profiling.trace_analysis import analyse_trace, read_trace
-from pipeline.records.profile import ProfileRecord, TraceCheck, flop_rate
+from pipeline.records.profile import PairedComparison, ProfileRecord, TraceCheck, flop_rate
 from pipeline.records.quantities import MemoryPart, StepMemory, StepPart
+from pipeline.records.statistics import GRADIENTS
 from pipeline.report.catalogue import LANGUAGES, load_catalogue
 from pipeline.report.findings import (
+    PARTS_MESSAGES,
     AnalysisData,
     Finding,
+    Measured,
     closer_to_roof,
     findings,
     gpu_against_cpu,
@@ -387,6 +390,8 @@ def test_the_untraced_steps_around_the_passes_say_whether_the_traced_steps_or_th
     assert "timing that needs no profiler" in english and "quieter machine" not in english
     assert "同一进程在记录前后未记录的步骤给出 40.00 倍" in chinese and "更安静的机器" not in chinese
     assert "what made them differ is not measured" in english and "hooks" not in english
+    assert "the profile stage now times it, and a rerun of `dvc repro profile@cpu` gives it." in english
+    assert "not measured here" not in english and "（本次没有测量）" not in chinese
     # Without the untraced steps (an older record) the refusal stays the one that asks for another traced pass.
     [older] = train_against_inference(data)
     assert older.message == "finding_train_above_flops"
@@ -403,6 +408,8 @@ def test_the_untraced_steps_around_the_passes_say_whether_the_traced_steps_or_th
     text = rendered(process)
     assert "the tracing process ran unlike the timing processes even untraced" in text["en"]
     assert "做性能分析的进程即使不记录，运行情况也与计时进程不同" in text["zh"]
+    assert "a rerun of `dvc repro profile@cpu` gives it." in text["en"] and "not measured here" not in text["en"]
+    assert "重新运行 `dvc repro profile@cpu` 即可得到" in text["zh"]
 
 
 def test_the_updates_part_of_the_excess_is_all_of_it_where_without_it_the_ratio_would_not_exceed_the_flops() -> None:
@@ -413,6 +420,196 @@ def test_the_updates_part_of_the_excess_is_all_of_it_where_without_it_the_ratio_
     assert "so the update is all of its excess." in text["en"]
     assert "of the traced ratio's excess over it" not in text["en"]
     assert "超出部分全部来自优化器更新" in text["zh"]
+
+
+# --- train_against_inference from the training step's parts (timed untraced beside it) --------------------------------
+
+Interval = tuple[float, float, float]  # value, low, high
+
+
+def with_training_parts(data: AnalysisData, batch: int, update: Interval, without: Interval) -> AnalysisData:
+    """`data` with the training step's two parts at `batch` on the CPU, each a paired per-step ratio over six processes:
+    the full step over the step without its update (U), and that step over inference (W)."""
+
+    def part(numerator: str, denominator: str, found: Interval) -> PairedComparison:
+        return PairedComparison(numerator, denominator, "step", *found, (found[0],) * 6)
+
+    names = {mode: f"{batch}-cpu-{mode}" for mode in ("train", GRADIENTS, "inference")}
+    parts = (
+        part(names["train"], names[GRADIENTS], update),
+        part(names[GRADIENTS], names["inference"], without),
+    )
+    comparisons = [dataclasses.replace(found, parts=found.parts + parts) for found in data.comparisons]
+    return AnalysisData.of(data.records, comparisons)
+
+
+def parts_at(ratio: float, update: Interval, without: Interval, optimizer_ms: float | None = None) -> AnalysisData:
+    """Batch 1 (modes_at: FLOPs 3x, so 1.5x of them is 4.5x), paired train/inference `ratio` (±3 %) and the parts. The
+    traced training step's update is `optimizer_ms`, by default the one that makes the traced ratio `ratio` (the traced
+    pass then runs like the timed steps: 0.5 ms besides the update, inference 0.15 ms)."""
+    update_ms = ratio * 0.15 - 0.5 if optimizer_ms is None else optimizer_ms
+    return with_training_parts(modes_at(1, update_ms, ratio), 1, update, without)
+
+
+def latin_in_chinese(finding: Finding) -> set[str]:
+    text = re.sub(r"`[^`]*`", "", finding.render(load_catalogue("zh")))
+    return set(re.findall(r"[A-Za-z][A-Za-z]*", text)) - ALLOWED_LATIN
+
+
+def test_the_update_explains_training_s_excess_where_without_it_the_untraced_step_is_within_1_5x_the_flops() -> None:
+    """Paired 14x (13.6-14.4), wholly beyond 1.5x the FLOPs' 3x; untraced, the full step 4x the step without its
+    update (75 %, 73.7-76.2 % of the step) and that step 3.5x (3.3-3.7) inference, wholly within 4.5x: the update
+    explains the excess, (14 - 3.5) / (14 - 3) = 95 % of it. The traced pass (2.1 / 0.15 = 14x) ran like the timed
+    steps: its phases are a clause of their own."""
+    [finding] = train_against_inference(parts_at(14.0, (4.0, 3.8, 4.2), (3.5, 3.3, 3.7)))
+    assert finding.message == "finding_train_parts_update_explains"
+    english, chinese = rendered(finding)["en"], rendered(finding)["zh"]
+    assert "a training step took 14.00× an inference step (95 % CI 13.58–14.42, paired timing)" in english
+    assert "the full training step took 4.00× the step without its Adadelta update" in english
+    assert "(forward, backward and clearing the gradients; 95 % CI 3.80–4.20, paired timing)" in english
+    assert "so the update is 75.0 % of the training step's time (95 % CI 73.7–76.2 %)" in english
+    assert "The step without the update took 3.50× an inference step (95 % CI 3.30–3.70, paired timing, untraced)" in (
+        english
+    )
+    assert "wholly within 1.5× of the FLOPs' ratio: the update explains the excess; from the medians, the update " in (
+        english
+    )
+    assert "makes 95 % of the paired ratio's excess over the FLOPs' ratio." in english
+    assert "The traced pass ran like the timed steps (14.00×" in english and "the Adadelta update 1.600 ms" in english
+    assert "即更新占训练一步耗时的 75.0%（95% 置信区间 73.7%–76.2%）" in chinese
+    assert "整个区间在按 FLOPs 预计值的 1.5 倍以内：超出的部分由更新解释" in chinese
+    assert "按中位数计，更新占配对比值超出 FLOPs 预计部分的 95%" in chinese
+    assert finding.cites["update_share"].low == pytest.approx(100 * (1 - 1 / 3.8))
+    assert finding.cites["without_update_untraced"] == Measured(3.5, 3.3, 3.7, "paired timing")
+    assert {"ratio", "update_factor", "traced_ratio", "optimizer"} <= set(finding.cites)
+    # Without the update the step would not exceed the FLOPs' 3x: the update is all of the excess.
+    [all_of_it] = train_against_inference(parts_at(14.0, (4.0, 3.8, 4.2), (2.8, 2.6, 2.95)))
+    assert all_of_it.message == "finding_train_parts_update_explains"
+    assert (
+        "without it the step would not exceed the FLOPs' ratio, so the update is all of the excess."
+        in (rendered(all_of_it)["en"])
+    )
+    assert "超出部分全部来自更新" in rendered(all_of_it)["zh"]
+
+
+def test_the_update_alone_does_not_explain_training_s_excess_where_without_it_the_step_is_beyond_1_5x() -> None:
+    """The project's batch 1 on its CPU, rounded: paired 14x, the full step 2.6x (2.5-2.8) the step without its update
+    and that step 5.3x (5.0-5.9) inference, wholly beyond 4.5x. The traced pass (5.5 / 0.15 = 36.7x) ran unlike the
+    timed steps: one clause says its parts are not used, and no phase is given."""
+    [finding] = train_against_inference(parts_at(14.0, (2.6, 2.5, 2.8), (5.3, 5.0, 5.9), optimizer_ms=5.0))
+    assert finding.message == "finding_train_parts_more_than_update"
+    english, chinese = rendered(finding)["en"], rendered(finding)["zh"]
+    assert "so the update is 61.5 % of the training step's time (95 % CI 60.0–64.3 %)" in english
+    assert "Even the step without the update took 5.30× an inference step (95 % CI 5.00–5.90, paired timing, " in (
+        english
+    )
+    assert "untraced), wholly beyond 1.5× the FLOPs' ratio (4.50×): the update alone does not explain the excess, " in (
+        english
+    )
+    assert "and these timings do not say what else does." in english
+    assert "The traced pass's parts are not used: its ratio (36.67×" in english and "went to" not in english
+    assert "即使去掉更新，这一步仍是推理一步的 5.30 倍（95% 置信区间 5.00–5.90，配对计时，未经性能分析）" in chinese
+    assert "仅凭更新解释不了超出的部分" in chinese and "性能分析记录中的各部分未采用" in chinese
+    assert "traced_ratio" not in finding.cites and "optimizer" not in finding.cites
+    for word in ("bandwidth", "compute-bound", "memory-bound", "cannot say why"):
+        assert word not in english
+
+
+def test_the_parts_do_not_decide_where_the_ratio_is_not_wholly_beyond_1_5x_the_flops() -> None:
+    """Paired 4.4x (4.27-4.53): above the FLOPs' 3x, but not wholly beyond 4.5x; the step without the update 3.5x."""
+    [finding] = train_against_inference(parts_at(4.4, (1.25, 1.2, 1.35), (3.5, 3.3, 3.7)))
+    assert finding.message == "finding_train_parts_undecided_ratio"
+    english = rendered(finding)["en"]
+    assert "more than the 3.0× its FLOPs predict, but not wholly beyond 1.5× that (4.50×)" in english
+    assert "so the update is 20.0 % of the training step's time (95 % CI 16.7–25.9 %)" in english
+    assert "The step without the update took 3.50× an inference step (95 % CI 3.30–3.70" in english
+    assert "With the paired ratio not wholly beyond 1.5× the FLOPs' ratio, the data cannot say whether the update " in (
+        english
+    )
+    assert "explains" not in english.split("cannot say whether the update ")[0]
+    assert (
+        "由于配对比值并不整个超出按 FLOPs 预计值的 1.5 倍，数据无法判断超出的部分是否由更新解释"
+        in rendered(finding)["zh"]
+    )
+
+
+def test_the_parts_do_not_decide_where_the_step_without_the_update_straddles_1_5x_the_flops() -> None:
+    """Paired 14x, wholly beyond 4.5x; the step without the update 4.6x (4.2-4.9), on both sides of 4.5x."""
+    [finding] = train_against_inference(parts_at(14.0, (3.0, 2.9, 3.1), (4.6, 4.2, 4.9)))
+    assert finding.message == "finding_train_parts_undecided_without"
+    english = rendered(finding)["en"]
+    assert (
+        "The step without the update took 4.60× an inference step (95 % CI 4.20–4.90, paired timing, untraced), "
+        in (english)
+    )
+    assert "an interval that does not lie wholly on one side of 1.5× the FLOPs' ratio, so the data cannot say " in (
+        english
+    )
+    assert "这一区间并不整个位于按 FLOPs 预计值 1.5 倍的同一侧" in rendered(finding)["zh"]
+
+
+def test_a_ratio_not_wholly_above_the_flops_states_the_parts_and_no_cause() -> None:
+    """Paired 3.1x (2.9-3.3, six processes): not wholly above the FLOPs' 3x. The parts are stated, no cause."""
+    data = modes_at(1, 0.0, 3.1, processes=(2.9, 3.0, 3.1, 3.1, 3.2, 3.3))
+    [finding] = train_against_inference(with_training_parts(data, 1, (1.05, 1.03, 1.07), (2.9, 2.8, 3.0)))
+    assert finding.message == "finding_train_parts_against_flops"
+    english = rendered(finding)["en"]
+    assert "its FLOPs predict 3.0×, and the ratio's interval does not lie wholly above that." in english
+    assert "so the update is 4.8 % of the training step's time (95 % CI 2.9–6.5 %)" in english
+    assert "The step without the update took 2.90× an inference step (95 % CI 2.80–3.00" in english
+    assert "explains" not in english and "more than" not in english
+
+
+def test_every_parts_finding_reads_in_chinese_without_english_words() -> None:
+    cases = [
+        parts_at(14.0, (4.0, 3.8, 4.2), (3.5, 3.3, 3.7)),
+        parts_at(14.0, (2.6, 2.5, 2.8), (5.3, 5.0, 5.9), optimizer_ms=5.0),
+        parts_at(4.4, (1.25, 1.2, 1.35), (3.5, 3.3, 3.7)),
+        parts_at(14.0, (3.0, 2.9, 3.1), (4.6, 4.2, 4.9)),
+        with_training_parts(modes_at(1, 0.0, 2.9), 1, (1.05, 1.03, 1.07), (2.9, 2.8, 3.0)),
+    ]
+    found = [finding for data in cases for finding in train_against_inference(data)]
+    assert {finding.message for finding in found} == PARTS_MESSAGES
+    for finding in found:
+        assert not latin_in_chinese(finding), (finding.message, latin_in_chinese(finding))
+
+
+def test_a_traced_pass_set_aside_by_its_trace_check_is_one_clause_of_a_parts_finding() -> None:
+    data = parts_at(14.0, (2.6, 2.5, 2.8), (5.3, 5.0, 5.9))
+    set_aside = AnalysisData.of(data.records, data.comparisons)
+    set_aside = dataclasses.replace(set_aside, traced={})  # as AnalysisData.of leaves a pass its trace check failed
+    [finding] = train_against_inference(set_aside)
+    assert finding.message == "finding_train_parts_more_than_update"
+    english = rendered(finding)["en"]
+    assert english.endswith("The traced pass of training, inference did not run like its timed steps (its trace "
+                            "check), so its parts are not used.")  # fmt: skip
+
+
+def test_a_record_without_both_parts_keeps_the_traced_rule_and_says_a_rerun_now_times_them() -> None:
+    """An older record (no parts), or one with the update's factor only, or parts at another batch size: the traced
+    pass decides as before, and a refusal says that rerunning the device's profile stage now times the step without the
+    update."""
+    older = modes_at(1, 5.0, 36.0)
+    [finding] = train_against_inference(older)
+    assert finding.message == "finding_train_update_explains"
+    elsewhere = with_training_parts(older, 16, (2.6, 2.5, 2.8), (5.3, 5.0, 5.9))
+    assert [f.message for f in train_against_inference(elsewhere)] == ["finding_train_update_explains"]
+    comparisons = older.comparisons[0]
+    one_part = dataclasses.replace(
+        comparisons, parts=(PairedComparison("1-cpu-train", "1-cpu-gradients", "step", 2.6, 2.5, 2.8, (2.6,) * 6),)
+    )
+    assert [f.message for f in train_against_inference(AnalysisData.of(older.records, [one_part]))] == [
+        "finding_train_update_explains"
+    ]
+    tight = (39.6, 39.8, 40.0, 40.0, 40.2, 40.4)
+    [refused] = train_against_inference(modes_at(1, 5.0, 40.0, processes=tight))
+    assert refused.message == "finding_train_above_flops"
+    text = rendered(refused)
+    assert (
+        "A rerun of `dvc repro profile@cpu` now also times the step without the update beside the full step"
+        in (text["en"])
+    )
+    assert "重新运行 `dvc repro profile@cpu` 现在也会" in text["zh"]
 
 
 def saving_beyond_its_whole(large_conv_factor: float, spread: float) -> Finding:

@@ -366,7 +366,8 @@ def test_matrix_yields_six_tables_with_timing_and_traces(profiled: Path) -> None
 @pytest.mark.slow
 def test_the_device_stage_measures_every_stated_ratio_paired(profiled: Path) -> None:
     """Per sample between each two batch sizes of a mode, per step between the modes of a batch size: 3 + 3 + 3
-    ratios from the same 2 processes, each process's own value kept, the ratio their median."""
+    ratios from the same 2 processes, each process's own value kept, the ratio their median; and the training step's
+    two parts at each batch size, in the record, the metrics and the table."""
     found = read_comparisons(profiled / "profiles" / "cpu" / "comparisons.json", "cpu")
     assert found.processes == 2 and len(found.comparisons) == 9
     pairs = {(c.numerator, c.denominator): c for c in found.comparisons}
@@ -379,13 +380,31 @@ def test_the_device_stage_measures_every_stated_ratio_paired(profiled: Path) -> 
         assert comparison.value == pytest.approx(sum(comparison.process_values) / 2, rel=1e-4)
     # A training step does more than an inference step in every process.
     assert all(min(pairs[(f"{b}-cpu-train", f"{b}-cpu-inference")].process_values) > 1 for b in (1, 16, 64))
+    # The training step's parts, timed in the same processes: training over the step without its update, that over
+    # inference. Their product is the training step over inference, up to each ratio being a median of its own.
+    parts = {(c.numerator, c.denominator): c for c in found.parts}
+    assert set(parts) == {
+        pair
+        for b in (1, 16, 64)
+        for pair in ((f"{b}-cpu-train", f"{b}-cpu-gradients"), (f"{b}-cpu-gradients", f"{b}-cpu-inference"))
+    }
+    for b in (1, 16, 64):
+        update, backward = (
+            parts[(f"{b}-cpu-train", f"{b}-cpu-gradients")],
+            parts[(f"{b}-cpu-gradients", f"{b}-cpu-inference")],
+        )
+        whole = pairs[(f"{b}-cpu-train", f"{b}-cpu-inference")]
+        assert len(update.process_values) == len(backward.process_values) == 2 and update.per == backward.per == "step"
+        assert 0.8 < update.value * backward.value / whole.value < 1.25, (update, backward, whole)
     metrics = json.loads((profiled / "metrics" / "profile_cpu.json").read_text())
-    assert set(metrics) == {f"{c.numerator} / {c.denominator}" for c in found.comparisons}
+    assert set(metrics) == {f"{c.numerator} / {c.denominator}" for c in (*found.comparisons, *found.parts)}
     markdown = (profiled / "profiles" / "cpu" / "comparisons.md").read_text()
     rows = {cells[0]: cells for line in markdown.splitlines() if (cells := line.strip("| ").split(" | "))[0] in metrics}
-    for c in found.comparisons:  # printed with three decimals at least, more where a bound is below 0.1
+    for c in (*found.comparisons, *found.parts):  # printed with three decimals at least, more below 0.1
         name, per, value = rows[f"{c.numerator} / {c.denominator}"][:3]
         assert per == c.per and float(value) == pytest.approx(c.value, abs=0.0005), rows[name]
+    update_1 = parts[("1-cpu-train", "1-cpu-gradients")]
+    assert f"batch 1 {100 * (1 - 1 / update_1.value):.1f} %" in markdown  # the update's share of the training step
 
 
 @pytest.mark.slow

@@ -18,8 +18,14 @@ from PIL import Image
 
 from pipeline.common.tables import rows_csv
 from pipeline.params.parsing import params_from_mapping
+from pipeline.records.profile import PairedComparison
 from pipeline.records.roofs import SpeedDrift
-from pipeline.report.comparison import COMPARISON_PLOT_FIELDS, comparison_markdown, comparison_rows
+from pipeline.report.comparison import (
+    COMPARISON_PLOT_FIELDS,
+    comparison_markdown,
+    comparison_rows,
+    comparisons_table,
+)
 from pipeline.report.figures import (
     ErrorBars,
     batch_size_plot,
@@ -41,7 +47,7 @@ from pipeline.report.step_analysis import step_facts, step_sentences
 from pipeline.tracking.store import ui_url
 from tests.helpers.handin import TEMPLATE_HEADINGS, TEMPLATE_LABELS, UNFILLED, header, headings, numbers, tables
 from tests.helpers.projects import clone_project, read_params, write_params
-from tests.helpers.records import make_record, write_two_profiles
+from tests.helpers.records import make_comparisons, make_record, write_two_profiles
 from tests.helpers.repo import REPO_ROOT, run_python
 from tests.helpers.report_sections import report_section
 
@@ -154,6 +160,22 @@ def test_batch_scaling_plot_templates_draw_the_interval_columns_of_their_y() -> 
         legend = template["encoding"]["strokeDash"]["legend"]
         # Vega draws no stroke symbol without a transparent fill (seen in Chromium): both are needed for the dashes.
         assert (legend["symbolType"], legend["symbolFillColor"]) == ("stroke", "transparent"), name
+
+
+def test_the_paired_ratios_table_shows_the_training_step_s_parts_after_its_ratios() -> None:
+    ratios = make_comparisons("cpu", {("1-cpu-train", "1-cpu-inference"): (14.2, 13.0, 16.3, (14.2,) * 6)})
+    parts = (
+        PairedComparison("1-cpu-train", "1-cpu-gradients", "step", 2.61, 2.53, 2.83, (2.61,) * 6),
+        PairedComparison("1-cpu-gradients", "1-cpu-inference", "step", 5.26, 4.97, 5.87, (5.26,) * 6),
+    )
+    lines = comparisons_table([dataclasses.replace(ratios, parts=parts)]).splitlines()
+    assert [line.split(" | ")[0] for line in lines[2:]] == [
+        "| 1-cpu-train / 1-cpu-inference",
+        "| 1-cpu-train / 1-cpu-gradients",
+        "| 1-cpu-gradients / 1-cpu-inference",
+    ]
+    assert "| 1-cpu-train / 1-cpu-gradients | step |" in lines[3] and "above 1 in all 6 processes" in lines[3]
+    assert len(comparisons_table([ratios]).splitlines()) == 3  # an older record: its ratios only
 
 
 def test_comparison_table_shows_the_estimate_and_flags_noisy_and_busy_rows() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import copy
 import itertools
 import math
 import os
@@ -16,9 +17,18 @@ import psutil
 import pytest
 import torch
 
+from pipeline.model.network import LabNet
 from pipeline.profiling.processes import wait_until_ready, worker_server
 from pipeline.profiling.timing import MIN_BLOCKS, MIN_ROUNDS, device_clock, time_interleaved, time_steps
-from pipeline.records.statistics import SWITCH_WARMUP_S, comparison_pairs, known_well_enough
+from pipeline.profiling.worker import build_step
+from pipeline.records.statistics import (
+    GRADIENTS,
+    SWITCH_WARMUP_S,
+    comparison_pairs,
+    gradient_items,
+    known_well_enough,
+)
+from tests.helpers.data import LAB_MODEL
 from tests.helpers.repo import run_python
 
 CPU = torch.device("cpu")
@@ -296,3 +306,42 @@ def test_known_well_enough_asks_the_target_until_three_processes_have_finished()
     assert not known_well_enough(rounds, (), far_apart, 2.0)
     assert known_well_enough(rounds, (), [*far_apart, (2.0,)], 2.0)
     assert known_well_enough([[2.0] * 30], (), [], 2.0)  # no scatter: known to any target
+
+
+def test_the_gradients_items_are_set_against_their_own_batch_sizes_training_and_inference_steps_only() -> None:
+    """A GRADIENTS item joins each batch size profiled in both modes, and is paired only within its batch size: the
+    training step over it (the update's factor), it over the inference step (the backward pass's); never another
+    batch size's, and never per sample."""
+    profiled = ((1, "inference"), (1, "train"), (16, "inference"), (16, "train"), (64, "train"))
+    assert gradient_items(profiled) == ((1, GRADIENTS), (16, GRADIENTS))
+    items = profiled + gradient_items(profiled)
+    pairs = comparison_pairs(items)
+    with_gradients = {(items[a], items[b], scale) for a, b, scale in pairs if GRADIENTS in (items[a][1], items[b][1])}
+    assert with_gradients == {
+        ((1, "train"), (1, GRADIENTS), 1.0),
+        ((1, GRADIENTS), (1, "inference"), 1.0),
+        ((16, "train"), (16, GRADIENTS), 1.0),
+        ((16, GRADIENTS), (16, "inference"), 1.0),
+    }
+    assert [pair for pair in pairs if GRADIENTS not in (items[pair[0]][1], items[pair[1]][1])] == list(
+        comparison_pairs(profiled)
+    )
+
+
+def test_the_gradients_step_computes_the_training_steps_gradients_without_updating_the_weights() -> None:
+    torch.manual_seed(0)
+    model = LabNet(LAB_MODEL)
+    images, labels = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
+    train_model = copy.deepcopy(model)
+    before = [parameter.detach().clone() for parameter in model.parameters()]
+    gradients = build_step(model, GRADIENTS, images, labels, lr=1.0)
+    assert gradients.optimizer is None  # nothing held for an update: its memory is the training step's minus that
+    torch.manual_seed(1)  # the same dropout masks in both steps
+    gradients.run()
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+    train = build_step(train_model, "train", images, labels, lr=1.0)
+    torch.manual_seed(1)
+    train.run()  # the same gradients, then the update
+    for mine, theirs in zip(model.parameters(), train_model.parameters(), strict=True):
+        assert mine.grad is not None and theirs.grad is not None and torch.allclose(mine.grad, theirs.grad)
+    assert not all(torch.equal(p, b) for p, b in zip(train_model.parameters(), before, strict=True))

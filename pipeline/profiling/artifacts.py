@@ -107,7 +107,8 @@ def headline_metrics(record: ProfileRecord) -> dict[str, float | bool]:
 def write_comparison_outputs(
     outputs: AtomicOutputs, paths: DeviceProfileOutputs, comparisons: DeviceComparisons
 ) -> str:
-    """profiles/<device>/comparisons.json and .md, and DVC's metrics of the device (the ratios, rounded)."""
+    """profiles/<device>/comparisons.json and .md, and DVC's metrics of the device (the ratios and the training step's
+    parts, rounded)."""
     text = comparisons_markdown(comparisons)
     outputs.write_text(paths.comparisons, write_comparisons(comparisons))
     outputs.write_text(paths.comparisons_markdown, text)
@@ -118,7 +119,7 @@ def write_comparison_outputs(
                 "ratio": significant(c.value, HEADLINE_DIGITS),
                 "ci_pct": significant(c.half_width_pct, 2),
             }
-            for c in comparisons.comparisons
+            for c in (*comparisons.comparisons, *comparisons.parts)
         },
     )
     return text

@@ -62,7 +62,7 @@ class WorkerResult:
     blocks: tuple[tuple[Block, ...], ...]  # per item of the spec, one block per round
     seconds: float  # the worker's timing only
     conditions: MeasurementConditions
-    memory: tuple[StepMemory, ...]  # per item of the spec; empty where the spec measures none
+    memory: tuple[StepMemory, ...]  # per item of the spec but GRADIENTS ones; empty where the spec measures none
     energy: tuple[dict[str, Any], ...]  # per item where the spec names a counter: its figures, or why none
     page_faults: tuple[float, ...] = ()  # per item where the spec counts them: minor page faults per step
     window: tuple[float, float] = (0.0, 0.0)  # wall-clock seconds (epoch) from its start of work to its answer
@@ -270,7 +270,8 @@ class PairedTiming:
     timings: tuple[StepTiming, ...]  # per item of the spec
     process_blocks: tuple[tuple[tuple[Block, ...], ...], ...]  # [process][item]: that process's blocks of the item
     speeds: tuple[float, ...]  # per process: the speed factor all its items shared (statistics.process_speeds)
-    memory: tuple[StepMemory, ...]  # per item: the median process's, with the range over processes; empty: not measured
+    # Per item but GRADIENTS ones: the median process's, with the range over processes; empty: not measured.
+    memory: tuple[StepMemory, ...]
     energy: tuple[StepEnergy | str | None, ...]  # per item: over the processes; why none (str); None: not measured
     page_faults: tuple[tuple[float, ...], ...] = ()  # per item: each process's page faults per step; empty: not counted
     windows: tuple[tuple[float, float], ...] = ()  # per process: when it worked (WorkerResult.window)
@@ -393,7 +394,8 @@ def combine(results: Sequence[WorkerResult], spec: WorkerSpec) -> PairedTiming:
             )
         )
     items = range(len(spec.items))
-    memory = tuple(over_processes([result.memory[index] for result in results]) for index in items if spec.memory)
+    measured = range(len(results[0].memory))  # every item but GRADIENTS ones, which come last (timing_spec)
+    memory = tuple(over_processes([result.memory[index] for result in results]) for index in measured)
     energy = tuple(
         energy_over_processes([result.energy[index] for result in results]) if spec.energy else None for index in items
     )

@@ -86,9 +86,11 @@ from pipeline.records.profile import (
 from pipeline.records.quantities import StepEnergy, StepMemory
 from pipeline.records.roofs import DeviceRoofs, read_roofs
 from pipeline.records.statistics import (
+    GRADIENTS,
     Block,
     PairedRatio,
     comparison_pairs,
+    gradient_items,
     paired_ratio,
     prediction_interval,
     ratio_over_pairs,
@@ -183,7 +185,7 @@ def trace_until_timed(
     bound_low, bound_high = expected or (low, high)
     best: tuple[float, list[float], Trace] | None = None  # (distance, untraced steps' ms, the pass)
     for attempt in range(1, attempts + 1):
-        candidate = path.with_name(f"pass{attempt}-{path.name}")  # same suffix: the export gzips .gz
+        candidate = path.with_name(f"pass{attempt}-{path.name.removesuffix('.gz')}")  # plain JSON: `_keep` gzips
         around = untraced_steps_ms(step, sync, (steps + 1) // 2)
         trace_steps(step, sync, on_gpu, steps, candidate)
         around += untraced_steps_ms(step, sync, steps // 2 + 1)
@@ -200,7 +202,7 @@ def trace_until_timed(
         )
         if best is None or distance < best[0]:
             best = (distance, around, trace)
-            os.replace(candidate, path)
+            _keep(candidate, path)
         else:
             candidate.unlink()
         if distance == 0.0:
@@ -211,6 +213,17 @@ def trace_until_timed(
     untraced = tuple(around)
     check = TraceCheck(trace.median_step_ms(), low, high, attempt, untraced, traced, *(expected or (0.0, 0.0)))
     return check, trace
+
+
+def _keep(trace: Path, path: Path) -> None:
+    """Move the plain JSON `trace` to `path`, gzipped where `path` ends in .gz: in one call, at level 6 (torch's own
+    .gz export feeds gzip line by line at level 9: 0.3 s for a training step's 2.5 MB trace against 0.02 s so); mtime
+    0, so that the same trace gives the same bytes."""
+    if path.name.endswith(".gz"):
+        path.write_bytes(gzip.compress(trace.read_bytes(), compresslevel=6, mtime=0))
+        trace.unlink()
+    else:
+        os.replace(trace, path)
 
 
 def untraced_steps_ms(step: Callable[[], None], sync: Callable[[], None], steps: int) -> list[float]:
@@ -246,15 +259,7 @@ def trace_steps(step: Callable[[], None], sync: Callable[[], None], on_gpu: bool
                 step()
                 sync()
                 profiler.step()
-        if path.name.endswith(".gz"):
-            # Gzipped here in one call: torch's own .gz export feeds gzip line by line at level 9, about 0.3 s for a
-            # training step's 2.5 MB trace against 0.02 s so (level 6; mtime 0: the same trace, the same bytes).
-            plain = path.with_name(f"{path.name[:-3]}.partial")
-            profiler.export_chrome_trace(str(plain))
-            path.write_bytes(gzip.compress(plain.read_bytes(), compresslevel=6, mtime=0))
-            plain.unlink()
-        else:
-            profiler.export_chrome_trace(str(path))
+        profiler.export_chrome_trace(str(path))
 
 
 @dataclass(frozen=True)
@@ -429,8 +434,15 @@ def _device_roofs(path: Path, device: str) -> DeviceRoofs:
 def allocator_whatif_spec(spec: WorkerSpec, seconds: float) -> WorkerSpec:
     """The timing spec with glibc malloc's defaults kept, as a fresh program has them: `seconds` of timing per
     combination, page faults counted after it; no memory or energy (the tuned processes measure those)."""
+    items = tuple(item for item in spec.items if item[1] != GRADIENTS)  # the what-if is of the profiled steps
     return dataclasses.replace(
-        spec, budget_s=seconds * len(spec.items), tune_allocator=False, energy="", memory=False, page_faults=True
+        spec,
+        items=items,
+        budget_s=seconds * len(items),
+        tune_allocator=False,
+        energy="",
+        memory=False,
+        page_faults=True,
     )
 
 
@@ -497,17 +509,20 @@ def default_allocator_runs(
 
 
 def timing_spec(setups: Sequence[ProfileSetup], config: ProfileConfig, checkpoint: Path, data_root: Path) -> WorkerSpec:
-    """What every timing process measures: all of the device's combinations, interleaved; `time_budget_s` per
-    combination, so the processes share the sum."""
+    """What every timing process measures: all of the device's combinations, interleaved, then the GRADIENTS items
+    (pipeline.records.statistics.gradient_items); `time_budget_s` per item, so that each gets as many rounds as a
+    combination (docs/timing.md: why), the processes sharing the sum."""
+    combinations_ = tuple((setup.combination.batch_size, setup.combination.mode) for setup in setups)
+    items = combinations_ + gradient_items(combinations_)
     return WorkerSpec(
         checkpoint=str(checkpoint.resolve()),
         data_root=str(data_root.resolve()),
         device=str(setups[0].device),
-        items=tuple((setup.combination.batch_size, setup.combination.mode) for setup in setups),
+        items=items,
         threads=torch.get_num_threads(),
         warmup_steps=config.warmup_steps,
         ci_target_pct=config.ci_target_pct,
-        budget_s=config.time_budget_s * len(setups),
+        budget_s=config.time_budget_s * len(items),
         # A counter counts the whole package or device: with processes side by side, each would count the others.
         energy=energy_source(setups[0])[0] if config.energy and setups[0].settings.processes_at_once == 1 else "",
     )
@@ -576,7 +591,9 @@ def run_device_profile(
     power = kind.power_state(setups[0].device.index or 0)
     missing = "" if spec.energy else no_energy_reason(setups[0], spec)  # why the timing read no counter
     energies = [_energy(found, missing, power) for found in paired.energy]
-    measured = zip(setups, paired.timings, paired.memory, energies, trace_paths, default_runs, strict=True)
+    profiled = len(setups)  # the spec's GRADIENTS items come after the combinations: only their ratios are kept
+    timings = paired.timings[:profiled]
+    measured = zip(setups, timings, paired.memory, energies[:profiled], trace_paths, default_runs, strict=True)
     for setup, timing, memory, (energy, no_energy), path, default_run in measured:
         record = _profile_record(setup, timing, path, top_k, allocator, default_run, memory)
         records.append(dataclasses.replace(record, energy=energy, energy_unavailable=no_energy))
@@ -667,30 +684,38 @@ def _profile_record(
 
 def device_comparisons(setups: Sequence[ProfileSetup], paired: PairedTiming) -> DeviceComparisons:
     """Every ratio the report states, from the paired blocks: per sample between each two batch sizes of a mode
-    (larger batch over smaller), per step between the two modes of a batch size (train over inference)."""
-    combinations_ = [setup.combination for setup in setups]
-    items = [(combination.batch_size, combination.mode) for combination in combinations_]
+    (larger batch over smaller), per step between the two modes of a batch size (train over inference); and, where
+    the GRADIENTS items were timed (`gradient_items`), the parts: training over the step without its update, and
+    that over inference."""
+    device = setups[0].combination.device
+    profiled: list[tuple[int, str]] = [(setup.combination.batch_size, setup.combination.mode) for setup in setups]
+    items = profiled + list(gradient_items(profiled))
+    names = [f"{batch}-{device}-{mode}" for batch, mode in items]  # Combination.name, GRADIENTS ones too
 
     def blocks(item: int) -> list[tuple[Block, ...]]:
         return [process[item] for process in paired.process_blocks]
 
-    comparisons = []
+    comparisons: list[PairedComparison] = []
+    parts: list[PairedComparison] = []
     for numerator, denominator, scale in comparison_pairs(items):
-        top, bottom = combinations_[numerator], combinations_[denominator]
         found = paired_ratio(blocks(numerator), blocks(denominator), scale)
-        comparisons.append(_comparison(top, bottom, "sample" if top.mode == bottom.mode else "step", found))
+        per = "sample" if items[numerator][1] == items[denominator][1] else "step"
+        comparison = _comparison(names[numerator], names[denominator], per, found)
+        gradients = GRADIENTS in (items[numerator][1], items[denominator][1])
+        (parts if gradients else comparisons).append(comparison)
     return DeviceComparisons(
-        device=setups[0].combination.device,
+        device=device,
         processes=len(paired.process_blocks),
         comparisons=tuple(comparisons),
         process_speeds=tuple(float(f"{speed:.5g}") for speed in paired.speeds),
+        parts=tuple(parts),
     )
 
 
-def _comparison(numerator: Combination, denominator: Combination, per: str, found: PairedRatio) -> PairedComparison:
+def _comparison(numerator: str, denominator: str, per: str, found: PairedRatio) -> PairedComparison:
     return PairedComparison(
-        numerator=numerator.name,
-        denominator=denominator.name,
+        numerator=numerator,
+        denominator=denominator,
         per=per,
         value=found.value,
         low=found.low,

@@ -54,7 +54,7 @@ from pipeline.profiling.energy_during_timing import Poller, Span, Update, fit_po
 from pipeline.profiling.memory import BuiltStep, measure_step_memory
 from pipeline.profiling.timing import InterleavedTiming, synchronizer, time_interleaved
 from pipeline.records.profile import profile_matrix
-from pipeline.records.statistics import comparison_pairs
+from pipeline.records.statistics import GRADIENTS, comparison_pairs, gradient_items
 from pipeline.training.steps import inference_step
 
 
@@ -86,9 +86,10 @@ class WorkerSpec:
 
     @classmethod
     def for_device(cls, config: ProfileConfig, device: str, checkpoint: Path, data_root: Path) -> WorkerSpec:
-        """Every batch size x mode of `config` on `device`, as the profile stage times them: its threads, warm-up,
-        target and `time_budget_s` per combination."""
-        items = tuple((combination.batch_size, combination.mode) for combination in profile_matrix(config, device))
+        """Every batch size x mode of `config` on `device`, and the GRADIENTS items, as the profile stage times them:
+        its threads, warm-up, target and `time_budget_s` per item."""
+        profiled = tuple((combination.batch_size, combination.mode) for combination in profile_matrix(config, device))
+        items = profiled + gradient_items(profiled)
         return cls(
             checkpoint=str(checkpoint.resolve()),
             data_root=str(data_root.resolve()),
@@ -122,19 +123,21 @@ class WorkerSpec:
 
 
 def build_step(model: nn.Module, mode: str, images: torch.Tensor, labels: torch.Tensor, lr: float) -> BuiltStep:
-    """One inference forward (eval, no autograd) or one training step (forward, backward, Adadelta at `lr`), with
-    the tensors it holds between steps."""
+    """One inference forward (eval, no autograd), one training step (forward, backward, Adadelta at `lr`) or, for
+    GRADIENTS, the training step without its update, with the tensors it holds between steps."""
     if mode == "inference":
         return BuiltStep(inference_step(model, images), model, (images,), None)
     model.train()
     optimizer = torch.optim.Adadelta(model.parameters(), lr=lr)  # the lab's optimizer: its update is profiled too
+    update = mode != GRADIENTS
 
     def training_step() -> None:
         optimizer.zero_grad(set_to_none=True)
         F.nll_loss(model(images), labels).backward()  # type: ignore[no-untyped-call]
-        optimizer.step()
+        if update:
+            optimizer.step()
 
-    return BuiltStep(training_step, model, (images, labels), optimizer)
+    return BuiltStep(training_step, model, (images, labels), optimizer if update else None)
 
 
 def make_step(model: nn.Module, mode: str, images: torch.Tensor, labels: torch.Tensor, lr: float) -> Callable[[], None]:
@@ -188,8 +191,16 @@ def measure(spec: WorkerSpec) -> dict[str, Any]:
         energy = [{"unavailable": counter.reason} for _ in steps]
     sync = synchronizer(device)
     faults = list(timing.page_faults) if spec.page_faults else []
-    # After the timing, as the memory measure profiles two steps.
-    memory = [measure_step_memory(step, device, sync) for step in built] if spec.memory else []
+    # After the timing, as the memory measure profiles two steps; a GRADIENTS item (only ever timed) has none.
+    memory = (
+        [
+            measure_step_memory(step, device, sync)
+            for step, (_, mode) in zip(built, spec.items, strict=True)
+            if mode != GRADIENTS
+        ]
+        if spec.memory
+        else []
+    )
     return {
         "items": [[[block.steps, block.seconds] for block in blocks] for blocks in timing.blocks],
         "seconds": timing.seconds,

@@ -595,6 +595,10 @@ class DeviceComparisons:
     # the machine's drift within this run, which every row's interval holds and every paired ratio cancels.
     process_speeds: tuple[float, ...] = ()
     format: int = RECORD_FORMAT
+    # The training step's parts, timed untraced beside it (pipeline.records.statistics.GRADIENTS): at each batch size
+    # profiled in both modes, `<batch>-<device>-train` over `<batch>-<device>-gradients` (the step without its update)
+    # and that over `<batch>-<device>-inference`, per step. Empty in a record written before they were timed.
+    parts: tuple[PairedComparison, ...] = ()
 
     @property
     def speed_spread_pct(self) -> float:
@@ -615,9 +619,15 @@ class DeviceComparisons:
         return {(c.numerator, c.denominator): c for c in self.comparisons}
 
     def between(self, names: set[str]) -> DeviceComparisons:
-        """Only the ratios between the combinations named: a batch size removed from params.yaml leaves none."""
+        """Only the ratios between the combinations named: a batch size removed from params.yaml leaves none; a part
+        stays where its training or inference step is named."""
         kept = tuple(c for c in self.comparisons if c.numerator in names and c.denominator in names)
-        return dataclasses.replace(self, comparisons=kept)
+        parts = tuple(c for c in self.parts if c.numerator in names or c.denominator in names)
+        return dataclasses.replace(self, comparisons=kept, parts=parts)
+
+    def part(self, numerator: str, denominator: str) -> PairedComparison | None:
+        """The part timed as `numerator` / `denominator` (combination names, GRADIENTS ones included), if timed."""
+        return next((c for c in self.parts if (c.numerator, c.denominator) == (numerator, denominator)), None)
 
 
 def write_comparisons(comparisons: DeviceComparisons) -> str:

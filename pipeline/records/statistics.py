@@ -339,20 +339,36 @@ def measurement_conditions(load_before: float, threads: int) -> MeasurementCondi
     )
 
 
+# The timing item that attributes a training step's time without a profiler: the same step without the optimizer's
+# update (forward, backward and clearing the gradients), timed beside the full step and the inference step in the same
+# processes, so that the update's part and the backward pass's each have a paired, untraced interval.
+GRADIENTS = "gradients"
+
+
 def comparison_pairs(items: Sequence[tuple[int, str]]) -> tuple[tuple[int, int, float], ...]:
     """The ratios the report states between a device's items (batch size, mode), as (numerator, denominator, scale):
     per sample between each two batch sizes of one mode (the larger batch over the smaller; `scale` is the smaller
-    batch over the larger), per step between the two modes of one batch size (training over inference; scale 1)."""
+    batch over the larger), per step between the two modes of one batch size (training over inference; scale 1).
+    A GRADIENTS item is set only against its batch size's others, each the more work over the less: training over
+    it (the update's factor), it over inference (the backward pass's)."""
     pairs = []
+    rank = {"inference": 0, GRADIENTS: 1, "train": 2}
     for first, second in itertools.combinations(range(len(items)), 2):
         (batch_a, mode_a), (batch_b, mode_b) = items[first], items[second]
-        if mode_a == mode_b and batch_a != batch_b:
+        if mode_a == mode_b and batch_a != batch_b and mode_a != GRADIENTS:
             small, large = sorted((first, second), key=lambda index: items[index][0])
             pairs.append((large, small, items[small][0] / items[large][0]))
         elif batch_a == batch_b and mode_a != mode_b:
-            train, inference = (first, second) if mode_a == "train" else (second, first)
-            pairs.append((train, inference, 1.0))
+            more, less = (first, second) if rank[mode_a] > rank[mode_b] else (second, first)
+            pairs.append((more, less, 1.0))
     return tuple(pairs)
+
+
+def gradient_items(items: Sequence[tuple[int, str]]) -> tuple[tuple[int, str], ...]:
+    """A GRADIENTS item for each batch size timed in both modes: set against both, it splits the training step's excess
+    over inference into the update's part and the backward pass's, untraced (`comparison_pairs`)."""
+    batches = [batch for batch, mode in items if mode == "train" and (batch, "inference") in items]
+    return tuple((batch, GRADIENTS) for batch in batches)
 
 
 def process_values(rounds: Sequence[Sequence[float]], pairs: Sequence[tuple[int, int, float]]) -> tuple[float, ...]:

@@ -220,8 +220,35 @@ def comparisons_markdown(comparisons: DeviceComparisons) -> str:
         *ratio_table(comparisons.comparisons),
         "",
         process_speed_sentence(comparisons),
+        *parts_lines(comparisons.parts),
     ]
     return "\n".join(lines) + "\n"
+
+
+def parts_lines(parts: Sequence[PairedComparison]) -> list[str]:
+    """The training step's parts (DeviceComparisons.parts), timed untraced: their table and the update's share of each
+    training step; nothing where none were timed."""
+    if not parts:
+        return []
+    shares = [
+        f"batch {c.numerator.split('-', 1)[0]} {100 * (1 - 1 / c.value):.1f} % "
+        f"({100 * (1 - 1 / c.low):.1f}-{100 * (1 - 1 / c.high):.1f} %)"
+        for c in parts
+        if c.numerator.endswith("-train")
+    ]
+    return [
+        "",
+        "#### The training step's parts, timed without a profiler",
+        "",
+        "At each batch size profiled in both modes, the training step without the optimizer's update (forward, "
+        "backward and clearing the gradients: `gradients`) was timed in the same rounds of the same processes. "
+        "Training over it is the update's factor; it over inference is what the backward pass adds to the forward "
+        "(the autograd bookkeeping included).",
+        "",
+        *ratio_table(parts),
+        "",
+        f"The update's share of a training step (1 - 1 / its factor; 95 % CI from the factor's): {'; '.join(shares)}.",
+    ]
 
 
 def ratio_numbers(comparison: PairedComparison) -> tuple[str, str, str]:

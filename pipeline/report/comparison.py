@@ -314,5 +314,6 @@ def measurement_notes(rows: Sequence[ComparisonRow]) -> list[str]:
 
 
 def comparisons_table(comparisons: Sequence[DeviceComparisons]) -> str:
-    """Every paired ratio of every device, as the report's table."""
-    return "\n".join(ratio_table([c for found in comparisons for c in found.comparisons])) + "\n"
+    """Every paired ratio of every device, the training step's parts after its ratios (`DeviceComparisons.parts`: the
+    full step over the step without its update, that over inference), as the report's table."""
+    return "\n".join(ratio_table([c for found in comparisons for c in (*found.comparisons, *found.parts)])) + "\n"

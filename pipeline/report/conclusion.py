@@ -8,9 +8,10 @@ conclusion leaves that sentence out.
 2. Why: the parts paid per step, not per sample, with their share of the smallest batch's step, and the parts that
    grow with the samples (`per_step_or_per_sample`), for the device and mode where those parts fill most of it.
 3. Training against inference: the paired ratio at the smallest and largest batch; "the smaller the batch, the
-   larger the gap" only where the two intervals do not meet; how much of the small batch's gap the Adadelta update
-   makes, only where `train_against_inference` found the traced pass like the timed steps and the ratio without the
-   update lies wholly below the ratio with it.
+   larger the gap" only where the two intervals do not meet; the Adadelta update's share of the small batch's
+   training step, where its parts were timed (the full step over the step without the update wholly above 1), else
+   how much of the small batch's gap the update makes, only where `train_against_inference` found the traced pass
+   like the timed steps and the ratio without the update lies wholly below the ratio with it.
 4. Closer to the roof: the group whose share of the measured matmul roof grew most (`closer_to_roof`).
 """
 
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipeline.records.profile import Combination
-from pipeline.report.findings import AnalysisData, Finding, Label, Listing
+from pipeline.report.findings import PARTS_MESSAGES, AnalysisData, Finding, Label, Listing
 
 # train_against_inference's messages for a traced pass that ran like the timed steps (its parts may explain).
 TRACED_AGREES = frozenset(
@@ -122,6 +123,13 @@ def _train_gap(found: Sequence[Finding]) -> list[Finding]:
         else:
             message = "conclusion_train_range"
         said.append(Finding("conclusion", message, values))
+        if small.message in PARTS_MESSAGES:
+            factor, without = small.cites["update_factor"], small.cites["without_update_untraced"]
+            if factor.low > 1:  # the update's share is above 0 in its whole interval
+                share = small.cites["update_share"].value
+                parts = {"batch": small.values["batch"], "share": share, "without": without.value}
+                said.append(Finding("conclusion", "conclusion_train_update_parts", parts))
+            continue
         if small.message not in TRACED_AGREES:
             continue
         without, traced = small.cites["without_update"], small.cites["traced_ratio"]

@@ -5,7 +5,9 @@ worded by the language's message catalogue (pipeline/report/messages), so every 
 
 Where the numbers come from, and so what their intervals mean:
 - *paired timing*: the ratios of `profiles/<device>/comparisons.json`, medians over the timing processes with their
-  95 % interval (between processes; the machine's speed that all combinations shared cancels);
+  95 % interval (between processes; the machine's speed that all combinations shared cancels); among them the
+  training step's parts (`DeviceComparisons.parts`): the step without its optimizer update, timed untraced in the
+  same processes, against the full training step and against the inference step;
 - *traced steps* (only of a combination whose traced pass ran like its timed steps: `TraceCheck.inside`): the parts
   of a traced step (`StepAnalysis.parts`: each ATen operator's own time, grouped by the
   phase and the layer it serves). They come from one traced pass of `profile.active_steps` steps in one process, not
@@ -30,7 +32,7 @@ import numpy as np
 from pipeline.devices.registry import device_kind, host_kind
 from pipeline.records.profile import Combination, DeviceComparisons, PairedComparison, ProfileRecord
 from pipeline.records.quantities import StepPart, rounded_down, rounded_up
-from pipeline.records.statistics import prediction_interval
+from pipeline.records.statistics import GRADIENTS, prediction_interval
 from pipeline.report.catalogue import Catalogue
 from pipeline.report.comparison import rate_interval
 
@@ -713,20 +715,37 @@ def _rate(traced: TracedSteps, select: Callable[[str, str], bool]) -> Measured:
 
 
 def train_against_inference(data: AnalysisData) -> list[Finding]:
-    """Rule: at each batch size with a paired train/inference ratio and both traced, the ratio is set against the
-    FLOP count's, and the training step's phases (forward, backward, the optimizer's update, time outside operators)
-    are given with their share of the traced step; "more than the FLOPs predict" only where the ratio's whole
-    interval lies above the FLOP ratio. A cause is said only where the traced passes ran like the timed steps (the
-    traced ratio lies where one more timing process would fall: `ran_like_timed`; else the finding says
-    what would decide it): the update is named as the reason where the paired ratio lies wholly beyond 1.5x the FLOP
-    ratio and the traced ratio without the update within it, with its part of the traced ratio's excess over the FLOP
-    ratio ("all of it" where without the update the ratio would not exceed the FLOP ratio); "the update alone does
-    not explain it" where, without it, the whole interval stays beyond 1.5x. Where the traced ratio misses but the
-    steps run untraced around the two passes give a ratio where one more process would fall, the processes ran like
-    the timed ones and the traced steps themselves did not: a trace cannot apportion the gap, and the finding says so
-    with each side's traced over untraced steps (what made them differ is not measured) and what would decide it
-    (`finding_train_traced_apart`); where the untraced steps miss too, the tracing process ran unlike the timing
-    processes even untraced (`finding_train_process_apart`)."""
+    """Rule: at each batch size with a paired train/inference ratio R, R is set against the FLOP count's ratio F
+    (forward and backward against forward); "more than the FLOPs predict" only where R's whole interval lies above F.
+
+    Where the device's record holds the training step's parts at this batch size (`DeviceComparisons.parts`: the full
+    training step over the step without its Adadelta update, U, and that step over the inference step, W; each a
+    paired per-step ratio timed untraced in the same processes, with its 95 % interval), the reason is decided from
+    them alone (`_train_against_parts`): the update's share of the training step is 1 - 1/U (its interval from U's
+    ends), and, with E = 1.5 F:
+    - R's interval not wholly above F: R, F, the update's share and W, no cause (`finding_train_parts_against_flops`);
+    - R wholly beyond E and W's whole interval within it: the update explains the excess, with its part of R's excess
+      over F from the medians, (R - W) / (R - F), or "all of it" where W <= F (`finding_train_parts_update_explains`);
+    - W's whole interval beyond E: the update alone does not explain it (`finding_train_parts_more_than_update`);
+    - otherwise the parts do not decide it against E: R not wholly beyond E (`finding_train_parts_undecided_ratio`),
+      or W's interval on both sides of E (`finding_train_parts_undecided_without`).
+    The traced pass's phases are added as a separate clause only where its ratio ran like the timed steps
+    (`ran_like_timed`); where it did not, or its trace check set it aside, one clause says they are not used.
+
+    Where the record has no parts (written before they were timed), the reason comes from the traced pass: the
+    training step's phases (forward, backward, the optimizer's update, time outside operators) with their share of the
+    traced step. A cause is said only where the traced passes ran like the timed steps (the traced ratio lies where
+    one more timing process would fall: `ran_like_timed`; else the finding says what would decide it): the update is
+    named as the reason where the paired ratio lies wholly beyond 1.5x the FLOP ratio and the traced ratio without the
+    update within it, with its part of the traced ratio's excess over the FLOP ratio ("all of it" where without the
+    update the ratio would not exceed the FLOP ratio); "the update alone does not explain it" where, without it, the
+    whole interval stays beyond 1.5x. Where the traced ratio misses but the steps run untraced around the two passes
+    give a ratio where one more process would fall, the processes ran like the timed ones and the traced steps
+    themselves did not: a trace cannot apportion the gap, and the finding says so with each side's traced over
+    untraced steps (what made them differ is not measured) and what would decide it, the parts that a rerun of the
+    device's profile stage now times (`finding_train_traced_apart`); where the untraced steps miss too, the tracing
+    process ran unlike the timing processes even untraced (`finding_train_process_apart`). A batch whose traced pass
+    its trace check set aside gets the paired ratio against the FLOP ratio only (`_train_against_flops_only`)."""
     found = []
     for device in data.devices():
         for batch in data.batches(device, "train"):
@@ -735,29 +754,23 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
             a, b = data.traced.get(train), data.traced.get(infer)
             if paired is None:
                 continue
+            parts = _training_parts(data, batch, device)
+            if parts is not None:
+                found += _train_against_parts(data, batch, device, paired, *parts)
+                continue
             if a is None or b is None:
                 found += _train_against_flops_only(data, batch, device, paired)
                 continue
             flop_ratio = _flop_ratio(a.record, b.record)
             total = a.draws_of(everything)
-            phases = []
-            for phase in ("forward", "backward", "optimizer", "outside"):
-                select = of_phase(phase)
-                if a.rows(select):
-                    phases.append(
-                        (
-                            phase,
-                            measured(100 * a.mean(select) / a.total(), 100 * a.draws_of(select) / total),
-                            a.mean(select),
-                        )
-                    )
+            phases = _traced_phases(a)
             without = measured(
                 (a.total() - a.mean(of_phase("optimizer"))) / b.total(),
                 (total - a.draws_of(of_phase("optimizer"))) / b.draws_of(everything),
             )
             ratio = _ratio(paired)
             above = ratio.low > flop_ratio
-            traced = measured(a.total() / b.total(), total / b.draws_of(everything))
+            traced = traced_step_ratio(a, b)
             consistent = ran_like_timed(traced, paired)
             explained = EXPLAINED_WITHIN * flop_ratio
             values = {
@@ -767,13 +780,7 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
                 "low": paired.low,
                 "high": paired.high,
                 "flop_ratio": flop_ratio,
-                "phases": Listing(
-                    "finding_phase_item",
-                    tuple(
-                        {"phase": Label(f"phase_{p}"), "ms": ms, "value": m.value, "low": m.low, "high": m.high}
-                        for p, m, ms in phases
-                    ),
-                ),
+                "phases": _phase_listing(phases),
                 "traced_ms": a.total(),
                 "inference_ms": b.total(),
                 "without": without.value,
@@ -794,6 +801,7 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
                 "untraced_ratio": around or 0.0,
                 "train_hooks": _traced_over_untraced(a),
                 "inference_hooks": _traced_over_untraced(b),
+                "stage_device": device,  # the device's profile stage, `profile@<device>`, now times the parts
             }
             cites = {"ratio": ratio, "traced_ratio": traced, "without_update": without, **{p: m for p, m, _ in phases}}
             if not above:
@@ -812,6 +820,157 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
                 message = "finding_train_above_flops_agree"
             found.append(Finding("train_against_inference", message, values, cites))
     return found
+
+
+def traced_step_ratio(a: TracedSteps, b: TracedSteps) -> Measured:
+    """The traced training step's mean over the traced inference step's, with its bootstrap interval."""
+    return measured(a.total() / b.total(), a.draws_of(everything) / b.draws_of(everything))
+
+
+def _traced_phases(a: TracedSteps) -> list[tuple[str, Measured, float]]:
+    """The traced training step's phases: (phase, its share (%) of the traced step, its mean ms per step)."""
+    total = a.draws_of(everything)
+    phases = []
+    for phase in ("forward", "backward", "optimizer", "outside"):
+        select = of_phase(phase)
+        if a.rows(select):
+            share = measured(100 * a.mean(select) / a.total(), 100 * a.draws_of(select) / total)
+            phases.append((phase, share, a.mean(select)))
+    return phases
+
+
+def _phase_listing(phases: Sequence[tuple[str, Measured, float]]) -> Listing:
+    return Listing(
+        "finding_phase_item",
+        tuple(
+            {"phase": Label(f"phase_{p}"), "ms": ms, "value": m.value, "low": m.low, "high": m.high}
+            for p, m, ms in phases
+        ),
+    )
+
+
+# The messages of `_train_against_parts`, each a branch of train_against_inference's rule decided from the parts.
+PARTS_MESSAGES = frozenset(
+    {
+        "finding_train_parts_against_flops",
+        "finding_train_parts_update_explains",
+        "finding_train_parts_more_than_update",
+        "finding_train_parts_undecided_ratio",
+        "finding_train_parts_undecided_without",
+    }
+)
+
+
+def _training_parts(data: AnalysisData, batch: int, device: str) -> tuple[PairedComparison, PairedComparison] | None:
+    """The training step's two parts at `batch` on `device`, where its record holds both: the full step over the step
+    without the update (U), and that step over the inference step (W)."""
+    comparisons = next((found for found in data.comparisons if found.device == device), None)
+    if comparisons is None:
+        return None
+    train, gradients, infer = (f"{batch}-{device}-{mode}" for mode in ("train", GRADIENTS, "inference"))
+    update, without = comparisons.part(train, gradients), comparisons.part(gradients, infer)
+    return None if update is None or without is None else (update, without)
+
+
+def update_share(update: PairedComparison) -> Measured:
+    """The update's share (%) of the training step, 1 - 1/U, from the full step over the step without it (U); its
+    interval from U's, the share rising with U."""
+    return Measured(
+        100 * (1 - 1 / update.value), 100 * (1 - 1 / update.low), 100 * (1 - 1 / update.high), "paired timing"
+    )
+
+
+def _train_against_parts(
+    data: AnalysisData,
+    batch: int,
+    device: str,
+    paired: PairedComparison,
+    update: PairedComparison,
+    without_update: PairedComparison,
+) -> list[Finding]:
+    """Training against inference decided from the training step's parts, timed untraced beside it (see
+    train_against_inference's rule); the traced pass's phases only as a separate clause, where it ran like the timed
+    steps."""
+    train, infer = data.record(batch, device, "train"), data.record(batch, device, "inference")
+    if train is None or infer is None:
+        return []
+    flop_ratio = _flop_ratio(train, infer)
+    explained = EXPLAINED_WITHIN * flop_ratio
+    ratio, factor, without, share = _ratio(paired), _ratio(update), _ratio(without_update), update_share(update)
+    traced_clause, traced_cites = _traced_clause(data, batch, device, paired)
+    values = {
+        "device": Label(f"device_{device}"),
+        "batch": batch,
+        "ratio": ratio.value,
+        "low": ratio.low,
+        "high": ratio.high,
+        "flop_ratio": flop_ratio,
+        "explained": explained,
+        "factor": factor.value,
+        "factor_low": factor.low,
+        "factor_high": factor.high,
+        "share": share.value,
+        "share_low": share.low,
+        "share_high": share.high,
+        "without": without.value,
+        "without_low": without.low,
+        "without_high": without.high,
+        "processes": data.processes(device),
+        "traced": traced_clause,
+    }
+    cites = {
+        "ratio": ratio,
+        "update_factor": factor,
+        "update_share": share,
+        "without_update_untraced": without,
+        **traced_cites,
+    }
+    if ratio.low <= flop_ratio:
+        message = "finding_train_parts_against_flops"
+    elif ratio.low > explained and without.high <= explained:
+        message = "finding_train_parts_update_explains"
+        values["excess"] = _parts_excess_said(ratio.value, without.value, flop_ratio)
+    elif without.low > explained:
+        message = "finding_train_parts_more_than_update"
+    elif ratio.low <= explained:
+        message = "finding_train_parts_undecided_ratio"
+    else:
+        message = "finding_train_parts_undecided_without"
+    return [Finding("train_against_inference", message, values, cites)]
+
+
+def _parts_excess_said(ratio: float, without: float, flop_ratio: float) -> Listing:
+    """The update's part of the paired ratio's excess over the FLOP ratio, from the medians, (R - W) / (R - F), as a
+    share (%); "all of it" where without the update the step would not exceed the FLOP ratio (a share past 100 % is
+    none). Said only where R's whole interval lies beyond 1.5x the FLOP ratio, so R - F > 0."""
+    if without <= flop_ratio:
+        return Listing("finding_parts_excess_all", ({},))
+    return Listing("finding_parts_excess_share", ({"share": 100 * (ratio - without) / (ratio - flop_ratio)},))
+
+
+def _traced_clause(
+    data: AnalysisData, batch: int, device: str, paired: PairedComparison
+) -> tuple[Listing, dict[str, Measured]]:
+    """The traced pass's part in a finding decided from the parts: its phases where its ratio ran like the timed
+    steps (`ran_like_timed`), with what it cites; else one clause saying they are not used, and why."""
+    train, infer = _at(batch, device, "train"), _at(batch, device, "inference")
+    a, b = data.traced.get(train), data.traced.get(infer)
+    if a is None or b is None:
+        set_aside = [Label(f"mode_{c.mode}") for c in (train, infer) if c not in data.traced]
+        names = Listing("finding_mode_item", tuple({"name": name} for name in set_aside), "list_joiner")
+        return Listing("finding_parts_traced_set_aside", ({"set_aside": names},)), {}
+    traced = traced_step_ratio(a, b)
+    against = {
+        "traced_ratio": traced.value,
+        "traced_low": traced.low,
+        "traced_high": traced.high,
+        **_timed_against(paired),
+    }
+    if not ran_like_timed(traced, paired):
+        return Listing("finding_parts_traced_apart", (against,)), {}
+    phases = _traced_phases(a)
+    item = {**against, "phases": _phase_listing(phases), "traced_ms": a.total(), "inference_ms": b.total()}
+    return Listing("finding_parts_traced", (item,)), {"traced_ratio": traced, **{p: m for p, m, _ in phases}}
 
 
 def _flop_ratio(train: ProfileRecord, infer: ProfileRecord) -> float:

@@ -22,7 +22,14 @@ from typing import Any
 from pipeline.profiling.trace_analysis import layer_group
 from pipeline.records.profile import Combination
 from pipeline.report.catalogue import Catalogue
-from pipeline.report.findings import FIXED_EXPONENT, PROPORTIONAL_EXPONENT, Finding, Label, Listing
+from pipeline.report.findings import (
+    FIXED_EXPONENT,
+    PARTS_MESSAGES,
+    PROPORTIONAL_EXPONENT,
+    Finding,
+    Label,
+    Listing,
+)
 from pipeline.report.lab_report import ReportInputs
 from pipeline.report.operator_layers import NO_GROUP, layer_shares, operators_by_group
 from pipeline.report.roofline import WHOLE_STEP, RooflinePoint, roofline_points
@@ -756,13 +763,23 @@ UPDATE_WORDS = {
 
 
 # train_against_inference's messages whose paired ratio does not lie wholly above the FLOP count's.
-UNDER_FLOPS = {"finding_train_against_flops", "finding_train_flops_timed"}
+UNDER_FLOPS = {"finding_train_against_flops", "finding_train_flops_timed", "finding_train_parts_against_flops"}
+
+# train_against_inference's messages decided from the training step's parts (timed untraced beside it), and the
+# verdict each gives, grouped by batch size (none where the ratio is not above the FLOPs' prediction; the update's
+# part of the excess is said per batch, `handin_modes_parts_explains`).
+PARTS_VERDICTS = {
+    "finding_train_parts_more_than_update": "handin_modes_parts_beyond",
+    "finding_train_parts_undecided_ratio": "handin_modes_parts_undecided_ratio",
+    "finding_train_parts_undecided_without": "handin_modes_parts_undecided_without",
+}
 
 
 def _train_against_inference(found: Sequence[Finding], inputs: ReportInputs, say: _Words) -> Paragraph | None:
     """Said where `train_against_inference` compared the two modes at some batch size: the FLOP count's ratio, the
-    timed ratios, and the update's part where the traced pass ran like the timed steps; where it did not, what would
-    decide it."""
+    timed ratios; where the record holds the training step's parts (timed untraced beside it), the update's share and
+    the ratio without it, and what they decide against 1.5x the FLOPs' prediction; else the update's part where the
+    traced pass ran like the timed steps, and where it did not, what would decide it."""
     said = [each for each in found if each.kind == "train_against_inference"]
     if not said:
         return None
@@ -790,6 +807,7 @@ def _train_against_inference(found: Sequence[Finding], inputs: ReportInputs, say
                 batches=say.joined(str(each.values["batch"]) for each in above),
             )
         )
+        sentences += _parts_sentences([each for each in findings if each.message in PARTS_MESSAGES], say)
         for each in findings:
             words = UPDATE_WORDS.get(each.message)
             if words is None:
@@ -838,46 +856,126 @@ def _train_against_inference(found: Sequence[Finding], inputs: ReportInputs, say
                     ),
                 )
             )
-        numbers = [
-            say(
-                "handin_evidence_mode_timed",
-                batch=each.values["batch"],
-                ratio=each.values["ratio"],
-                low=each.values["low"],
-                high=each.values["high"],
-                set_aside=say.joined(say.catalogue(item["name"].key) for item in each.values["set_aside"].items),
+        numbers = [_mode_evidence(each, say) for each in findings]
+        parts = [each for each in findings if each.message in PARTS_MESSAGES]
+        sources, rules = [], []
+        if parts:
+            sources.append(say("handin_source_modes_parts", paired=_paired_source(inputs, say)))
+            rules.append(say("handin_rule_modes_parts"))
+        if len(parts) < len(findings):
+            sources.append(
+                say("handin_source_modes", paired=_paired_source(inputs, say), traced=_traced_source(inputs, say))
             )
-            if "set_aside" in each.values
-            else say(
-                "handin_evidence_mode_item",
-                batch=each.values["batch"],
-                ratio=each.values["ratio"],
-                low=each.values["low"],
-                high=each.values["high"],
-                one_more=_one_more(each.values, "handin_times_range", say),
-                traced=say.interval(
-                    "handin_times_ci",
-                    each.values["traced_ratio"],
-                    each.values["traced_low"],
-                    each.values["traced_high"],
-                ),
-                without=say.interval(
-                    "handin_times_ci", each.values["without"], each.values["without_low"], each.values["without_high"]
-                ),
-            )
-            for each in findings
-        ]
+            rules.append(say("handin_rule_modes"))
         evidence.append(
             Evidence(
                 say("handin_evidence_modes_flops", device=Label(device), flop_ratio=flop_ratio)
                 + say.joined(numbers, "list_separator"),
-                say("handin_source_modes", paired=_paired_source(inputs, say), traced=_traced_source(inputs, say)),
-                say("handin_rule_modes"),
+                say.joined(dict.fromkeys(sources), "list_separator"),
+                say.joined(rules, "list_separator"),
             )
         )
+    return Paragraph(say("handin_modes_title"), tuple(sentences), tuple(evidence), _modes_summary(said, say))
+
+
+def _parts_sentences(findings: Sequence[Finding], say: _Words) -> list[str]:
+    """What the training step's parts say, one device's: the update's share and the ratio without it at each batch
+    size, against the FLOPs' prediction; then each batch's verdict against 1.5x that prediction, batch sizes with the
+    same verdict together (none where the ratio is not above the prediction)."""
+    if not findings:
+        return []
+    shares = say.joined(
+        say("handin_modes_parts_share", share=each.values["share"], batch=each.values["batch"]) for each in findings
+    )
+    withouts = say.joined(
+        say("handin_modes_ratio", ratio=each.values["without"], batch=each.values["batch"]) for each in findings
+    )
+    sentences = [
+        say("handin_modes_parts", shares=shares, withouts=withouts, flop_ratio=findings[0].values["flop_ratio"])
+    ]
+    for each in findings:
+        if each.message == "finding_train_parts_update_explains":
+            sentences.append(
+                say("handin_modes_parts_explains", batch=each.values["batch"], excess=_excess_words(each, say))
+            )
+    for message, words in PARTS_VERDICTS.items():
+        batches = [str(each.values["batch"]) for each in findings if each.message == message]
+        if batches:
+            sentences.append(say(words, batches=say.joined(batches)))
+    return sentences
+
+
+def _excess_words(finding: Finding, say: _Words) -> str:
+    """The update's part of the paired ratio's excess over the FLOPs' prediction, as the finding gives it."""
+    excess = finding.values["excess"]
+    if excess.message == "finding_parts_excess_all":
+        return say("handin_modes_excess_all")
+    return say("handin_modes_excess_share", share=excess.items[0]["share"])
+
+
+def _mode_evidence(each: Finding, say: _Words) -> str:
+    """One batch size's numbers in the evidence row: the paired ratio with the parts (untraced), or with the traced
+    pass's ratios, or alone where the traced pass was set aside."""
+    values = each.values
+    if each.message in PARTS_MESSAGES:
+        return say(
+            "handin_evidence_mode_parts",
+            batch=values["batch"],
+            ratio=values["ratio"],
+            low=values["low"],
+            high=values["high"],
+            factor=say.interval("handin_times_ci", values["factor"], values["factor_low"], values["factor_high"]),
+            share=say.interval("handin_pct_ci", values["share"], values["share_low"], values["share_high"]),
+            without=say.interval("handin_times_ci", values["without"], values["without_low"], values["without_high"]),
+        )
+    if "set_aside" in values:
+        return say(
+            "handin_evidence_mode_timed",
+            batch=values["batch"],
+            ratio=values["ratio"],
+            low=values["low"],
+            high=values["high"],
+            set_aside=say.joined(say.catalogue(item["name"].key) for item in values["set_aside"].items),
+        )
+    return say(
+        "handin_evidence_mode_item",
+        batch=values["batch"],
+        ratio=values["ratio"],
+        low=values["low"],
+        high=values["high"],
+        one_more=_one_more(values, "handin_times_range", say),
+        traced=say.interval("handin_times_ci", values["traced_ratio"], values["traced_low"], values["traced_high"]),
+        without=say.interval("handin_times_ci", values["without"], values["without_low"], values["without_high"]),
+    )
+
+
+def _modes_summary(said: Sequence[Finding], say: _Words) -> str:
+    """The summary's line, only where every batch size's ratio lies above the FLOPs' prediction: that, and where every
+    finding has the training step's parts, the update's share at each batch size and the verdicts they decide (the
+    update explains the excess; even without it the step costs more than 1.5x the prediction)."""
     above_all = [each.values["flop_ratio"] for each in said if each.message not in UNDER_FLOPS]
-    summary = say("handin_modes_summary", flop_ratio=min(above_all)) if len(above_all) == len(said) else ""
-    return Paragraph(say("handin_modes_title"), tuple(sentences), tuple(evidence), summary)
+    if len(above_all) != len(said):
+        return ""
+    if not all(each.message in PARTS_MESSAGES for each in said):
+        return say("handin_modes_summary", flop_ratio=min(above_all))
+    shares = say.joined(
+        say("handin_modes_parts_share", share=each.values["share"], batch=each.values["batch"]) for each in said
+    )
+    verdicts = []
+    for message, words in (
+        ("finding_train_parts_update_explains", "handin_modes_summary_explains"),
+        ("finding_train_parts_more_than_update", "handin_modes_summary_beyond"),
+    ):
+        batches = [str(each.values["batch"]) for each in said if each.message == message]
+        if batches:
+            verdicts.append(say(words, batches=say.joined(batches)))
+    separator = say.catalogue("list_separator")
+    return say(
+        "handin_modes_summary_parts",
+        flop_ratio=min(above_all),
+        shares=shares,
+        verdicts="".join(separator + verdict for verdict in verdicts),
+    )
 
 
 # --- training's speed against the profile's ---------------------------------------------------------------------

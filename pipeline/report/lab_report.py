@@ -37,6 +37,7 @@ from pipeline.params.schema import Params, ProfileConfig
 from pipeline.records.profile import DeviceComparisons, ProfileRecord, read_profiles
 from pipeline.records.quantities import rounded_up
 from pipeline.records.roofs import SpeedDrift, read_roofs
+from pipeline.records.statistics import GRADIENTS
 from pipeline.records.wording import process_speed_sentence
 from pipeline.report.allocator_whatif import allocator_markdown, allocator_sentences
 from pipeline.report.catalogue import Catalogue, load_catalogue
@@ -399,6 +400,13 @@ def comparison_section(context: ReportContext) -> list[str]:
             "fresh processes: each ratio below is the median of the processes' ratios, its 95 % CI their spread "
             "(per sample: the larger batch over the smaller; per step: train over inference).\n"
         )
+        if any(found.parts for found in comparisons):
+            blocks.append(
+                f"The rows with `{GRADIENTS}` are the training step's parts, timed the same way: the training step "
+                "without its optimizer update (forward, backward and clearing the gradients); the full step over it "
+                "gives the update's share of the step (1 - 1/ratio), it over inference the step without the update "
+                "against inference.\n"
+            )
         blocks.append(comparisons_table(comparisons))
         blocks.append("".join(f"{process_speed_sentence(found)}\n" for found in comparisons))
     plotted = [dataclasses.asdict(row) for row in rows]
