@@ -1,7 +1,7 @@
 """DVC stage `download`: fetch and verify MNIST, log it, write data/MNIST atomically."""
 
 from pipeline.common.paths import DATA_ROOT
-from pipeline.common.stage_runner import run_stage
+from pipeline.common.stage_runner import run_stage_process
 from pipeline.data.artifacts import log_download
 from pipeline.data.mnist import fetch_mnist, mirror_candidates, write_dataset
 from pipeline.params.loading import load_params
@@ -19,4 +19,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_stage("download", main)
+    run_stage_process("download", main)

@@ -3,7 +3,7 @@
 from pipeline.common.allocator import tune_allocator
 from pipeline.common.outputs import AtomicOutputs
 from pipeline.common.paths import DATA_ROOT, GRAPH_ONNX, GRAPH_PT2, GRAPH_SVG, MODEL_CHECKPOINT
-from pipeline.common.stage_runner import run_stage
+from pipeline.common.stage_runner import run_stage_process
 from pipeline.data.mnist import load_split
 from pipeline.data.tensors import normalize_images
 from pipeline.graph.artifacts import export_graph, log_graph_export
@@ -38,4 +38,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_stage("export_graph", main)
+    run_stage_process("export_graph", main)

@@ -15,7 +15,7 @@ from tqdm import tqdm
 from pipeline.common.interrupts import pause_at
 from pipeline.common.outputs import AtomicOutputs
 from pipeline.common.paths import DATA_ROOT, HARDWARE_ROOFS, MODEL_CHECKPOINT, DeviceProfileOutputs
-from pipeline.common.stage_runner import run_stage
+from pipeline.common.stage_runner import run_stage_process
 from pipeline.params.loading import load_params
 from pipeline.profiling.artifacts import log_profile, write_comparison_outputs, write_profile_outputs
 from pipeline.profiling.matrix import stage_device
@@ -91,4 +91,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_stage("profile", main)
+    run_stage_process("profile", main)

@@ -6,7 +6,7 @@ from pathlib import Path
 from pipeline.common.interrupts import pause_at
 from pipeline.common.outputs import AtomicOutputs
 from pipeline.common.paths import PROFILE_COMPARISON_PLOT, REPORT_DIR, REPORT_FIGURES, REPORT_HTML, REPORT_MARKDOWN
-from pipeline.common.stage_runner import run_stage
+from pipeline.common.stage_runner import run_stage_process
 from pipeline.common.tables import rows_csv
 from pipeline.params.loading import load_params
 from pipeline.report.comparison import COMPARISON_PLOT_FIELDS
@@ -69,4 +69,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_stage("report", main)
+    run_stage_process("report", main)

@@ -13,7 +13,7 @@ from tqdm import tqdm
 from pipeline.common.allocator import tune_allocator
 from pipeline.common.outputs import AtomicOutputs
 from pipeline.common.paths import HARDWARE_FINGERPRINT, HARDWARE_ROOFS
-from pipeline.common.stage_runner import run_stage
+from pipeline.common.stage_runner import run_stage_process
 from pipeline.params.loading import load_params
 from pipeline.profiling.peak import DRIFT_WINDOWS, measure_roofs
 from pipeline.records.roofs import MachineRoofs, write_roofs
@@ -65,4 +65,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_stage("roofs", main)
+    run_stage_process("roofs", main)

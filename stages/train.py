@@ -3,7 +3,7 @@
 import sys
 
 from pipeline.common.allocator import tune_allocator
-from pipeline.common.stage_runner import run_stage
+from pipeline.common.stage_runner import run_stage_process
 from pipeline.params.loading import load_params
 from pipeline.training.stage import train_and_register
 
@@ -17,4 +17,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_stage("train", main)
+    run_stage_process("train", main)

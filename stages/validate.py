@@ -8,8 +8,8 @@ running any other command. That file's content never changes, so valid edits rer
 changes only on other hardware: the roofs and profile stages depend on it, training does not.
 """
 
-from pipeline.common.stage_runner import run_stage
+from pipeline.common.stage_runner import run_stage_process
 from pipeline.params.validation import write_params_checked
 
 if __name__ == "__main__":
-    run_stage("validate", write_params_checked)
+    run_stage_process("validate", write_params_checked)

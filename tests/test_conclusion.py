@@ -9,7 +9,7 @@ from pipeline.report.catalogue import LANGUAGES, load_catalogue
 from pipeline.report.conclusion import conclusion
 from pipeline.report.findings import AnalysisData, Finding, findings
 from tests.helpers.records import make_comparisons
-from tests.test_findings import ALLOWED_LATIN, inference, modes_at, parts_at, training
+from tests.test_findings import ALLOWED_LATIN, inference, modes_at, parts_at, training, update_lab
 
 RATIOS = {
     ("64-cpu-train", "1-cpu-train"): (0.117, 0.11, 0.125),
@@ -141,3 +141,16 @@ def test_the_update_is_given_as_part_of_the_gap_from_the_parts_timed_beside_the_
     assert "批大小 1 时它约占训练一步的 75%，去掉它后训练一步是推理一步的 3.5 倍" in text(found, "zh")
     found = opening(parts_at(14.0, (1.02, 0.99, 1.05), (13.7, 13.0, 14.4)))
     assert [finding.message for finding in found] == ["conclusion_train_one"]
+
+
+def test_without_a_traced_group_classed_per_step_the_update_timed_without_a_profiler_is_the_reason() -> None:
+    data = update_lab(5.0)
+    found = [f for f in findings(data) if f.message != "finding_fixed_per_step"]  # as where no traced pass qualifies
+    opening_ = conclusion(data, found)
+    assert "conclusion_fixed_update" in [f.message for f in opening_]
+    assert (
+        "the Adadelta update costs about the same per step whatever the batch (5.0 ms at batch 1, 5.0 ms at batch 64"
+        in (text(opening_, "en"))
+    )
+    # With a traced group classed, the conclusion gives that one (the traced steps name more than the update).
+    assert "conclusion_fixed_update" not in [f.message for f in opening(data)]

@@ -31,6 +31,7 @@ from pipeline.report.findings import (
     traced_scaling_differs,
     train_against_inference,
     training_against_profile,
+    update_per_step,
     what_sets_the_cost,
     why_per_sample_changes,
 )
@@ -834,3 +835,49 @@ def test_a_memory_part_held_at_one_peak_only_is_not_said_to_grow() -> None:
         "memory_optimizer_temporaries",
         "memory_activations",
     }
+
+
+# --- update_per_step: the update's time per step, timed without a profiler --------------------------------------------
+
+
+def update_lab(large_update_ms: float) -> AnalysisData:
+    """Training at batch 1 and 64, six timing processes each: steps of 6 and 45 ms (±1 % from process to process),
+    the update 5 ms of batch 1's step and `large_update_ms` of batch 64's in every process (the full step over the step
+    without the update, U, set to match)."""
+    records, data_parts = [], {}
+    for batch, step_ms, update_ms in ((1, 6.0, 5.0), (64, 45.0, large_update_ms)):
+        steps = tuple(step_ms * (1 + 0.01 * (k - 2.5) / 2.5) for k in range(6))
+        factors = tuple(ms / (ms - update_ms) for ms in steps)  # each process's U: its update is update_ms
+        record = dataclasses.replace(training(batch, step_ms, update_ms, 0.3), process_step_times_ms=steps)
+        records += [record, inference(batch, step_ms / 4, 0.1)]
+        data_parts[batch] = factors
+    data = AnalysisData.of(records, [make_comparisons("cpu", {})])
+    for batch, factors in data_parts.items():
+        u = (statistics.median(factors), min(factors), max(factors))
+        data = with_training_parts(data, batch, u, (3.0, 2.9, 3.1))
+        comparisons = data.comparisons[0]
+        parts = tuple(
+            dataclasses.replace(c, process_values=factors) if c.numerator == f"{batch}-cpu-train" else c
+            for c in comparisons.parts
+        )
+        data = AnalysisData.of(data.records, [dataclasses.replace(comparisons, parts=parts)])
+    return data
+
+
+def test_the_update_timed_without_a_profiler_is_a_cost_per_step_where_it_hardly_grows_with_the_batch() -> None:
+    """The update takes 5 ms of every process's step at both batch sizes: 1.00x, wholly below 64^0.25 = 2.83x, so it is
+    paid per step and per sample falls from 5 to 5/64 = 0.078 ms. Taking 20 ms at batch 64 (4x) it is not classed."""
+    [finding] = update_per_step(update_lab(5.0))
+    assert finding.message == "finding_update_per_step"
+    assert finding.values["small_ms"] == pytest.approx(5.0) and finding.values["large_ms"] == pytest.approx(5.0)
+    assert finding.values["growth"] == pytest.approx(1.0)
+    english = rendered(finding)["en"]
+    assert "the update took 5.00 ms per step at batch 1 (95 % CI 5.00–5.00) and 5.00 ms at batch 64" in english
+    assert "wholly below 2.83× (the batch ratio's fourth root)" in english
+    assert "per sample it fell from 5.000 ms to 0.0781 ms" in english
+    assert "分摊到每个样本上，它从 5.000 ms 降到 0.0781 ms" in rendered(finding)["zh"]
+    [grows] = update_per_step(update_lab(20.0))
+    assert grows.message == "finding_update_not_classed" and grows.values["growth"] == pytest.approx(4.0)
+    assert "do not class it as a cost paid per step" in rendered(grows)["en"]
+    # A record without parts, or without each process's step time, gives no finding.
+    assert update_per_step(modes_at(1, 5.0, 36.0)) == []

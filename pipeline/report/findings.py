@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,7 @@ import numpy as np
 from pipeline.devices.registry import device_kind, host_kind
 from pipeline.records.profile import Combination, DeviceComparisons, PairedComparison, ProfileRecord
 from pipeline.records.quantities import StepPart, rounded_down, rounded_up
-from pipeline.records.statistics import GRADIENTS, prediction_interval
+from pipeline.records.statistics import GRADIENTS, between_process_interval, prediction_interval
 from pipeline.report.catalogue import Catalogue
 from pipeline.report.comparison import rate_interval
 
@@ -822,6 +823,73 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
     return found
 
 
+def update_per_step(data: AnalysisData) -> list[Finding]:
+    """Rule: where the training step's parts were timed at a device's smallest and largest trained batch sizes, the
+    Adadelta update's time per step at each is, in each timing process, that process's training step time times
+    1 - 1/U (U: that process's full step over the step without the update); stated as the median over processes with
+    the interval of their spread. Its growth from the smallest batch to the largest is taken process by process
+    (the same processes timed both); the update "costs about the same per step" where the growth's whole interval
+    lies below batch ratio^0.25, the bound `per_step_or_per_sample` classes a traced group by, and its time per sample
+    then falls by about the batch ratio; else the times are stated, unclassed."""
+    found = []
+    for device in data.devices():
+        batches = [b for b in data.batches(device, "train") if _training_parts(data, b, device) is not None]
+        if len(batches) < 2:
+            continue
+        small, large = batches[0], batches[-1]
+        per_process = [_update_ms(data, batch, device) for batch in (small, large)]
+        if any(not values for values in per_process) or len(per_process[0]) != len(per_process[1]):
+            continue
+        (small_ms, small_low, small_high), (large_ms, large_low, large_high) = (_spread(v) for v in per_process)
+        growth = _spread([b / a for a, b in zip(*per_process, strict=True) if a > 0])
+        scale = large / small
+        bound = rounded_up(scale**FIXED_EXPONENT, 2)
+        values = {
+            "device": Label(f"device_{device}"),
+            "small": small,
+            "large": large,
+            "scale": scale,
+            "bound": bound,
+            "small_ms": small_ms,
+            "small_low": small_low,
+            "small_high": small_high,
+            "large_ms": large_ms,
+            "large_low": large_low,
+            "large_high": large_high,
+            "growth": growth[0],
+            "growth_low": growth[1],
+            "growth_high": growth[2],
+            "small_per_sample": small_ms / small,
+            "large_per_sample": large_ms / large,
+        }
+        cites = {
+            "update_ms_small": Measured(small_ms, small_low, small_high, "paired timing"),
+            "update_ms_large": Measured(large_ms, large_low, large_high, "paired timing"),
+            "update_growth": Measured(*growth, "paired timing"),
+        }
+        message = "finding_update_per_step" if growth[2] < bound else "finding_update_not_classed"
+        found.append(Finding("update_per_step", message, values, cites))
+    return found
+
+
+def _update_ms(data: AnalysisData, batch: int, device: str) -> list[float]:
+    """The update's ms per step in each timing process: its training step time times 1 - 1/U (empty where the record
+    or the parts do not give one value per process)."""
+    record, parts = data.record(batch, device, "train"), _training_parts(data, batch, device)
+    if record is None or parts is None:
+        return []
+    steps, factors = record.process_step_times_ms, parts[0].process_values
+    if not steps or len(steps) != len(factors):
+        return []
+    return [ms * (1 - 1 / factor) for ms, factor in zip(steps, factors, strict=True)]
+
+
+def _spread(values: Sequence[float]) -> tuple[float, float, float]:
+    """The median of the processes' values and the interval of their spread (min-max where too few for one)."""
+    low, high = between_process_interval(values) or (min(values), max(values))
+    return statistics.median(values), low, high
+
+
 def traced_step_ratio(a: TracedSteps, b: TracedSteps) -> Measured:
     """The traced training step's mean over the traced inference step's, with its bootstrap interval."""
     return measured(a.total() / b.total(), a.draws_of(everything) / b.draws_of(everything))
@@ -1181,6 +1249,7 @@ RULES: tuple[Callable[[AnalysisData], list[Finding]], ...] = (
     traced_scaling_differs,
     why_per_sample_changes,
     per_step_or_per_sample,
+    update_per_step,
     what_sets_the_cost,
     closer_to_roof,
     train_against_inference,

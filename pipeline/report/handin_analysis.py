@@ -21,6 +21,7 @@ from typing import Any
 
 from pipeline.profiling.trace_analysis import layer_group
 from pipeline.records.profile import Combination
+from pipeline.records.quantities import rounded_down
 from pipeline.report.catalogue import Catalogue
 from pipeline.report.findings import (
     FIXED_EXPONENT,
@@ -235,10 +236,12 @@ def _fixed_costs(found: Sequence[Finding], inputs: ReportInputs, say: _Words) ->
         and each.values["groups"].items[0]["group"].key.removeprefix("group_") in SAVING_GROUPS
         and each.message.startswith("finding_change_attributed_saved")
     ]
-    if not fixed and not savings:
+    update = _of(found, "finding_update_per_step")
+    if not fixed and not savings and not update:
         return None
     named = {item["group"].key for each in fixed for item in each.values["groups"].items}
     named |= {each.values["groups"].items[0]["group"].key for each in savings}
+    named |= {"group_optimizer" for _ in update}
     parameters = _largest_layer(inputs)
     if "group_optimizer" in named and parameters is not None:
         sentences.append(say("handin_fixed_update", **parameters))
@@ -247,6 +250,36 @@ def _fixed_costs(found: Sequence[Finding], inputs: ReportInputs, say: _Words) ->
                 say("handin_evidence_parameters", **parameters),
                 say("handin_source_parameters"),
                 say("handin_rule_count"),
+            )
+        )
+    for each in update:
+        values = each.values
+        sentences.append(say("handin_fixed_update_timed", **values))
+        evidence.append(
+            Evidence(
+                say(
+                    "handin_evidence_update_timed",
+                    device=values["device"],
+                    small=values["small"],
+                    large=values["large"],
+                    small_ms=say.interval(
+                        "handin_ms_ci", values["small_ms"], values["small_low"], values["small_high"]
+                    ),
+                    large_ms=say.interval(
+                        "handin_ms_ci", values["large_ms"], values["large_low"], values["large_high"]
+                    ),
+                    growth=say.interval(
+                        "handin_times_ci", values["growth"], values["growth_low"], values["growth_high"]
+                    ),
+                ),
+                say("handin_source_update_timed", paired=_paired_source(inputs, say)),
+                say(
+                    "handin_rule_fixed",
+                    scale=values["scale"],
+                    bound=values["bound"],
+                    exponent=FIXED_EXPONENT,
+                    fall=rounded_down(values["scale"] / values["bound"], 0),
+                ),
             )
         )
     for each in fixed:
