@@ -140,7 +140,7 @@ def test_the_chinese_handin_holds_every_heading_and_label_of_the_template_and_fi
         "8000",
         "0.250 倍（0.240–0.260），缩短",
     ]
-    assert header(markdown, 2)[2] == "每步耗时 ms（中位数，95% 区间）"
+    assert header(markdown, 2)[2] == "每步耗时 ms（中位数，95% 置信区间）"
     assert "模板的表格还有批大小 16 的行，这里没有做性能分析：把它们加入 `profile.batch_sizes` 即可补上。" in markdown
     assert environment[1][2] == "无" and environment[4][2].endswith("未使用：没有在 GPU 上做性能分析")
     assert "![神经网络数据流图](figures/model_graph.svg)" in visualisation[0][1]

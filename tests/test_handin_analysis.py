@@ -344,7 +344,7 @@ def test_the_intervals_are_only_in_the_evidence_table(
 ) -> None:
     for language, marks in (("zh", ("95%", "置信区间")), ("en", ("95 %", "CI"))):
         table, rest = evidence_table(lab(tmp_path, monkeypatch, repo_params, language=language))
-        assert marks[0] in table.splitlines()[2]  # the table's header: "数字（95% 区间）"
+        assert marks[0] in table.splitlines()[2]  # the table's header: "数字（95% 置信区间）"
         assert table.count("（" if language == "zh" else "(") > 10  # the numbers with their intervals
         assert not any(mark in rest for mark in marks), [mark for mark in marks if mark in rest]
 
@@ -382,7 +382,7 @@ def test_the_handin_shows_the_steps_commands_and_the_profiler_call_the_profile_s
         "dvc repro",
         "tensorboard --logdir runs",
         "make handin-views",
-        "dvc exp run -S 'profile.batch_sizes=[1,64]'",
+        "dvc exp run -S 'profile.batch_sizes=[1,64,128]'",  # another set: twice the largest added
     ):
         assert command in markdown, command
     assert f"```python\n{PROFILER_CALL}```" in markdown

@@ -400,9 +400,13 @@ def combination_words(combination: Combination, catalogue: Catalogue) -> str:
 
 
 def batches_command(params: Params, catalogue: Catalogue) -> str:
-    """Step 6's command: the profile rerun at the batch sizes of `profile.batch_sizes`."""
-    batches = ",".join(str(batch) for batch in params.profile.batch_sizes)
-    return catalogue("handin_batches_command", batches=batches) + "\n"
+    """Step 6's batch sizes (`profile.batch_sizes`), and the command that profiles another set: the same with twice
+    the largest added."""
+    sizes = params.profile.batch_sizes
+    batches = ",".join(str(batch) for batch in sizes)
+    extra = 2 * max(sizes)
+    other = ",".join(str(batch) for batch in sorted({*sizes, extra}))
+    return catalogue("handin_batches_command", batches=batches, extra=extra, other=other) + "\n"
 
 
 def batch_table(inputs: ReportInputs, rows: Sequence[ComparisonRow], params: Params, catalogue: Catalogue) -> str:
