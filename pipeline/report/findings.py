@@ -723,13 +723,14 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
     training step over the step without its Adadelta update, U, and that step over the inference step, W; each a
     paired per-step ratio timed untraced in the same processes, with its 95 % interval), the reason is decided from
     them alone (`_train_against_parts`): the update's share of the training step is 1 - 1/U (its interval from U's
-    ends), and, with E = 1.5 F:
+    ends), and the excess is R over F:
     - R's interval not wholly above F: R, F, the update's share and W, no cause (`finding_train_parts_against_flops`);
-    - R wholly beyond E and W's whole interval within it: the update explains the excess, with its part of R's excess
-      over F from the medians, (R - W) / (R - F), or "all of it" where W <= F (`finding_train_parts_update_explains`);
-    - W's whole interval beyond E: the update alone does not explain it (`finding_train_parts_more_than_update`);
-    - otherwise the parts do not decide it against E: R not wholly beyond E (`finding_train_parts_undecided_ratio`),
-      or W's interval on both sides of E (`finding_train_parts_undecided_without`).
+    - W's whole interval at or below F: without the update the step is no dearer than its FLOPs predict, so the update
+      is the whole excess (`finding_train_parts_update_explains`);
+    - W's whole interval above F: the update is part of the excess, (R - W) / (R - F) of it from the medians, and
+      the rest these timings do not apportion (`finding_train_parts_more_than_update`);
+    - otherwise W's interval holds F, and whether any excess is left without the update the data cannot say
+      (`finding_train_parts_undecided_without`).
     The traced pass's phases are added as a separate clause only where its ratio ran like the timed steps
     (`ran_like_timed`); where it did not, or its trace check set it aside, one clause says they are not used.
 
@@ -872,6 +873,39 @@ def update_per_step(data: AnalysisData) -> list[Finding]:
     return found
 
 
+def excess_without_update(data: AnalysisData) -> list[Finding]:
+    """Rule: where the training step's parts were timed at a device's smallest and largest trained batch sizes, the
+    step without the update over inference (W) at the two is compared: "shrinks as the batch grows" only where the
+    smallest batch's whole interval lies above the largest's, the smallest's lies above the FLOP ratio (there is an
+    excess to shrink) and the largest's median is nearer the FLOP ratio than the smallest's. No cause is measured;
+    the finding says so and names the likely one as a hypothesis."""
+    found = []
+    for device in data.devices():
+        batches = [b for b in data.batches(device, "train") if _training_parts(data, b, device) is not None]
+        if len(batches) < 2:
+            continue
+        small, large = batches[0], batches[-1]
+        first, last = _training_parts(data, small, device), _training_parts(data, large, device)
+        train, infer = data.record(large, device, "train"), data.record(large, device, "inference")
+        if first is None or last is None or train is None or infer is None:
+            continue
+        w_small, w_large, flop_ratio = first[1], last[1], _flop_ratio(train, infer)
+        nearer = abs(w_large.value - flop_ratio) < abs(w_small.value - flop_ratio)
+        if not (w_small.low > w_large.high and w_small.low > flop_ratio and nearer):
+            continue
+        values = {
+            "device": Label(f"device_{device}"),
+            "small": small,
+            "large": large,
+            "flop_ratio": flop_ratio,
+            **{f"w_small{k}": v for k, v in (("", w_small.value), ("_low", w_small.low), ("_high", w_small.high))},
+            **{f"w_large{k}": v for k, v in (("", w_large.value), ("_low", w_large.low), ("_high", w_large.high))},
+        }
+        cites = {"without_small": _ratio(w_small), "without_large": _ratio(w_large)}
+        found.append(Finding("excess_without_update", "finding_excess_without_update_shrinks", values, cites))
+    return found
+
+
 def _update_ms(data: AnalysisData, batch: int, device: str) -> list[float]:
     """The update's ms per step in each timing process: its training step time times 1 - 1/U (empty where the record
     or the parts do not give one value per process)."""
@@ -923,7 +957,6 @@ PARTS_MESSAGES = frozenset(
         "finding_train_parts_against_flops",
         "finding_train_parts_update_explains",
         "finding_train_parts_more_than_update",
-        "finding_train_parts_undecided_ratio",
         "finding_train_parts_undecided_without",
     }
 )
@@ -995,25 +1028,14 @@ def _train_against_parts(
     }
     if ratio.low <= flop_ratio:
         message = "finding_train_parts_against_flops"
-    elif ratio.low > explained and without.high <= explained:
+    elif without.high <= flop_ratio:
         message = "finding_train_parts_update_explains"
-        values["excess"] = _parts_excess_said(ratio.value, without.value, flop_ratio)
-    elif without.low > explained:
+    elif without.low > flop_ratio:
         message = "finding_train_parts_more_than_update"
-    elif ratio.low <= explained:
-        message = "finding_train_parts_undecided_ratio"
+        values["excess"] = 100 * (ratio.value - without.value) / (ratio.value - flop_ratio)
     else:
         message = "finding_train_parts_undecided_without"
     return [Finding("train_against_inference", message, values, cites)]
-
-
-def _parts_excess_said(ratio: float, without: float, flop_ratio: float) -> Listing:
-    """The update's part of the paired ratio's excess over the FLOP ratio, from the medians, (R - W) / (R - F), as a
-    share (%); "all of it" where without the update the step would not exceed the FLOP ratio (a share past 100 % is
-    none). Said only where R's whole interval lies beyond 1.5x the FLOP ratio, so R - F > 0."""
-    if without <= flop_ratio:
-        return Listing("finding_parts_excess_all", ({},))
-    return Listing("finding_parts_excess_share", ({"share": 100 * (ratio - without) / (ratio - flop_ratio)},))
 
 
 def _traced_clause(
@@ -1253,6 +1275,7 @@ RULES: tuple[Callable[[AnalysisData], list[Finding]], ...] = (
     what_sets_the_cost,
     closer_to_roof,
     train_against_inference,
+    excess_without_update,
     memory_by_batch,
     gpu_against_cpu,
     training_against_profile,

@@ -802,8 +802,6 @@ UNDER_FLOPS = {"finding_train_against_flops", "finding_train_flops_timed", "find
 # verdict each gives, grouped by batch size (none where the ratio is not above the FLOPs' prediction; the update's
 # part of the excess is said per batch, `handin_modes_parts_explains`).
 PARTS_VERDICTS = {
-    "finding_train_parts_more_than_update": "handin_modes_parts_beyond",
-    "finding_train_parts_undecided_ratio": "handin_modes_parts_undecided_ratio",
     "finding_train_parts_undecided_without": "handin_modes_parts_undecided_without",
 }
 
@@ -811,7 +809,7 @@ PARTS_VERDICTS = {
 def _train_against_inference(found: Sequence[Finding], inputs: ReportInputs, say: _Words) -> Paragraph | None:
     """Said where `train_against_inference` compared the two modes at some batch size: the FLOP count's ratio, the
     timed ratios; where the record holds the training step's parts (timed untraced beside it), the update's share and
-    the ratio without it, and what they decide against 1.5x the FLOPs' prediction; else the update's part where the
+    the ratio without it, and what they decide against the FLOPs' prediction; else the update's part where the
     traced pass ran like the timed steps, and where it did not, what would decide it."""
     said = [each for each in found if each.kind == "train_against_inference"]
     if not said:
@@ -877,6 +875,9 @@ def _train_against_inference(found: Sequence[Finding], inputs: ReportInputs, say
                         inference_hooks=values["inference_hooks"],
                     )
                 )
+        for each in _of(found, "finding_excess_without_update_shrinks"):
+            if each.values["device"].key == device:
+                sentences.append(say("handin_modes_excess_shrinks", **each.values))
         refused = [each for each in findings if each.message == "finding_train_above_flops"]
         if refused:
             sentences.append(
@@ -913,7 +914,7 @@ def _train_against_inference(found: Sequence[Finding], inputs: ReportInputs, say
 
 def _parts_sentences(findings: Sequence[Finding], say: _Words) -> list[str]:
     """What the training step's parts say, one device's: the update's share and the ratio without it at each batch
-    size, against the FLOPs' prediction; then each batch's verdict against 1.5x that prediction, batch sizes with the
+    size, against the FLOPs' prediction; then each batch's verdict against that prediction, batch sizes with the
     same verdict together (none where the ratio is not above the prediction)."""
     if not findings:
         return []
@@ -928,22 +929,20 @@ def _parts_sentences(findings: Sequence[Finding], say: _Words) -> list[str]:
     ]
     for each in findings:
         if each.message == "finding_train_parts_update_explains":
-            sentences.append(
-                say("handin_modes_parts_explains", batch=each.values["batch"], excess=_excess_words(each, say))
-            )
+            sentences.append(say("handin_modes_parts_explains", batch=each.values["batch"]))
+    beyond = [each for each in findings if each.message == "finding_train_parts_more_than_update"]
+    if beyond:
+        excess = say.joined(
+            say("handin_modes_parts_excess_share", share=each.values["excess"], batch=each.values["batch"])
+            for each in beyond
+        )
+        named = say.joined(str(each.values["batch"]) for each in beyond)
+        sentences.append(say("handin_modes_parts_beyond", batches=named, shares=excess))
     for message, words in PARTS_VERDICTS.items():
         batches = [str(each.values["batch"]) for each in findings if each.message == message]
         if batches:
             sentences.append(say(words, batches=say.joined(batches)))
     return sentences
-
-
-def _excess_words(finding: Finding, say: _Words) -> str:
-    """The update's part of the paired ratio's excess over the FLOPs' prediction, as the finding gives it."""
-    excess = finding.values["excess"]
-    if excess.message == "finding_parts_excess_all":
-        return say("handin_modes_excess_all")
-    return say("handin_modes_excess_share", share=excess.items[0]["share"])
 
 
 def _mode_evidence(each: Finding, say: _Words) -> str:
@@ -985,7 +984,7 @@ def _mode_evidence(each: Finding, say: _Words) -> str:
 def _modes_summary(said: Sequence[Finding], say: _Words) -> str:
     """The summary's line, only where every batch size's ratio lies above the FLOPs' prediction: that, and where every
     finding has the training step's parts, the update's share at each batch size and the verdicts they decide (the
-    update explains the excess; even without it the step costs more than 1.5x the prediction)."""
+    update is the whole excess; even without it the step costs more than the prediction)."""
     above_all = [each.values["flop_ratio"] for each in said if each.message not in UNDER_FLOPS]
     if len(above_all) != len(said):
         return ""
