@@ -213,7 +213,7 @@ def test_every_mechanism_paragraph_is_said_where_its_data_licenses_it(
     # Above the triad roof (24 GFLOP/s against 9.25) says nothing a STREAM count could not: left to the full report.
     assert "比内存带宽上限允许的还快" not in text and "DRAM 带宽不是它的瓶颈" not in text
     # Counted intensity places the convolutions right of the ridge; a limit is not claimed from it alone.
-    assert "卷积（`aten::mkldnn_convolution`）在各批大小下按计数的算术强度都有 70 FLOP/byte" in text
+    assert "卷积算子 `aten::mkldnn_convolution` 在各批大小下按计数的算术强度都有 70 FLOP/byte" in text
     assert "在屋脊点右侧两倍以上" in text
     assert "属于计算受限" not in text
     # The layers: each top operator by its name (no trace here), Adadelta's `aten::sqrt_` in no layer then.
@@ -448,7 +448,7 @@ def test_a_convolution_kernel_left_of_the_ridge_is_named_beside_those_right_of_i
     text = _compute_bound(points, _Words(load_catalogue("zh")))
     assert (
         text is not None
-        and "卷积（`aten::mkldnn_convolution`）在各批大小下按计数的算术强度都有 66–68 FLOP/byte" in text
+        and "卷积算子 `aten::mkldnn_convolution` 在各批大小下按计数的算术强度都有 66–68 FLOP/byte" in text
     )
     assert "CPU 推理批大小 1 时，卷积还用到了 `aten::_slow_conv2d_forward`，按计数的算术强度只有 4.3 FLOP/byte" in text
 

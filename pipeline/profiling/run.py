@@ -69,6 +69,7 @@ from pipeline.profiling.trace_analysis import (
 from pipeline.profiling.worker import WorkerSpec, build_step
 from pipeline.records.profile import (
     PROFILE_PRECISION,
+    TRACE_ATTEMPTS,
     AllocatorWhatIf,
     Combination,
     DeviceComparisons,
@@ -118,9 +119,6 @@ class ProfileResult:
     def block_times_ms(self) -> tuple[float, ...]:
         """Per-step time of each block, to 5 significant digits (a record of ~1000 blocks stays ~10 kB)."""
         return tuple(float(f"{block.step_ms:.5g}") for block in self.step_timing.blocks)
-
-
-TRACE_ATTEMPTS = 3  # passes traced at most, until one runs at the timed speed
 
 
 def profile_combination(

@@ -562,7 +562,9 @@ _LAYER_GROUPS = (
         ),
     ),
 )
-_OPTIMIZER_RANGES = ("Optimizer.step", "Optimizer.zero_grad")
+# The update: the optimizer's step. Its zero_grad (no operator where it sets the gradients to None) belongs to the
+# step without the update, as the training step's parts time it (pipeline.records.statistics.GRADIENTS).
+_OPTIMIZER_RANGES = ("Optimizer.step",)
 _AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
 
 

@@ -44,6 +44,7 @@ from pipeline.records.statistics import median_interval
 # Profiling runs the trained weights in fp32 whatever precision training used: the lab compares
 # operators and batch sizes, and a mixed-precision step would be a different program.
 PROFILE_PRECISION = "fp32"
+TRACE_ATTEMPTS = 3  # passes the profile stage traces at most, until one runs at the timed speed
 # Section of the profile runs' metrics in MLflow and TensorBoard (`profile/step_time_ms_median`, ...).
 METRIC_PREFIX = "profile/"
 # The format the profile stage writes. What each format added, and what an older record lacks (a field's default

@@ -19,7 +19,13 @@ from pathlib import Path
 from pipeline.common.machine import CPU_MODEL
 from pipeline.common.paths import GRAPH_SVG, TRAIN_EPOCHS_PLOT, TRAIN_STEPS_PLOT
 from pipeline.params.schema import Params
-from pipeline.records.profile import PROFILE_PRECISION, Combination, DeviceComparisons, PairedComparison
+from pipeline.records.profile import (
+    PROFILE_PRECISION,
+    TRACE_ATTEMPTS,
+    Combination,
+    DeviceComparisons,
+    PairedComparison,
+)
 from pipeline.records.quantities import rounded_up
 from pipeline.records.statistics import MIN_ORDER_STATISTIC_PROCESSES
 from pipeline.report.catalogue import HTML_LANGUAGE, Catalogue, load_catalogue
@@ -259,7 +265,10 @@ def commands(inputs: ReportInputs, catalogue: Catalogue) -> str:
     blocks = [catalogue("handin_commands")]
     if inputs.profiles:
         steps = inputs.profiles[0].settings.active_steps
-        blocks.append(catalogue("handin_profiler_call", steps=steps) + f"\n\n```python\n{PROFILER_CALL}```")
+        blocks.append(
+            catalogue("handin_profiler_call", steps=steps, attempts=TRACE_ATTEMPTS)
+            + f"\n\n```python\n{PROFILER_CALL}```"
+        )
     return "\n\n".join(blocks) + "\n"
 
 

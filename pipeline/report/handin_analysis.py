@@ -1054,7 +1054,7 @@ def _training_speed(found: Sequence[Finding], say: _Words) -> Paragraph | None:
 
 def _operator_layers(inputs: ReportInputs, groups: Mapping[str, Mapping[str, str]], say: _Words) -> Paragraph | None:
     """Which layer each top operator serves (pipeline.report.operator_layers), and which layer takes most of each
-    combination's traced operator time."""
+    combination's traced operator time, where its traced pass ran like the timed steps."""
     records = [record for record in inputs.profiles if record.top_operators]
     if not records:
         return None
@@ -1089,7 +1089,7 @@ def _operator_layers(inputs: ReportInputs, groups: Mapping[str, Mapping[str, str
     ):
         leading = []
         for record in group:
-            shares = layer_shares(record)
+            shares = layer_shares(record) if record.traced_like_timed else []  # else its shares describe another step
             if shares:
                 leading.append((record.combination.batch_size, shares[0]))
                 evidence_numbers.append(
