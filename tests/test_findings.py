@@ -314,6 +314,17 @@ def test_a_traced_ratio_outside_where_one_more_process_would_fall_is_refused_wit
     assert "What would decide it: traced passes that run like the timed steps; rerun the profile stage" in text["en"]
     assert "(`profile.active_steps`, 8 here)" in text["en"]  # the records' traced steps per pass
     assert "需要与计时步骤运行情况一致的被分析执行" in text["zh"] and "`profile.active_steps`，本次为 8" in text["zh"]
+    assert "reaches into it" not in text["en"]  # 0.117 (0.116-0.119) lies wholly below 0.126-0.134
+
+
+def test_a_traced_ratio_outside_where_one_more_process_would_fall_whose_interval_reaches_into_it_says_so() -> None:
+    """The traced ratio 0.1175 (0.1163-0.1187) lies below where one more process would fall (0.1182-0.1338), its
+    interval reaching into that range: still refused (by its value), and the item says the interval reaches in."""
+    spread = tuple(0.122 + 0.0015 * i for i in range(6))
+    [finding] = traced_scaling_differs(batch_pair(ratio=(0.12575, 0.122, 0.1295), processes=spread))
+    text = rendered(finding)
+    assert "95 %: 0.118–0.134), its value outside that range while its interval reaches into it" in text["en"]
+    assert "其值落在该范围之外，但区间伸入该范围" in text["zh"]
 
 
 def test_training_against_inference_is_explained_where_the_traced_ratio_falls_where_one_more_process_would() -> None:

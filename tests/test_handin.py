@@ -450,7 +450,8 @@ def test_the_environment_names_the_cpu_s_instruction_sets_and_tensorboard_beside
         (
             "en",
             (
-                "On the CPU, the timing processes ran 2 at a time, each on 1 core of its own.",
+                "On the CPU, the timing processes ran 2 at a time, each with 1 CPU thread (no process pinned to a "
+                "core).",
                 "both ran on 1 CPU thread in fp32. One thread, because the project measured earlier",
                 "(`train.threads: 0` and `train.precision: auto` in `params.yaml`: a thread per core, bf16 where the "
                 "CPU computes it natively; PyTorch itself defaults to fp32): 2 CPU threads, bf16.",
@@ -459,7 +460,7 @@ def test_the_environment_names_the_cpu_s_instruction_sets_and_tensorboard_beside
         (
             "zh",
             (
-                "CPU 上的计时进程每次 2 个同时运行，各用 1 个核。",
+                "CPU 上的计时进程每次 2 个同时运行，各用 1 个 CPU 线程（进程没有绑定到固定的核）。",
                 "都用 1 个 CPU 线程、fp32 精度。只用 1 个线程，依据的是本项目此前在 2 个 vCPU 的虚拟机上的测量",
                 "实际用了 2 个 CPU 线程、bf16。",
             ),

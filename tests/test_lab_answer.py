@@ -506,13 +506,25 @@ def test_a_traced_pass_faster_than_the_steps_around_it_bounds_no_hooks() -> None
     record = dataclasses.replace(record, process_step_times_ms=(4.6, 4.7, 4.8, 4.8, 4.9, 5.0))
     faster = _traced_in_process(record, 5.0, 4.6, BATCH_ONE_OPERATORS)
     check = faster.trace_check
-    assert check is not None and check.inside and check.hooks_high_ms == 0.0
+    assert check is not None and check.inside and check.hooks_unbounded and check.hooks_high_ms is None
     table = operators_markdown(faster)
     assert (
-        "The profiler's hooks could not be bounded here: the traced steps ran faster than the untraced ones around "
-        "them, so this process's speed moved between the two sets of steps." in table
+        "The profiler's hooks could not be bounded here: the traced steps' median lies below the untraced ones' "
+        "around them, so this process's speed moved between the two sets of steps." in table
     )
     assert "at most 0.000 ms" not in table and "more than 0.0 points" not in table
+
+
+def test_a_traced_median_below_the_untraced_one_bounds_no_hooks_even_where_the_intervals_overlap() -> None:
+    """As an audited batch-16 pass: the traced median (5.80 ms) below the untraced one (5.85 ms), their intervals
+    overlapping (each set spread ±1 %). Hooks only add time, so the difference bounds the hooks plus a speed change,
+    not the hooks."""
+    record = make_record(16, "cpu", "inference", 5.8, ci_pct=5.0)
+    record = dataclasses.replace(record, process_step_times_ms=(5.6, 5.7, 5.8, 5.8, 5.9, 6.0))
+    slower_around = _traced_in_process(record, 5.85, 5.80, BATCH_ONE_OPERATORS)
+    check = slower_around.trace_check
+    assert check is not None and check.hooks_unbounded and check.hooks_high_ms is None
+    assert "could not be bounded here" in operators_markdown(slower_around)
 
 
 def test_two_operators_the_hooks_could_reorder_are_not_ranked() -> None:

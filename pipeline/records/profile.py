@@ -372,11 +372,21 @@ class TraceCheck:
         return None if not untraced else 100 * (self.traced_step_ms / untraced - 1)
 
     @property
+    def hooks_unbounded(self) -> bool:
+        """The traced steps' median lies below the untraced ones' around them: hooks only add time, so this process's
+        speed moved between the two sets of steps, and their difference bounds nothing of the hooks."""
+        traced, untraced = self.traced_steps_ms, self.untraced_steps_ms
+        return bool(traced) and bool(untraced) and statistics.median(traced) < statistics.median(untraced)
+
+    @property
     def hooks_high_ms(self) -> float | None:
         """The most the profiler's hooks add to a step at 95 % confidence (never below 0): the high end of the traced
-        steps' median interval less the low end of the untraced ones'. None where either has too few steps."""
+        steps' median interval less the low end of the untraced ones'. None where either has too few steps, or where
+        the steps bound nothing of the hooks (`hooks_unbounded`)."""
         traced, untraced = median_interval(self.traced_steps_ms), median_interval(self.untraced_steps_ms)
-        return None if traced is None or untraced is None else max(traced[1] - untraced[0], 0.0)
+        if traced is None or untraced is None or self.hooks_unbounded:
+            return None
+        return max(traced[1] - untraced[0], 0.0)
 
     def placement_sentence(self) -> str:
         """One sentence: where the checked step lies against the timed interval, and what the hooks added."""

@@ -180,15 +180,15 @@ def trace_sentence(record: ProfileRecord) -> str:
         return ""
     like = "ran at the timed speed" if check.untraced_step_ms is None else "ran like the timing processes"
     sentence = f"The table's pass {like}: {check.placement_sentence()}."
+    if check.hooks_unbounded:
+        return (
+            f"{sentence} The profiler's hooks could not be bounded here: the traced steps' median lies below the "
+            "untraced ones' around them, so this process's speed moved between the two sets of steps."
+        )
     points, hooks, per_call = record.hooks_share_points, check.hooks_high_ms, record.hooks_per_call_ms
     if points is None or hooks is None or per_call is None:
         return sentence
     calls, top = record.analysis.anatomy.operator_calls_per_step, record.top_operators
-    if hooks <= 0:  # the traced steps' high end below the untraced ones' low end: no bound on the hooks
-        return (
-            f"{sentence} The profiler's hooks could not be bounded here: the traced steps ran faster than the untraced "
-            "ones around them, so this process's speed moved between the two sets of steps."
-        )
     sentence += (
         f" The profiler's hooks add at most {rounded_up(hooks, 3):.3f} ms to a step (95 % bound from both sets of "
         f"steps), over its {calls:.0f} operator calls: at the same cost per call, at most "

@@ -149,10 +149,13 @@ class TracedSteps:
 
     def hooks_cover_outside(self) -> bool:
         """The profiler's hooks may account for all of the time outside operators: the most they add to a step (95 %,
-        from the steps run untraced around the pass) is at least that time. Then "outside" says nothing of the step."""
+        from the steps run untraced around the pass) is at least that time, or the steps bound nothing of them
+        (`TraceCheck.hooks_unbounded`). Then "outside" says nothing of the step."""
         check = self.record.trace_check
-        hooks = check.hooks_high_ms if check is not None else None
-        return hooks is not None and hooks >= self.mean(of_group("outside"))
+        if check is None:
+            return False
+        hooks = check.hooks_high_ms
+        return check.hooks_unbounded or (hooks is not None and hooks >= self.mean(of_group("outside")))
 
     def flops(self, select: Callable[[str, str], bool]) -> float:
         return sum(flops for key, flops in self.mflops.items() if select(*key)) * 1e6
@@ -498,8 +501,9 @@ def traced_scaling_differs(data: AnalysisData) -> list[Finding]:
     """Rule: where two batch sizes' traced passes (each with the next, and the smallest with the largest) scaled
     otherwise than their paired timing (the traced per-sample ratio's interval misses where one more timing process
     would fall: `ran_like_timed`), say so once, with the traced ratio, the paired median with its interval and that
-    prediction, and with what would decide it: no finding explains that change from the traced steps, and the reader
-    should not wonder why none does."""
+    prediction (and, where the traced ratio's interval still reaches into that prediction, that it does), and with
+    what would decide it: no finding explains that change from the traced steps, and the reader should not wonder why
+    none does."""
     items = []
     active_steps: set[int] = set()  # the traced passes' steps (profile.active_steps), the fewest where they differ
     pairs = [*data.readable_traced_pairs(consecutive=True), *data.readable_traced_pairs(consecutive=False)]
@@ -512,6 +516,7 @@ def traced_scaling_differs(data: AnalysisData) -> list[Finding]:
         if missed is None:
             continue
         traced, paired = missed
+        reaches = _overlap(traced, one_more_process(paired))
         items.append(
             {
                 **_subject(device, mode, a.record.combination.batch_size, b.record.combination.batch_size),
@@ -519,6 +524,7 @@ def traced_scaling_differs(data: AnalysisData) -> list[Finding]:
                 "traced_low": traced.low,
                 "traced_high": traced.high,
                 **_timed_against(paired),
+                "reaches": Listing("finding_scaling_reaches", ({},)) if reaches else "",
             }
         )
         active_steps.add(a.record.settings.active_steps)

@@ -612,8 +612,8 @@ def paired_note(inputs: ReportInputs, catalogue: Catalogue) -> str:
 
 
 def _side_by_side(inputs: ReportInputs, catalogue: Catalogue) -> str:
-    """Each device whose timing processes ran more than one at a time (`profile.processes_at_once`), each on cores of
-    its own, one per thread (pipeline.profiling.processes): how many at once and on how many cores; "" for none."""
+    """Each device whose timing processes ran more than one at a time (`profile.processes_at_once`): how many at once
+    and with how many threads each; no core is named, as no process is pinned to one; "" for none."""
     ran = {
         record.combination.device: (record.settings.processes_at_once, record.settings.threads)
         for record in inputs.profiles
@@ -624,7 +624,7 @@ def _side_by_side(inputs: ReportInputs, catalogue: Catalogue) -> str:
             "paired_note_at_once",
             device=catalogue(f"device_{device}"),
             at_once=at_once,
-            cores=catalogue.counted(threads, "count_core", "count_cores"),
+            threads=catalogue.counted(threads, "count_thread", "count_threads"),
         )
         for device, (at_once, threads) in ran.items()
         if at_once > 1
