@@ -7,8 +7,7 @@ conclusion leaves that sentence out.
    same rule as `per_sample_direction`: a direction only where the interval excludes 1).
 2. Why: the parts paid per step, not per sample, with their share of the smallest batch's step, and the parts that
    grow with the samples (`per_step_or_per_sample`), for the device and mode where those parts fill most of it;
-   where the traced steps class none, the Adadelta update where its time, timed without a profiler, is paid per step
-   (`update_per_step`).
+   before them, the Adadelta update where its time, timed without a profiler, is paid per step (`update_per_step`).
 3. Training against inference: the paired ratio at the smallest and largest batch; "the smaller the batch, the
    larger the gap" only where the two intervals do not meet; the Adadelta update's share of the small batch's
    training step, where its parts were timed (the full step over the step without the update wholly above 1), else
@@ -67,15 +66,14 @@ def _scaling(data: AnalysisData) -> list[Finding]:
 
 def _fixed_costs(found: Sequence[Finding]) -> list[Finding]:
     """One reason, the strongest: the per-step parts that fill most of their smallest batch's step."""
+    # The update timed without a profiler, where it is per step: the same figure the fixed-cost paragraph gives
+    # (one number per claim), before the traced groups.
+    timed = [f for f in found if f.message == "finding_update_per_step"]
+    if timed:
+        keys = ("device", "small", "large", "small_ms", "large_ms")
+        return [Finding("conclusion", "conclusion_fixed_update", {key: timed[0].values[key] for key in keys})]
     candidates = [f for f in found if f.message == "finding_fixed_per_step"]
     strongest = max(candidates, key=lambda f: sum(item["share"] for item in f.values["groups"].items), default=None)
-    if strongest is None:  # no traced group classed: the update timed without a profiler, where it is per step
-        keys = ("device", "small", "large", "small_ms", "large_ms")
-        return [
-            Finding("conclusion", "conclusion_fixed_update", {key: f.values[key] for key in keys})
-            for f in found
-            if f.message == "finding_update_per_step"
-        ][:1]
     said = []
     for fixed in [strongest] if strongest is not None else []:
         values = fixed.values
