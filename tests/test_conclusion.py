@@ -135,10 +135,10 @@ def test_the_update_is_given_as_part_of_the_gap_from_the_parts_timed_beside_the_
     traced_apart = 0.01  # the traced ratio (0.51 / 0.15 = 3.4x) far from the paired 14x
     found = opening(parts_at(14.0, (4.0, 3.8, 4.2), (3.5, 3.3, 3.7), optimizer_ms=traced_apart))
     assert [finding.message for finding in found] == ["conclusion_train_one", "conclusion_train_update_parts"]
-    assert "it takes about 75 % of a training step at batch 1, and without it a training step is 3.5× an inference" in (
+    assert "leaving it out saves about 75 % of a training step at batch 1, and without it a training step is 3.5×" in (
         text(found, "en")
     )
-    assert "批大小 1 时它约占训练一步的 75%，去掉它后训练一步是推理一步的 3.5 倍" in text(found, "zh")
+    assert "批大小 1 时去掉它可省下训练一步的约 75%，去掉后训练一步是推理一步的 3.5 倍" in text(found, "zh")
     found = opening(parts_at(14.0, (1.02, 0.99, 1.05), (13.7, 13.0, 14.4)))
     assert [finding.message for finding in found] == ["conclusion_train_one"]
 
@@ -150,7 +150,9 @@ def test_the_update_timed_without_a_profiler_is_the_reason_before_any_traced_gro
     for found in (findings(data), [f for f in findings(data) if f.message != "finding_fixed_per_step"]):
         opening_ = conclusion(data, found)
         assert [f.message for f in opening_ if f.message.startswith("conclusion_fixed")] == ["conclusion_fixed_update"]
-        said = "the Adadelta update costs about the same per step whatever the batch (5.0 ms at batch 1, 5.0 ms at "
+        said = (
+            "leaving out the Adadelta update saves about the same time per step whatever the batch (5.0 ms at batch 1, "
+        )
         assert said in text(opening_, "en")
     # Without the parts, the traced groups give the reason.
     assert "conclusion_fixed_update" not in [f.message for f in opening(lab(RATIOS))]

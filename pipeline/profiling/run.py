@@ -111,6 +111,7 @@ class ProfileResult:
     page_faults_per_step: float  # minor page faults per step, counted after the timing
     bytes_per_step: float = 0.0  # what every operator of one step reads and writes (StepWork)
     trace_check: TraceCheck | None = None
+    update_bytes_per_step: float = 0.0  # what the optimizer's update alone reads and writes (train mode; else 0)
 
     def timing(self) -> Timing:
         top = self.operators[0] if self.operators else None
@@ -150,6 +151,7 @@ def profile_combination(
     on_gpu = not kind_of(device).on_host
     check, trace = trace_until_timed(step, sync, on_gpu, active_steps, trace_path, step_timing)
     work = count_step_flops(step)
+    update_bytes = count_update_bytes(built) if built.optimizer is not None else 0.0
     sync()
     analysis = analyse_trace(trace, combination.device, work.calls)
     return ProfileResult(
@@ -161,6 +163,7 @@ def profile_combination(
         page_faults_per_step=faults,
         bytes_per_step=work.bytes_per_step,
         trace_check=check,
+        update_bytes_per_step=update_bytes,
     )
 
 
@@ -320,6 +323,17 @@ def count_step_flops(step: Callable[[], None]) -> StepWork:
     with FlopCounterMode(display=False, custom_mapping=mapping), _StepTraffic() as traffic:
         step()
     return StepWork(calls=tuple(calls), bytes_per_step=traffic.bytes)
+
+
+def count_update_bytes(built: BuiltStep) -> float:
+    """Bytes the optimizer's update reads and writes in one step: every non-view ATen operator of `optimizer.step()`
+    (each operand once, as `_StepTraffic` counts them), after a whole real step has left gradients and state to
+    update; the update is then applied once more, outside the timed and traced passes."""
+    assert built.optimizer is not None
+    built.run()
+    with _StepTraffic() as traffic:
+        built.optimizer.step()
+    return float(traffic.bytes)
 
 
 def operator_row(stats: OperatorStats, on_gpu: bool) -> OperatorRow:
@@ -665,6 +679,7 @@ def _profile_record(
                 roofs.matmul_gflops_per_s.best if roofs else 0.0,
                 bytes_per_step=result.bytes_per_step,
                 bandwidth_gb_per_s=roofs.triad_gb_per_s.best if roofs else 0.0,
+                update_bytes_per_step=result.update_bytes_per_step,
             ),
             peak_method=roofs.method if roofs else "",
             ranges=analysis.ranges,

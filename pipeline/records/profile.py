@@ -238,6 +238,9 @@ class FlopRate:
     # memory traffic if no cache reused anything. 0: not counted (older records).
     bytes_per_step: float = 0.0
     bandwidth_gb_per_s: float = 0.0  # the device's memory roof (STREAM triad, the roofs stage); 0 if unknown
+    # Bytes the optimizer's update alone reads and writes per step, counted as `bytes_per_step` is. 0: inference, or
+    # not counted (older records).
+    update_bytes_per_step: float = 0.0
 
     @property
     def intensity_flops_per_byte(self) -> float | None:
@@ -259,6 +262,7 @@ def flop_rate(
     peak_gflops_per_s: float,
     bytes_per_step: float = 0.0,
     bandwidth_gb_per_s: float = 0.0,
+    update_bytes_per_step: float = 0.0,
 ) -> FlopRate:
     flops = flops_per_sample * batch_size
     achieved = flops / (step_ms / 1000) / 1e9 if step_ms > 0 else 0.0
@@ -270,6 +274,7 @@ def flop_rate(
         peak_pct=100.0 * achieved / peak_gflops_per_s if peak_gflops_per_s > 0 else 0.0,
         bytes_per_step=bytes_per_step,
         bandwidth_gb_per_s=bandwidth_gb_per_s,
+        update_bytes_per_step=update_bytes_per_step,
     )
 
 

@@ -874,17 +874,43 @@ def update_per_step(data: AnalysisData) -> list[Finding]:
             "update_ms_large": Measured(large_ms, large_low, large_high, "paired timing"),
             "update_growth": Measured(*growth, "paired timing"),
         }
+        values["traffic"] = _update_traffic(data.record(small, device, "train"), small_ms)
         message = "finding_update_per_step" if growth[2] < bound else "finding_update_not_classed"
         found.append(Finding("update_per_step", message, values, cites))
     return found
 
 
+# The update's counted bytes at the measured bandwidth within this factor of its time: moving them is a likely pace.
+TRAFFIC_PACE = 2.0
+
+
+def _update_traffic(record: ProfileRecord | None, update_ms: float) -> Listing | str:
+    """What the update's counted bytes take at the device's measured memory bandwidth, beside its time per step; "a
+    likely pace" only where the two lie within TRAFFIC_PACE of each other ("" where the bytes or the bandwidth were
+    not measured)."""
+    rate = record.analysis.flop_rate if record is not None else None
+    if rate is None or rate.update_bytes_per_step <= 0 or rate.bandwidth_gb_per_s <= 0 or update_ms <= 0:
+        return ""
+    moving_ms = rate.update_bytes_per_step / (rate.bandwidth_gb_per_s * 1e9) * 1000
+    item = {
+        "update_mb": rate.update_bytes_per_step / 1e6,
+        "bandwidth": rate.bandwidth_gb_per_s,
+        "moving_ms": moving_ms,
+        "update_ms": update_ms,
+    }
+    paced = 1 / TRAFFIC_PACE <= moving_ms / update_ms <= TRAFFIC_PACE
+    return Listing("finding_update_traffic_paced" if paced else "finding_update_traffic", (item,))
+
+
 def excess_without_update(data: AnalysisData) -> list[Finding]:
-    """Rule: where the training step's parts were timed at a device's smallest and largest trained batch sizes, the
-    step without the update over inference (W) at the two is compared: "shrinks as the batch grows" only where the
-    smallest batch's whole interval lies above the largest's, the smallest's lies above the FLOP ratio (there is an
-    excess to shrink) and the largest's median is nearer the FLOP ratio than the smallest's. No cause is measured;
-    the finding says so and names the likely one as a hypothesis."""
+    """Rule: where the training step's parts were timed at a device's smallest and largest trained batch sizes, and
+    the step without the update over inference (W) is, at the smallest, wholly above the FLOP ratio F and wholly above
+    W at the largest, whose median is nearer F: its excess shrinks against the inference step. What that excess costs
+    per step, in each timing process the inference step's time times W - F, is then classed as the traced groups are
+    (`per_step_or_per_sample`): about the same per step where its growth from the smallest batch to the largest lies
+    wholly below batch ratio^0.25, growing with the batch where wholly above ratio^0.75, else in between (slower than
+    the samples, more than a cost per step). No cause is measured; each branch names the likely ones as a
+    hypothesis."""
     found = []
     for device in data.devices():
         batches = [b for b in data.batches(device, "train") if _training_parts(data, b, device) is not None]
@@ -899,17 +925,58 @@ def excess_without_update(data: AnalysisData) -> list[Finding]:
         nearer = abs(w_large.value - flop_ratio) < abs(w_small.value - flop_ratio)
         if not (w_small.low > w_large.high and w_small.low > flop_ratio and nearer):
             continue
+        per_process = [
+            _excess_ms(data, batch, device, w, flop_ratio) for batch, w in ((small, w_small), (large, w_large))
+        ]
+        if any(not values for values in per_process) or len(per_process[0]) != len(per_process[1]):
+            continue
+        if min(per_process[0]) <= 0:
+            continue
+        scale = large / small
+        growth = _spread([b / a for a, b in zip(*per_process, strict=True)])
+        fixed, proportional = rounded_up(scale**FIXED_EXPONENT, 2), rounded_down(scale**PROPORTIONAL_EXPONENT, 1)
+        (e_small, e_small_low, e_small_high), (e_large, e_large_low, e_large_high) = (_spread(v) for v in per_process)
         values = {
             "device": Label(f"device_{device}"),
             "small": small,
             "large": large,
+            "scale": scale,
             "flop_ratio": flop_ratio,
+            "fixed": fixed,
+            "proportional": proportional,
             **{f"w_small{k}": v for k, v in (("", w_small.value), ("_low", w_small.low), ("_high", w_small.high))},
             **{f"w_large{k}": v for k, v in (("", w_large.value), ("_low", w_large.low), ("_high", w_large.high))},
+            **{f"e_small{k}": v for k, v in (("", e_small), ("_low", e_small_low), ("_high", e_small_high))},
+            **{f"e_large{k}": v for k, v in (("", e_large), ("_low", e_large_low), ("_high", e_large_high))},
+            **{f"growth{k}": v for k, v in zip(("", "_low", "_high"), growth, strict=True)},
         }
-        cites = {"without_small": _ratio(w_small), "without_large": _ratio(w_large)}
-        found.append(Finding("excess_without_update", "finding_excess_without_update_shrinks", values, cites))
+        cites = {
+            "without_small": _ratio(w_small),
+            "without_large": _ratio(w_large),
+            "excess_growth": Measured(*growth, "paired timing"),
+        }
+        if growth[2] < fixed:
+            message = "finding_excess_without_update_per_step"
+        elif growth[1] > proportional:
+            message = "finding_excess_without_update_grows"
+        else:
+            message = "finding_excess_without_update_between"
+        found.append(Finding("excess_without_update", message, values, cites))
     return found
+
+
+def _excess_ms(
+    data: AnalysisData, batch: int, device: str, without: PairedComparison, flop_ratio: float
+) -> list[float]:
+    """What the step without the update costs beyond its FLOPs' share, per step, in each timing process: the inference
+    step's time times W - F (empty where the record does not give one value per process)."""
+    record = data.record(batch, device, "inference")
+    if record is None:
+        return []
+    steps, ratios = record.process_step_times_ms, without.process_values
+    if not steps or len(steps) != len(ratios):
+        return []
+    return [ms * (w - flop_ratio) for ms, w in zip(steps, ratios, strict=True)]
 
 
 def _update_ms(data: AnalysisData, batch: int, device: str) -> list[float]:
@@ -1039,6 +1106,13 @@ def _train_against_parts(
     elif without.low > flop_ratio:
         message = "finding_train_parts_more_than_update"
         values["excess"] = 100 * (ratio.value - without.value) / (ratio.value - flop_ratio)
+        parts = [
+            100 * (r - w) / (r - flop_ratio)
+            for r, w in zip(paired.process_values, without_update.process_values, strict=False)
+            if r > flop_ratio
+        ]
+        if len(parts) == len(paired.process_values) == len(without_update.process_values) and parts:
+            _, values["excess_low"], values["excess_high"] = _spread(parts)
     else:
         message = "finding_train_parts_undecided_without"
     return [Finding("train_against_inference", message, values, cites)]

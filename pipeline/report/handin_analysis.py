@@ -141,6 +141,11 @@ class _Words:
         return self(key, value=value, low=low, high=high)
 
 
+def _ranged(say: _Words, key: str, values: Mapping[str, Any], value: str, low: str, high: str) -> str:
+    """A finding's value with its interval, by the names it keeps them under."""
+    return say.interval(key, values[value], values[low], values[high])
+
+
 def _of(found: Sequence[Finding], *messages: str) -> list[Finding]:
     return [each for each in found if each.message in messages]
 
@@ -525,7 +530,8 @@ def _linear_points(points: Sequence[RooflinePoint], batch: int) -> list[Roofline
 
 def _matrix_vector(points: Sequence[RooflinePoint], say: _Words) -> tuple[str, Evidence] | None:
     """At batch 1 a fully connected layer multiplies its weight matrix by one vector: said where its operators' counted
-    intensity lies left of the ridge there, with where it lies at the largest batch."""
+    intensity lies left of the ridge there, with where it lies at the largest batch; and where one ran above the memory
+    roof (its traced rate, from a pass that ran like the timed steps), that its bytes did not all come from DRAM."""
     batches = sorted({point.batch_size for point in points})
     if not batches or batches[0] != 1 or len(batches) < 2:
         return None
@@ -540,6 +546,19 @@ def _matrix_vector(points: Sequence[RooflinePoint], say: _Words) -> tuple[str, E
     side = "handin_right_of_ridge" if large >= ridge else "handin_left_of_ridge"
     values = {"small_intensity": small, "large_intensity": large, "ridge": ridge, "large": batches[-1]}
     sentence = say("handin_matrix_vector", side=say(side), **values)
+    above = [
+        point
+        for point in vector
+        if point.traced_like_timed and point.achieved.value > point.bandwidth_gb_per_s * point.intensity
+    ]
+    if above:  # over the memory roof: its bytes did not all come from DRAM at the triad's bandwidth
+        fastest = max(above, key=lambda point: point.roof_pct)
+        sentence += say(
+            "handin_above_memory_roof",
+            combination=say.combination(fastest.device, fastest.mode),
+            achieved=fastest.achieved.value,
+            pct=fastest.roof_pct,
+        )
     operators = sorted({point.name for point in (*vector, *matrix)})
     numbers = say(
         "handin_evidence_intensity",
@@ -799,6 +818,13 @@ UPDATE_WORDS = {
 }
 
 
+# excess_without_update's messages the hand-in says, and its words for each (none where the excess grows with the
+# batch: then it only looks smaller against the inference step).
+EXCESS_WORDS = {
+    "finding_excess_without_update_per_step": "handin_modes_excess_shrinks",
+    "finding_excess_without_update_between": "handin_modes_excess_between",
+}
+
 # train_against_inference's messages whose paired ratio does not lie wholly above the FLOP count's.
 UNDER_FLOPS = {"finding_train_against_flops", "finding_train_flops_timed", "finding_train_parts_against_flops"}
 
@@ -879,9 +905,9 @@ def _train_against_inference(found: Sequence[Finding], inputs: ReportInputs, say
                         inference_hooks=values["inference_hooks"],
                     )
                 )
-        for each in _of(found, "finding_excess_without_update_shrinks"):
+        for each in _of(found, *EXCESS_WORDS):
             if each.values["device"].key == device:
-                sentences.append(say("handin_modes_excess_shrinks", **each.values))
+                sentences.append(say(EXCESS_WORDS[each.message], **each.values))
         refused = [each for each in findings if each.message == "finding_train_above_flops"]
         if refused:
             sentences.append(
@@ -954,15 +980,23 @@ def _mode_evidence(each: Finding, say: _Words) -> str:
     pass's ratios, or alone where the traced pass was set aside."""
     values = each.values
     if each.message in PARTS_MESSAGES:
-        return say(
-            "handin_evidence_mode_parts",
-            batch=values["batch"],
-            ratio=values["ratio"],
-            low=values["low"],
-            high=values["high"],
-            factor=say.interval("handin_times_ci", values["factor"], values["factor_low"], values["factor_high"]),
-            share=say.interval("handin_pct_ci", values["share"], values["share_low"], values["share_high"]),
-            without=say.interval("handin_times_ci", values["without"], values["without_low"], values["without_high"]),
+        excess = ""
+        if "excess_low" in values:  # the update's part of the excess, process by process
+            excess = _ranged(say, "handin_evidence_excess", values, "excess", "excess_low", "excess_high")
+        return (
+            say(
+                "handin_evidence_mode_parts",
+                batch=values["batch"],
+                ratio=values["ratio"],
+                low=values["low"],
+                high=values["high"],
+                factor=say.interval("handin_times_ci", values["factor"], values["factor_low"], values["factor_high"]),
+                share=say.interval("handin_pct_ci", values["share"], values["share_low"], values["share_high"]),
+                without=say.interval(
+                    "handin_times_ci", values["without"], values["without_low"], values["without_high"]
+                ),
+            )
+            + excess
         )
     if "set_aside" in values:
         return say(
