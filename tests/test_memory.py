@@ -24,6 +24,7 @@ from pipeline.profiling.memory import (
     profile_one_step,
     read_step_allocations,
 )
+from pipeline.profiling.run import count_update_bytes
 from pipeline.profiling.timing import synchronizer
 from pipeline.profiling.worker import build_step
 from pipeline.records.quantities import MEMORY_PARTS, StepMemory
@@ -171,3 +172,11 @@ def test_cuda_events_are_read_for_the_cuda_device_in_the_caching_allocators_bloc
     assert cuda.events and all(abs(event.bytes) % 512 == 0 for event in cuda.events)
     assert (allocated_size(1, "cuda"), allocated_size(512, "cuda"), allocated_size(513, "cuda")) == (512, 512, 1024)
     assert allocated_size(513, "cpu") == 513
+
+
+def test_the_updates_counted_bytes_are_its_own_a_few_passes_over_the_weights_and_the_same_at_any_batch() -> None:
+    """Adadelta reads and writes the weights, their gradients and its two running averages, each about the weights'
+    size, in several element-wise passes: between 4 and 40 times the weights' bytes, whatever the batch."""
+    counted = [count_update_bytes(lab_step(batch, "train")) for batch in (1, 4)]
+    assert 4 * WEIGHT_BYTES <= counted[0] <= 40 * WEIGHT_BYTES, counted
+    assert counted[0] == counted[1]
