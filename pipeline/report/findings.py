@@ -840,10 +840,10 @@ def update_per_step(data: AnalysisData) -> list[Finding]:
     then falls by about the batch ratio; else the times are stated, unclassed."""
     found = []
     for device in data.devices():
-        batches = [b for b in data.batches(device, "train") if _training_parts(data, b, device) is not None]
-        if len(batches) < 2:
+        ends = _parts_ends(data, device)
+        if ends is None:
             continue
-        small, large = batches[0], batches[-1]
+        small, large = ends
         per_process = [_update_ms(data, batch, device) for batch in (small, large)]
         if any(not values for values in per_process) or len(per_process[0]) != len(per_process[1]):
             continue
@@ -913,10 +913,10 @@ def excess_without_update(data: AnalysisData) -> list[Finding]:
     hypothesis."""
     found = []
     for device in data.devices():
-        batches = [b for b in data.batches(device, "train") if _training_parts(data, b, device) is not None]
-        if len(batches) < 2:
+        ends = _parts_ends(data, device)
+        if ends is None:
             continue
-        small, large = batches[0], batches[-1]
+        small, large = ends
         first, last = _training_parts(data, small, device), _training_parts(data, large, device)
         train, infer = data.record(large, device, "train"), data.record(large, device, "inference")
         if first is None or last is None or train is None or infer is None:
@@ -977,6 +977,12 @@ def _excess_ms(
     if not steps or len(steps) != len(ratios):
         return []
     return [ms * (w - flop_ratio) for ms, w in zip(steps, ratios, strict=True)]
+
+
+def _parts_ends(data: AnalysisData, device: str) -> tuple[int, int] | None:
+    """The smallest and the largest trained batch size whose training step's parts were timed, where two are."""
+    batches = [b for b in data.batches(device, "train") if _training_parts(data, b, device) is not None]
+    return (batches[0], batches[-1]) if len(batches) >= 2 else None
 
 
 def _update_ms(data: AnalysisData, batch: int, device: str) -> list[float]:

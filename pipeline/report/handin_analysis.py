@@ -267,15 +267,9 @@ def _fixed_costs(found: Sequence[Finding], inputs: ReportInputs, say: _Words) ->
                     device=values["device"],
                     small=values["small"],
                     large=values["large"],
-                    small_ms=say.interval(
-                        "handin_ms_ci", values["small_ms"], values["small_low"], values["small_high"]
-                    ),
-                    large_ms=say.interval(
-                        "handin_ms_ci", values["large_ms"], values["large_low"], values["large_high"]
-                    ),
-                    growth=say.interval(
-                        "handin_times_ci", values["growth"], values["growth_low"], values["growth_high"]
-                    ),
+                    small_ms=_ranged(say, "handin_ms_ci", values, "small_ms", "small_low", "small_high"),
+                    large_ms=_ranged(say, "handin_ms_ci", values, "large_ms", "large_low", "large_high"),
+                    growth=_ranged(say, "handin_times_ci", values, "growth", "growth_low", "growth_high"),
                 ),
                 say("handin_source_update_timed", paired=_paired_source(inputs, say)),
                 say(
