@@ -260,6 +260,8 @@ def _fixed_costs(found: Sequence[Finding], inputs: ReportInputs, say: _Words) ->
     for each in update:
         values = each.values
         sentences.append(say("handin_fixed_update_timed", **values))
+        if isinstance(values["traffic"], Listing):  # its counted bytes at the measured bandwidth, beside the saving
+            sentences.append(str(say.word(values["traffic"])).strip())
         evidence.append(
             Evidence(
                 say(
