@@ -505,11 +505,13 @@ def test_the_update_is_part_of_the_excess_where_without_it_the_step_is_wholly_de
     assert "so leaving the update out saves 61.5 % of the training step's time (95 % CI 60.0–64.3 %;" in english
     said = "Even the step without the update took 5.30× an inference step (95 % CI 5.00–5.90, paired timing, untraced)"
     assert said in english
-    assert "wholly above the FLOPs' ratio: from the medians the update makes 79 % of the excess" in english
+    assert (
+        "wholly above the FLOPs' ratio: from the medians, leaving the update out removes 79 % of the excess" in english
+    )
     assert "these timings do not apportion the rest" in english
     assert "The traced pass's parts are not used: its ratio (36.67×" in english and "went to" not in english
     assert "即使去掉更新，这一步仍是推理一步的 5.30 倍（95% 置信区间 5.00–5.90，配对计时，未经性能分析）" in chinese
-    assert "超出预计的部分中约 79% 来自更新" in chinese and "性能分析记录中的各部分未采用" in chinese
+    assert "去掉更新可消除超出预计部分的约 79%" in chinese and "性能分析记录中的各部分未采用" in chinese
     assert "traced_ratio" not in finding.cites and "optimizer" not in finding.cites
     [near] = train_against_inference(parts_at(3.7, (1.06, 1.05, 1.08), (3.45, 3.44, 3.48)))
     assert near.message == "finding_train_parts_more_than_update" and near.values["excess"] == pytest.approx(
@@ -902,3 +904,33 @@ def test_the_excess_without_the_update_is_classed_by_its_time_per_step_not_by_th
     assert fixed.message == "finding_excess_without_update_per_step"
     assert "wholly below 2.83× (the batch ratio's fourth root): a cost paid per step" in rendered(fixed)["en"]
     assert not latin_in_chinese(fixed)
+
+
+def test_the_updates_traffic_is_a_likely_pace_only_where_its_saving_lies_between_one_and_two_times_that_traffic() -> (
+    None
+):
+    """139 MB per step against a 5 ms saving: at 23.7 GB/s they take 5.9 ms, more than the saving (DRAM could not have
+    supplied them: the caches held part); at 40 GB/s 3.5 ms (the saving within twice that: a likely pace); at 100
+    GB/s 1.4 ms (no pace said)."""
+    said = {}
+    for bandwidth in (23.7, 40.0, 100.0):
+        data = update_lab(5.0)
+        records = [
+            dataclasses.replace(
+                r,
+                analysis=dataclasses.replace(
+                    r.analysis,
+                    flop_rate=dataclasses.replace(
+                        r.analysis.flop_rate, update_bytes_per_step=139e6, bandwidth_gb_per_s=bandwidth
+                    ),
+                ),
+            )
+            for r in data.records
+        ]
+        [finding] = update_per_step(AnalysisData.of(records, data.comparisons))
+        said[bandwidth] = (finding.values["traffic"].message, rendered(finding))
+    assert said[23.7][0] == "finding_update_traffic_cached"
+    assert "that is 5.9 ms of traffic, more than the 5.0 ms that leaving it out saves" in said[23.7][1]["en"]
+    assert said[40.0][0] == "finding_update_traffic_paced" and "a likely pace" in said[40.0][1]["en"]
+    assert said[100.0][0] == "finding_update_traffic" and "pace" not in said[100.0][1]["en"]
+    assert all("STREAM" in text["zh"] and "GB/s" in text["zh"] for _, text in said.values())

@@ -462,8 +462,9 @@ def test_a_traced_step_slower_by_the_profilers_hooks_alone_is_the_timed_step() -
     points = max(abs(share - 100 * rest) for (_, share, _), rest in zip(BATCH_ONE_OPERATORS, left, strict=True))
     # Upper bounds, printed rounded up (docs/analysis.md): never below what they bound.
     assert (
-        f"The profiler's hooks add at most {math.ceil(hooks * 1000) / 1000:.3f} ms to a step (95 % bound from both "
-        f"sets of steps), over its 20 operator calls: at the same cost per call, at most "
+        f"The traced steps took at most {math.ceil(hooks * 1000) / 1000:.3f} ms more than the untraced ones around "
+        "them (95 % bound from both sets); if the process kept its speed between them, that bounds the profiler's "
+        "hooks, over the step's 20 operator calls: at the same cost per call, at most "
         f"{math.ceil(per_call * 10000) / 10:.1f} µs each, which moves no share in this table by more than "
         f"{math.ceil(points * 10) / 10:.1f} points." in table
     )
@@ -510,7 +511,7 @@ def test_a_traced_pass_faster_than_the_steps_around_it_bounds_no_hooks() -> None
     table = operators_markdown(faster)
     assert (
         "The profiler's hooks could not be bounded here: the traced steps' median lies below the untraced ones' "
-        "around them, so this process's speed moved between the two sets of steps." in table
+        "around them, and hooks only add time, so the two sets bound nothing of the hooks" in table
     )
     assert "at most 0.000 ms" not in table and "more than 0.0 points" not in table
 

@@ -183,15 +183,17 @@ def trace_sentence(record: ProfileRecord) -> str:
     if check.hooks_unbounded:
         return (
             f"{sentence} The profiler's hooks could not be bounded here: the traced steps' median lies below the "
-            "untraced ones' around them, so this process's speed moved between the two sets of steps."
+            "untraced ones' around them, and hooks only add time, so the two sets bound nothing of the hooks (this "
+            "process's speed may have moved between them)."
         )
     points, hooks, per_call = record.hooks_share_points, check.hooks_high_ms, record.hooks_per_call_ms
     if points is None or hooks is None or per_call is None:
         return sentence
     calls, top = record.analysis.anatomy.operator_calls_per_step, record.top_operators
     sentence += (
-        f" The profiler's hooks add at most {rounded_up(hooks, 3):.3f} ms to a step (95 % bound from both sets of "
-        f"steps), over its {calls:.0f} operator calls: at the same cost per call, at most "
+        f" The traced steps took at most {rounded_up(hooks, 3):.3f} ms more than the untraced ones around them (95 % "
+        "bound from both sets); if the process kept its speed between them, that bounds the profiler's hooks, over "
+        f"the step's {calls:.0f} operator calls: at the same cost per call, at most "
         f"{rounded_up(1000 * per_call, 1):.1f} µs each, "
     )
     if math.isinf(points) or points >= 100:  # a bound past every share says nothing of any of them
@@ -226,8 +228,8 @@ def comparisons_markdown(comparisons: DeviceComparisons) -> str:
 
 
 def parts_lines(parts: Sequence[PairedComparison]) -> list[str]:
-    """The training step's parts (DeviceComparisons.parts), timed untraced: their table and the update's share of each
-    training step; nothing where none were timed."""
+    """The training step's parts (DeviceComparisons.parts), timed untraced: their table and what leaving the update out
+    saves of each training step; nothing where none were timed."""
     if not parts:
         return []
     shares = [
@@ -240,14 +242,15 @@ def parts_lines(parts: Sequence[PairedComparison]) -> list[str]:
         "",
         "#### The training step's parts, timed without a profiler",
         "",
-        "At each batch size profiled in both modes, the training step without the optimizer's update (forward, "
-        "backward and clearing the gradients: `gradients`) was timed in the same rounds of the same processes. "
-        "Training over it is the update's factor; it over inference is what the backward pass adds to the forward "
-        "(the autograd bookkeeping included).",
+        "At each batch size profiled in both modes, the training step without the optimizer's update (the train-mode "
+        "forward, the loss, backward and clearing the gradients: `gradients`) was timed in the same rounds of the "
+        "same processes. Training over it is the update's factor; it over inference is the step without the update "
+        "against the inference step.",
         "",
         *ratio_table(parts),
         "",
-        f"The update's share of a training step (1 - 1 / its factor; 95 % CI from the factor's): {'; '.join(shares)}.",
+        "What leaving the update out saves of a training step (1 - 1 / its factor; 95 % CI from the factor's): "
+        f"{'; '.join(shares)}.",
     ]
 
 

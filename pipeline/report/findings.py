@@ -880,14 +880,15 @@ def update_per_step(data: AnalysisData) -> list[Finding]:
     return found
 
 
-# The update's counted bytes at the measured bandwidth within this factor of its time: moving them is a likely pace.
+# The update's time within this factor above its counted bytes' time at the measured bandwidth: moving them is a
+# likely pace (below that time, DRAM could not have supplied them: caches held part).
 TRAFFIC_PACE = 2.0
 
 
 def _update_traffic(record: ProfileRecord | None, update_ms: float) -> Listing | str:
-    """What the update's counted bytes take at the device's measured memory bandwidth, beside its time per step; "a
-    likely pace" only where the two lie within TRAFFIC_PACE of each other ("" where the bytes or the bandwidth were
-    not measured)."""
+    """What the update's counted bytes take at the device's measured memory bandwidth, beside its time per step: "a
+    likely pace" only where its time lies between that and TRAFFIC_PACE times it; where its time is shorter, that the
+    caches held part of the bytes; "" where the bytes or the bandwidth were not measured."""
     rate = record.analysis.flop_rate if record is not None else None
     if rate is None or rate.update_bytes_per_step <= 0 or rate.bandwidth_gb_per_s <= 0 or update_ms <= 0:
         return ""
@@ -898,7 +899,9 @@ def _update_traffic(record: ProfileRecord | None, update_ms: float) -> Listing |
         "moving_ms": moving_ms,
         "update_ms": update_ms,
     }
-    paced = 1 / TRAFFIC_PACE <= moving_ms / update_ms <= TRAFFIC_PACE
+    if moving_ms > update_ms:  # faster than DRAM could supply those bytes: caches held part of them
+        return Listing("finding_update_traffic_cached", (item,))
+    paced = update_ms <= TRAFFIC_PACE * moving_ms
     return Listing("finding_update_traffic_paced" if paced else "finding_update_traffic", (item,))
 
 

@@ -336,6 +336,8 @@ def _fixed_costs(found: Sequence[Finding], inputs: ReportInputs, say: _Words) ->
     for each in savings:
         device, mode, small, large = _subject(each)
         first = each.values["groups"].items[0]
+        if update and first["group"].key == "group_optimizer":  # the untraced saving says the update's part
+            continue
         sentences.append(
             say(
                 "handin_fixed_saving",

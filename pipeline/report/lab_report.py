@@ -403,9 +403,9 @@ def comparison_section(context: ReportContext) -> list[str]:
         if any(found.parts for found in comparisons):
             blocks.append(
                 f"The rows with `{GRADIENTS}` are the training step's parts, timed the same way: the training step "
-                "without its optimizer update (forward, backward and clearing the gradients); the full step over it "
-                "gives the update's share of the step (1 - 1/ratio), it over inference the step without the update "
-                "against inference.\n"
+                "without its optimizer update (the train-mode forward, the loss, backward and clearing the "
+                "gradients); the full step over it gives what leaving the update out saves (1 - 1/ratio of the step), "
+                "it over inference the step without the update against inference.\n"
             )
         blocks.append(comparisons_table(comparisons))
         blocks.append("".join(f"{process_speed_sentence(found)}\n" for found in comparisons))
