@@ -321,3 +321,39 @@ def test_a_signal_during_the_interpreters_shutdown_is_never_swallowed(signal_nam
     assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr
     assert "callback went on" not in result.stdout
     assert ("finished" in result.stdout) is not stopped_before
+
+
+_LEAVING_STAGE = """
+import atexit, sys, threading, time
+from pathlib import Path
+from pipeline.common.stage_runner import run_stage_process
+
+out = Path(sys.argv[1])
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+
+def late() -> None:
+    time.sleep(0.3)
+    (out / "thread").write_text("joined")
+
+def main() -> None:
+    threading.Thread(target=late).start()  # not a daemon: the interpreter's exit would wait for it
+    sys.stdout.write("buffered, not flushed")
+
+run_stage_process("probe", main)
+"""
+
+
+def test_a_stage_process_ends_as_the_interpreter_would_without_its_teardown(tmp_path: Path) -> None:
+    """`run_stage_process` leaves with `os._exit` once the stage returns, but first does what the interpreter's exit
+    does that anyone can see: it joins the other threads, runs the atexit callbacks and flushes stdout."""
+    result = subprocess.run(
+        [sys.executable, "-c", _LEAVING_STAGE, str(tmp_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == "buffered, not flushed"
+    assert (tmp_path / "thread").read_text() == "joined" and (tmp_path / "atexit").read_text() == "ran"
