@@ -656,6 +656,15 @@ def _timing_workers(stage: subprocess.Popen[str]) -> list[int]:
     return []
 
 
+def _forked_timing_process(stage: subprocess.Popen[str], workers: list[int]) -> bool:
+    """Some process of the stage's tree is not the stage's own child: a timing process a server forked."""
+    for pid in workers:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if psutil.Process(pid).ppid() != stage.pid:
+                return True
+    return False
+
+
 def _running(pid: int) -> bool:
     """Not ended (a killed process that nothing has reaped yet is a zombie: ended)."""
     try:
@@ -684,7 +693,9 @@ def test_a_signal_while_timing_processes_run_leaves_no_worker_behind(
         preexec_fn=default_sigint,
     )
     deadline = time.monotonic() + 120
-    while len(workers := _timing_workers(stage)) < 2:  # the server, and a timing process forked from it
+    # A timing process forked from a server: the stage's servers start with it (program starts, imported while it
+    # prepares), and its runs exist only once it times.
+    while not _forked_timing_process(stage, workers := _timing_workers(stage)):
         assert stage.poll() is None and time.monotonic() < deadline, "no timing process started"
         time.sleep(0.1)
     stage.send_signal(signum)
