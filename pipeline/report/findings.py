@@ -782,12 +782,7 @@ def train_against_inference(data: AnalysisData) -> list[Finding]:
             consistent = ran_like_timed(traced, paired)
             explained = EXPLAINED_WITHIN * flop_ratio
             values = {
-                "device": Label(f"device_{device}"),
-                "batch": batch,
-                "ratio": paired.value,
-                "low": paired.low,
-                "high": paired.high,
-                "flop_ratio": flop_ratio,
+                **_modes_values(device, batch, paired, flop_ratio),
                 "phases": _phase_listing(phases),
                 "traced_ms": a.total(),
                 "inference_ms": b.total(),
@@ -1056,8 +1051,8 @@ def _training_parts(data: AnalysisData, batch: int, device: str) -> tuple[Paired
 
 
 def update_share(update: PairedComparison) -> Measured:
-    """The update's share (%) of the training step, 1 - 1/U, from the full step over the step without it (U); its
-    interval from U's, the share rising with U."""
+    """What leaving the update out saves of the training step (%), 1 - 1/U, from the full step over the step without it
+    (U); its interval from U's, the saving rising with U."""
     return Measured(
         100 * (1 - 1 / update.value), 100 * (1 - 1 / update.low), 100 * (1 - 1 / update.high), "paired timing"
     )
@@ -1078,17 +1073,10 @@ def _train_against_parts(
     if train is None or infer is None:
         return []
     flop_ratio = _flop_ratio(train, infer)
-    explained = EXPLAINED_WITHIN * flop_ratio
     ratio, factor, without, share = _ratio(paired), _ratio(update), _ratio(without_update), update_share(update)
     traced_clause, traced_cites = _traced_clause(data, batch, device, paired)
     values = {
-        "device": Label(f"device_{device}"),
-        "batch": batch,
-        "ratio": ratio.value,
-        "low": ratio.low,
-        "high": ratio.high,
-        "flop_ratio": flop_ratio,
-        "explained": explained,
+        **_modes_values(device, batch, paired, flop_ratio),
         "factor": factor.value,
         "factor_low": factor.low,
         "factor_high": factor.high,
@@ -1152,6 +1140,19 @@ def _traced_clause(
     return Listing("finding_parts_traced", (item,)), {"traced_ratio": traced, **{p: m for p, m, _ in phases}}
 
 
+def _modes_values(device: str, batch: int, paired: PairedComparison, flop_ratio: float) -> dict[str, Any]:
+    """What every training-against-inference finding states first: the device, the batch, the paired ratio with its
+    interval and the FLOP count's ratio."""
+    return {
+        "device": Label(f"device_{device}"),
+        "batch": batch,
+        "ratio": paired.value,
+        "low": paired.low,
+        "high": paired.high,
+        "flop_ratio": flop_ratio,
+    }
+
+
 def _flop_ratio(train: ProfileRecord, infer: ProfileRecord) -> float:
     """The training step's counted FLOPs over the inference step's (forward and backward against forward)."""
     return train.analysis.flop_rate.flops_per_step / max(infer.analysis.flop_rate.flops_per_step, 1.0)
@@ -1169,12 +1170,7 @@ def _train_against_flops_only(data: AnalysisData, batch: int, device: str, paire
         Label(f"mode_{record.combination.mode}") for record in (train, infer) if record.combination not in data.traced
     ]
     values = {
-        "device": Label(f"device_{device}"),
-        "batch": batch,
-        "ratio": paired.value,
-        "low": paired.low,
-        "high": paired.high,
-        "flop_ratio": flop_ratio,
+        **_modes_values(device, batch, paired, flop_ratio),
         "set_aside": Listing("finding_mode_item", tuple({"name": name} for name in set_aside), "list_joiner"),
     }
     message = "finding_train_above_flops_timed" if ratio.low > flop_ratio else "finding_train_flops_timed"
